@@ -1,0 +1,106 @@
+"""The one place where tvmfuse touches TVM's moving API (TVM 0.27: ``s_tir``, ``tirx``, JSON targets).
+
+Everything else imports TVM names from here, so the next rename is a one-file change.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+from tvm.runtime import Tensor
+from tvm.target import Target
+from tvm.tirx import PrimFunc
+
+__all__ = [
+    "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx",
+    "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "fast_build",
+    "tvm_version", "is_scheduled",
+]
+
+_TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+def _install_lazy_tensor_intrin() -> None:
+    """Make ``import tvm.s_tir.tensor_intrin`` cheap.
+
+    Its ``__init__`` registers every tensor intrinsic of every backend by parsing TVMScript, which takes
+    ~42 s of CPU here (29 s for CUDA alone). MetaSchedule imports it in every TuneContext and in every
+    builder worker, so a 30 s build timeout kills every candidate. We register the package without
+    running its ``__init__``; :func:`ensure_tensor_intrinsics` loads only the submodules a target needs.
+    """
+    if _TENSOR_INTRIN in sys.modules:
+        return
+    spec = importlib.util.find_spec(_TENSOR_INTRIN)
+    if spec is None or not spec.submodule_search_locations:
+        return
+    pkg = types.ModuleType(_TENSOR_INTRIN)
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__package__ = _TENSOR_INTRIN
+    pkg.__spec__ = spec
+    sys.modules[_TENSOR_INTRIN] = pkg
+
+
+_install_lazy_tensor_intrin()
+
+import tvm.s_tir.meta_schedule as ms  # noqa: E402  (after the lazy tensor_intrin shim)
+from tvm import tirx  # noqa: E402
+from tvm.s_tir import dlight  # noqa: E402
+
+
+def ensure_tensor_intrinsics(target_kind: str, *, tensor_cores: bool = False) -> None:
+    """Register the tensor intrinsics a target's schedule rules may name (CUDA mma/wmma, x86 VNNI)."""
+    if target_kind == "cuda" and tensor_cores:
+        importlib.import_module(_TENSOR_INTRIN + ".cuda")
+    elif target_kind == "llvm":
+        importlib.import_module(_TENSOR_INTRIN + ".x86")
+
+
+def fast_build(mod, target, _params):
+    """MetaSchedule builder function without the 42 s tensor-intrinsic import of the stock one.
+
+    The candidate reaching the builder is already scheduled (tensorized blocks carry their bodies),
+    so the intrinsic registry is not needed to compile it.
+    """
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+def structural_hash(node) -> int:
+    return int(tvm_ffi.structural_hash(node))
+
+
+def structural_equal(a, b) -> bool:
+    return bool(tvm_ffi.structural_equal(a, b))
+
+
+def tvm_version() -> str:
+    return str(tvm.__version__)
+
+
+def is_scheduled(func: PrimFunc) -> bool:
+    """Whether a PrimFunc carries a schedule (TVM 0.27 spells the attribute ``tirx.is_scheduled``)."""
+    attrs = func.attrs
+    if attrs is None:
+        return False
+    return any(key in attrs and bool(attrs[key]) for key in ("tirx.is_scheduled", "tir.is_scheduled"))
+
+
+def onnx_supported_ops() -> frozenset[str]:
+    """ONNX op types TVM's Relax importer converts (its converter map plus ops it handles inline)."""
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return frozenset(onnx_frontend._get_convert_map()) | {"If", "Constant"}
+
+
+from tvm.ir.utils import derived_object  # noqa: E402  (for MetaSchedule Py* subclasses)
+
+__all__ += ["derived_object", "onnx_supported_ops"]
