@@ -1,57 +1,50 @@
 """Stage 4: the tuning database (records keyed by workload + target + device).
 
-Interim implementation: MetaSchedule's JSON files beside ``path`` (``PATH.workloads.json`` and
-``PATH.records.json``), bound to one target. The crash-safe SQLite database replaces it behind the
-same interface: ``open_database(path, target=...)`` returning a MetaSchedule ``Database`` with
-``trials_spent`` and ``best_run_secs``.
+A crash-safe SQLite file (see :mod:`tvmfuse.db.store` for the durability argument) that
+MetaSchedule uses directly as its ``Database``; :func:`open_database` binds it to one target.
+File-level operations (info, merge, export, import, prune, recover) live in :mod:`tvmfuse.db.ops`.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from tvmfuse._tvm import ms, tvm
-from tvmfuse.errors import DatabaseError
+from tvmfuse.db.database import FAILED_SECS, RecordRow, TuningDatabase, WorkloadStats
+from tvmfuse.db.store import Store
 from tvmfuse.target import TargetInfo
 
-_FAILED = 1e9  # MetaSchedule stores a failed trial as 1e10 s
+DEFAULT_PATH = Path("tuning_logs") / "tvmfuse.db"
+
+__all__ = ["DEFAULT_PATH", "FAILED_SECS", "RecordRow", "TuningDatabase", "WorkloadStats", "open_database",
+           "open_store"]
 
 
-class _JSONDatabaseView:
-    def __init__(self, db, target: TargetInfo):
-        self.ms_database = db
-        self.target = target
+def open_database(path: str | Path = DEFAULT_PATH, *, target: TargetInfo, create: bool = True,
+                  space_version: str | None = None, check: bool = True) -> TuningDatabase:
+    """Open (or create) a tuning database bound to one target and device.
 
-    def _records(self, mod: tvm.IRModule):
-        if not self.ms_database.has_workload(mod):
-            return []
-        workload = self.ms_database.commit_workload(mod)
-        return list(self.ms_database.get_top_k(workload, 1 << 30))
+    Parameters
+    ----------
+    path : the SQLite file (default ``tuning_logs/tvmfuse.db``).
+    target : the resolved target; only records of ``target.canonical`` on ``target.device`` are seen.
+    create : create a missing file; otherwise a missing file raises DatabaseError.
+    space_version : search-space version stamped on every record committed through this handle.
+    check : run SQLite's quick integrity check at open.
 
-    def trials_spent(self, mod: tvm.IRModule) -> int:
-        return len(self._records(mod))
+    Returns
+    -------
+    TuningDatabase
+        A MetaSchedule ``Database`` (``.ms_database`` is the object itself) with ``trials_spent``,
+        ``best_run_secs``, ``set_task_name``, ``list_workloads``, ``records``, ``info`` and ``close``.
 
-    def best_run_secs(self, mod: tvm.IRModule) -> float | None:
-        best = None
-        for rec in self._records(mod):
-            secs = [float(s) for s in (rec.run_secs or [])]
-            if secs and max(secs) < _FAILED:
-                mean = sum(secs) / len(secs)
-                best = mean if best is None else min(best, mean)
-        return best
-
-    def close(self) -> None:
-        pass
+    Raises
+    ------
+    tvmfuse.errors.DatabaseError
+        The file is missing (``create=False``), not SQLite, damaged, or busy beyond the timeout.
+    """
+    store = Store(path, create=create, check=check)
+    return TuningDatabase(store, target, space_version)
 
 
-def open_database(path: str | Path, *, target: TargetInfo, create: bool = True) -> _JSONDatabaseView:
-    path = Path(path)
-    if not create and not Path(f"{path}.records.json").exists():
-        raise DatabaseError(f"tuning database not found: {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        db = ms.database.JSONDatabase(path_workload=f"{path}.workloads.json",
-                                      path_tuning_record=f"{path}.records.json",
-                                      allow_missing=create)
-    except Exception as err:  # noqa: BLE001
-        raise DatabaseError(f"cannot open tuning database {path}: {str(err).splitlines()[0]}") from None
-    return _JSONDatabaseView(db, target)
+def open_store(path: str | Path = DEFAULT_PATH, *, create: bool = False, check: bool = True) -> Store:
+    """Open the file without binding a target (whole-file reads and maintenance)."""
+    return Store(path, create=create, check=check)

@@ -1,0 +1,308 @@
+"""The MetaSchedule database on a :class:`~tvmfuse.db.store.Store`, bound to one target and device.
+
+Every query sees only records measured for the bound target (canonical JSON) on the bound device
+identity; MetaSchedule's own databases ignore the target (apache/tvm#15549).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import tvmfuse
+from tvmfuse._tvm import derived_object, ms, tvm_version
+from tvmfuse.db.store import Store
+from tvmfuse.errors import DatabaseError
+from tvmfuse.target import TargetInfo
+
+log = logging.getLogger(__name__)
+
+# MetaSchedule stores a failed build or run as run_secs = [1e10]; anything this slow is a failure.
+FAILED_SECS = 1e9
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """One workload as tuned for the bound target.
+
+    Attributes
+    ----------
+    workload_id : the database's id (stable across processes)
+    shash : structural hash of the workload's IR, as text
+    task_name : MetaSchedule task name the tuner recorded, if any
+    model : model label the tuner recorded, if any
+    trials : trials spent (valid + failed, including pruned ones)
+    failed : failed trials (build or run errors, timeouts)
+    best_secs : best mean run time of a valid record, seconds
+    first_secs : mean run time of the first valid record (the untuned starting point)
+    first_time, last_time : UNIX times of the first and last record
+    """
+
+    workload_id: int
+    shash: str
+    task_name: str | None
+    model: str | None
+    trials: int
+    failed: int
+    best_secs: float | None
+    first_secs: float | None
+    first_time: float | None
+    last_time: float | None
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """One measured trial as stored.
+
+    Attributes
+    ----------
+    id, workload_id : database ids
+    failed : True for a build/run failure
+    mean_secs : mean of ``run_secs`` (None when failed)
+    run_secs : measured times in seconds (None when MetaSchedule gave none)
+    trace : the schedule trace as MetaSchedule's JSON (a list)
+    record_target : the target the record itself carries (TVM's JSON export)
+    created : UNIX time of the commit
+    """
+
+    id: int
+    workload_id: int
+    failed: bool
+    mean_secs: float | None
+    run_secs: list[float] | None
+    trace: list
+    record_target: dict | None
+    args_info: list | None
+    tvmfuse_version: str | None
+    tvm_version: str | None
+    space_version: str | None
+    created: float
+
+
+def record_key(shash: str, target: str, device: str, trace_json) -> str:
+    """Identity of a trial for de-duplication: same workload, target, device and trace."""
+    text = json.dumps([shash, target, device, trace_json], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def split_run_secs(run_secs) -> tuple[list[float] | None, bool, float | None]:
+    """(run_secs as floats, failed, mean) with MetaSchedule's failure conventions."""
+    secs = None if run_secs is None else [float(s) for s in run_secs]
+    failed = not secs or max(secs) >= FAILED_SECS
+    return secs, failed, None if failed else sum(secs) / len(secs)
+
+
+@derived_object
+class TuningDatabase(ms.database.PyDatabase):
+    """A MetaSchedule database on SQLite, bound to one target and device.
+
+    Pass ``db.ms_database`` (the object itself) to ``ms.tune_tasks(database=...)`` or use it in a
+    ``with db:`` scope for ``MetaScheduleApplyDatabase``. Use :func:`tvmfuse.db.open_database`.
+    """
+
+    def __init__(self, store: Store, target: TargetInfo, space_version: str | None = None):
+        super().__init__()
+        self.store = store
+        self.target_info = target
+        self.space_version = space_version
+        self._key = (target.canonical, target.device)
+        self._workloads: dict[int, ms.database.Workload] = {}
+        self._linked: set[int] = set()
+        store.on_rollback.append(self._forget)
+
+    def _forget(self) -> None:
+        self._workloads.clear()
+        self._linked.clear()
+
+    # -- tvmfuse interface -----------------------------------------------------------------------
+    @property
+    def ms_database(self):
+        """The MetaSchedule ``Database`` object (this database itself)."""
+        return self._outer()
+
+    @property
+    def path(self):
+        return self.store.path
+
+    def close(self) -> None:
+        self.store.close()
+
+    def workload_id(self, mod) -> int | None:
+        """The database id of ``mod``'s workload, or None if it was never committed."""
+        return self.store.find_workload(mod)
+
+    def trials_spent(self, mod) -> int:
+        """Trials (valid + failed, pruned included) recorded for ``mod`` under the bound target."""
+        wid = self.workload_id(mod)
+        if wid is None:
+            return 0
+        (n,), = self.store.query(
+            "SELECT COUNT(*) FROM records WHERE workload_id=? AND target=? AND device=?", (wid, *self._key))
+        pruned = self.store.query(
+            "SELECT trials FROM pruned_trials WHERE workload_id=? AND target=? AND device=?", (wid, *self._key))
+        return int(n) + sum(int(r[0]) for r in pruned)
+
+    def best_run_secs(self, mod) -> float | None:
+        """Best mean run time (seconds) of a valid record of ``mod`` under the bound target."""
+        wid = self.workload_id(mod)
+        if wid is None:
+            return None
+        (best,), = self.store.query(
+            "SELECT MIN(mean_secs) FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0",
+            (wid, *self._key))
+        return None if best is None else float(best)
+
+    def set_task_name(self, mod, name: str, *, model: str | None = None) -> None:
+        """Record the MetaSchedule task name (and a model label) of ``mod`` for the bound target."""
+        wid = self._commit(mod)
+        self.store.execute("UPDATE workload_targets SET task_name=?, model=COALESCE(?, model) "
+                           "WHERE workload_id=? AND target=? AND device=?", (name, model, wid, *self._key))
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group many commits into one transaction (import, merge); all or nothing."""
+        with self.store.transaction():
+            yield
+
+    # -- read API for inspect --------------------------------------------------------------------
+    def list_workloads(self) -> list[WorkloadStats]:
+        """Every workload committed or measured for the bound target, oldest first."""
+        rows = self.store.query(
+            """SELECT w.id, w.shash, wt.task_name, wt.model,
+                      (SELECT COUNT(*) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2),
+                      (SELECT COUNT(*) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2
+                                                        AND r.failed=1),
+                      (SELECT MIN(mean_secs) FROM records r WHERE r.workload_id=w.id AND r.target=?1
+                                                        AND r.device=?2 AND r.failed=0),
+                      (SELECT mean_secs FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2
+                                                        AND r.failed=0 ORDER BY r.id LIMIT 1),
+                      (SELECT MIN(created) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2),
+                      (SELECT MAX(created) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2),
+                      COALESCE((SELECT trials FROM pruned_trials p WHERE p.workload_id=w.id AND p.target=?1
+                                                        AND p.device=?2), 0),
+                      COALESCE((SELECT failed FROM pruned_trials p WHERE p.workload_id=w.id AND p.target=?1
+                                                        AND p.device=?2), 0)
+               FROM workloads w
+               LEFT JOIN workload_targets wt ON wt.workload_id=w.id AND wt.target=?1 AND wt.device=?2
+               WHERE wt.workload_id IS NOT NULL
+                  OR EXISTS (SELECT 1 FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2)
+               ORDER BY w.id""", self._key)
+        return [WorkloadStats(workload_id=r[0], shash=r[1], task_name=r[2], model=r[3], trials=r[4] + r[10],
+                              failed=r[5] + r[11], best_secs=r[6], first_secs=r[7], first_time=r[8],
+                              last_time=r[9]) for r in rows]
+
+    def records(self, workload_id: int, *, include_failed: bool = True) -> list[RecordRow]:
+        """The trials of one workload under the bound target, in commit order."""
+        rows = self.store.query(
+            "SELECT id, workload_id, failed, mean_secs, run_secs, record_json, tvmfuse_version, tvm_version, "
+            "space_version, created FROM records WHERE workload_id=? AND target=? AND device=?"
+            + ("" if include_failed else " AND failed=0") + " ORDER BY id", (workload_id, *self._key))
+        out = []
+        for rid, wid, failed, mean, run_secs, rec_json, fv, tv, sv, created in rows:
+            rec = json.loads(rec_json)
+            out.append(RecordRow(id=rid, workload_id=wid, failed=bool(failed), mean_secs=mean,
+                                 run_secs=None if run_secs is None else json.loads(run_secs), trace=rec[0],
+                                 record_target=rec[2] if len(rec) > 2 else None,
+                                 args_info=rec[3] if len(rec) > 3 else None, tvmfuse_version=fv,
+                                 tvm_version=tv, space_version=sv, created=created))
+        return out
+
+    def workload_mod(self, workload_id: int):
+        """The IRModule of a workload."""
+        return self.store.workload_mod(workload_id)
+
+    def targets(self) -> list[dict]:
+        """Every (target, device) in the file with its counts (not only the bound one)."""
+        return self.store.targets()
+
+    def info(self) -> dict:
+        """Whole-file counts plus the bound target."""
+        return {**self.store.info(), "bound_target": self._key[0], "bound_device": self._key[1]}
+
+    # -- MetaSchedule Database interface ---------------------------------------------------------
+    def _workload(self, wid: int, mod=None) -> ms.database.Workload:
+        w = self._workloads.get(wid)
+        if w is None:
+            w = ms.database.Workload(mod if mod is not None else self.store.workload_mod(wid))
+            self._workloads[wid] = w
+        return w
+
+    def _commit(self, mod) -> int:
+        wid = self.store.add_workload(mod)
+        if wid not in self._linked:
+            self.store.execute("INSERT OR IGNORE INTO workload_targets(workload_id, target, device, created) "
+                               "VALUES (?, ?, ?, ?)", (wid, *self._key, time.time()))
+            self._linked.add(wid)
+        return wid
+
+    def has_workload(self, mod) -> bool:
+        wid = self.store.find_workload(mod)
+        if wid is None:
+            return False
+        return bool(self.store.query(
+            "SELECT 1 FROM workload_targets WHERE workload_id=? AND target=? AND device=? "
+            "UNION ALL SELECT 1 FROM records WHERE workload_id=? AND target=? AND device=? LIMIT 1",
+            (wid, *self._key, wid, *self._key)))
+
+    def commit_workload(self, mod) -> ms.database.Workload:
+        wid = self._commit(mod)
+        return self._workload(wid, mod)
+
+    def commit_tuning_record(self, record) -> None:
+        rec_target = record.target
+        if rec_target is not None and str(rec_target.kind.name) != self.target_info.kind:
+            raise DatabaseError(f"a {rec_target.kind.name} record was committed to a database bound to "
+                                f"{self.target_info.kind} ({self.store.path})")
+        secs, failed, mean = split_run_secs(record.run_secs)
+        rec_json = record.as_json()
+        mod = record.workload.mod
+        with self.store.transaction() as c:
+            wid = self._commit(mod)
+            (shash,), = c.execute("SELECT shash FROM workloads WHERE id=?", (wid,)).fetchall()
+            c.execute(
+                "INSERT INTO records(workload_id, target, device, failed, mean_secs, run_secs, record_json, "
+                "record_key, tvmfuse_version, tvm_version, space_version, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (wid, *self._key, int(failed), mean, None if secs is None else json.dumps(secs),
+                 json.dumps(rec_json, separators=(",", ":")), record_key(shash, *self._key, rec_json[0]),
+                 tvmfuse.__version__, tvm_version(), self.space_version, time.time()))
+
+    def _to_record(self, rec_json: str, workload) -> ms.database.TuningRecord:
+        return ms.database.TuningRecord.from_json(json.loads(rec_json), workload)
+
+    def get_top_k(self, workload, top_k: int) -> list:
+        if top_k <= 0:
+            return []
+        wid = self.store.find_workload(workload.mod)
+        if wid is None:
+            return []
+        rows = self.store.query(
+            "SELECT record_json FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0 "
+            "ORDER BY mean_secs, id LIMIT ?", (wid, *self._key, int(top_k)))
+        return [self._to_record(r[0], workload) for r in rows]
+
+    def get_all_tuning_records(self) -> list:
+        rows = self.store.query("SELECT workload_id, record_json FROM records WHERE target=? AND device=? "
+                                "ORDER BY id", self._key)
+        return [self._to_record(j, self._workload(wid)) for wid, j in rows]
+
+    def query_tuning_record(self, mod, target, workload_name=None):
+        if target is not None and str(target.kind.name) != self.target_info.kind:
+            log.warning("tuning database %s is bound to %s; no record for a %s target", self.store.path,
+                        self.target_info.kind, target.kind.name)
+            return None
+        wid = self.store.find_workload(mod)
+        if wid is None:
+            return None
+        rows = self.store.query(
+            "SELECT record_json FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0 "
+            "ORDER BY mean_secs, id LIMIT 1", (wid, *self._key))
+        return self._to_record(rows[0][0], self._workload(wid, mod)) if rows else None
+
+    def __len__(self) -> int:
+        (n,), = self.store.query("SELECT COUNT(*) FROM records WHERE target=? AND device=?", self._key)
+        return int(n)
