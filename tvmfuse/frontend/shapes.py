@@ -1,0 +1,91 @@
+"""Static input shapes: ``--input-shape`` overrides and symbolic dims bound consistently across inputs.
+
+An exporter names a dynamic dim (``batch``, ``sequence``); two inputs sharing a name must get the same
+size. A dim given for one input binds that name for every other input and output that uses it.
+"""
+from __future__ import annotations
+
+import onnx
+
+from tvmfuse.errors import ModelError
+
+
+def _show(dims) -> str:
+    return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+
+
+def _declared(vi: onnx.ValueInfoProto) -> list[int | str | None]:
+    """Dims as declared: an int, a symbol name, or None for an anonymous dynamic dim."""
+    dims: list[int | str | None] = []
+    for d in vi.type.tensor_type.shape.dim:
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return dims
+
+
+def bind_input_shapes(model: onnx.ModelProto, overrides: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Resolve every graph input to a static shape and write it into ``model`` (inputs and outputs).
+
+    Returns ``{input name: shape}`` in graph order. Raises ModelError naming the input whose shape is
+    still dynamic, an override that contradicts the model, or a symbol given two sizes.
+    """
+    init_names = {init.name for init in model.graph.initializer}
+    graph_inputs = [vi for vi in model.graph.input if vi.name not in init_names]
+    names = {vi.name for vi in graph_inputs}
+    unknown = set(overrides) - names
+    if unknown:
+        raise ModelError(f"--input-shape names no input of the model: {', '.join(sorted(unknown))}",
+                         hint="inputs are " + ", ".join(vi.name for vi in graph_inputs))
+    symbols: dict[str, tuple[int, str]] = {}  # symbol -> (size, the input that bound it)
+
+    def bind(sym: str, size: int, where: str) -> None:
+        if sym in symbols and symbols[sym][0] != size:
+            raise ModelError(f"dynamic dim '{sym}' is {symbols[sym][0]} for input '{symbols[sym][1]}' but {size} for input '{where}'",
+                             hint="inputs sharing a named dim need the same size")
+        symbols.setdefault(sym, (size, where))
+
+    for vi in graph_inputs:
+        if not vi.type.HasField("tensor_type"):
+            raise ModelError(f"input '{vi.name}' is not a tensor; only tensor inputs are supported")
+        if not vi.type.tensor_type.HasField("shape"):
+            if vi.name not in overrides:
+                raise ModelError(f"input '{vi.name}' has an unknown rank", hint=f"give its shape with --input-shape {vi.name}=D1xD2...")
+            continue
+        dims = _declared(vi)
+        if vi.name not in overrides:
+            continue
+        shape = overrides[vi.name]
+        if len(shape) != len(dims):
+            raise ModelError(f"--input-shape for '{vi.name}' has rank {len(shape)}, the model's input has rank {len(dims)}")
+        for given, declared in zip(shape, dims):
+            if isinstance(declared, int) and declared != given:
+                raise ModelError(f"--input-shape for '{vi.name}' is {_show(shape)}, but the model fixes it to {_show(dims)}")
+            if isinstance(declared, str):
+                bind(declared, given, vi.name)
+
+    resolved: dict[str, tuple[int, ...]] = {}
+    for vi in graph_inputs:
+        if vi.name in overrides:
+            shape = overrides[vi.name]
+        else:
+            dims = _declared(vi)
+            filled = [symbols[d][0] if isinstance(d, str) and d in symbols else d for d in dims]
+            if any(not isinstance(d, int) for d in filled):
+                raise ModelError(f"input '{vi.name}' has a dynamic shape ({_show(dims)})",
+                                 hint=f"give it with --input-shape {vi.name}=" + "x".join(str(d) if isinstance(d, int) else "1" for d in filled))
+            shape = tuple(filled)
+        resolved[vi.name] = tuple(int(d) for d in shape)
+        shape_proto = vi.type.tensor_type.shape
+        del shape_proto.dim[:]
+        for d in resolved[vi.name]:
+            shape_proto.dim.add().dim_value = d
+    for vi in model.graph.output:
+        if vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param in symbols:
+                    d.dim_value = symbols[d.dim_param][0]
+    return resolved
