@@ -104,3 +104,48 @@ def onnx_supported_ops() -> frozenset[str]:
 from tvm.ir.utils import derived_object  # noqa: E402  (for MetaSchedule Py* subclasses)
 
 __all__ += ["derived_object", "onnx_supported_ops"]
+
+
+def const_value(const) -> Tensor:
+    """The tensor a Relax constant holds (TVM 0.27: ``GenericConst.value``; earlier: ``Constant.data``)."""
+    return const.value if hasattr(const, "value") else const.data
+
+
+__all__ += ["const_value"]
+
+
+def save_json(node) -> str:
+    """Serialize a TVM object (an IRModule) as TVM's JSON graph text (``tvm.ir.save_json`` in 0.27)."""
+    return str(tvm.ir.save_json(node))
+
+
+def load_json(text: str):
+    """Inverse of :func:`save_json` (``tvm.ir.load_json`` in 0.27; upgrades older JSON)."""
+    return tvm.ir.load_json(text)
+
+
+__all__ += ["save_json", "load_json"]
+
+
+# --- Relax IR names as TVM 0.27 spells them (StructInfo became ``Type`` on ``.ty``; Constant moved to
+# ``tvm.ir``; ``Var.name_hint`` became ``Var.name``). Appended for the fusion planner (tvmfuse/plan).
+RelaxConstant = tvm.ir.Constant
+TensorType = relax.TensorType
+TupleType = relax.TupleType
+
+
+def expr_type(expr):
+    """The Relax type (0.26's struct info) of an expression or var."""
+    return expr.ty
+
+
+def var_name(var) -> str:
+    return str(var.name)
+
+
+def const_numpy(const):
+    """A Relax constant's value as a numpy array."""
+    return const.value.numpy()
+
+
+__all__ += ["RelaxConstant", "TensorType", "TupleType", "expr_type", "var_name", "const_numpy"]

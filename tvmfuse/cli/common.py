@@ -1,0 +1,80 @@
+"""What every command shares: error handling, ``--json`` output, tables."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tvmfuse.errors import TvmfuseError
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout instead of tables.")
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show tracebacks and TVM's logs.")
+
+
+@contextmanager
+def handle_errors(verbose: bool) -> Iterator[None]:
+    """Turn errors into one line on stderr and an exit code; a traceback only with ``--verbose``.
+
+    TvmfuseError -> its exit code (2 for bad input); anything else is a bug -> exit 3.
+    """
+    if not verbose:
+        logging.getLogger("tvm").setLevel(logging.ERROR)
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except TvmfuseError as e:
+        if verbose:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, no traceback
+        if verbose:
+            traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"error: internal error: {type(e).__name__}: {first} (rerun with --verbose for the traceback)",
+              file=sys.stderr)
+        raise typer.Exit(3) from None
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=None, default=str) + "\n")
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
+    t = Table(title=title, show_lines=False, header_style="bold")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    return t
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_ms(seconds: float | None) -> str:
+    """A duration given in seconds, shown in µs or ms."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.3f} ms"

@@ -1,0 +1,137 @@
+"""Apply tuned records to a partitioned module and build it, reporting what each kernel runs with.
+
+TVM's ``MetaScheduleApplyDatabase`` silently keeps the untuned schedule when a record is missing
+("Tuning record is not found for primfunc"); tvmfuse applies records itself and reports every kernel's
+schedule source, so a build never hides an untuned kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tvmfuse._tvm import PrimFunc, const_value, dlight, is_scheduled, relax, tvm
+from tvmfuse.target import TargetInfo
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    name: str
+    schedule: str  # tuned | default (llvm, untuned) | dlight (cuda fallback) | prescheduled
+    best_ms: float | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "schedule": self.schedule, "best_ms": self.best_ms}
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    executable: object  # tvm.runtime.Executable
+    kernels: tuple[KernelStatus, ...]
+    lifted_params: tuple  # constants lifted out of main, in the order main takes them after the inputs
+
+    @property
+    def untuned(self) -> list[str]:
+        return [k.name for k in self.kernels if k.schedule not in ("tuned", "prescheduled")]
+
+
+def _normalized(func: PrimFunc) -> tvm.IRModule:
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> tuple[tvm.IRModule, list[KernelStatus]]:
+    """Replace every PrimFunc that has a record for ``target`` with its best schedule.
+
+    ``database`` may be ``None`` (an untuned build). Unrecorded kernels get dlight's default GPU
+    schedules on CUDA and TVM's default lowering on llvm; each kernel's source is reported.
+    """
+    updates: dict = {}
+    statuses: list[KernelStatus] = []
+    ms_db = database.ms_database if database is not None else None
+    for gv, func in fused_mod.functions.items():
+        if not isinstance(func, PrimFunc):
+            continue
+        name = gv.name_hint
+        if is_scheduled(func):
+            statuses.append(KernelStatus(name, "prescheduled"))
+            continue
+        sch = None
+        if ms_db is not None:
+            mod = _normalized(func)
+            with target.target:
+                sch = ms_db.query_schedule(mod, target.target, name)
+        if sch is not None:
+            new = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+            updates[gv] = new
+            best = database.best_run_secs(_normalized(func)) if hasattr(database, "best_run_secs") else None
+            statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
+        else:
+            statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
+    mod = fused_mod
+    for gv, func in updates.items():
+        mod = _with_function(mod, gv, func)
+    if target.is_gpu:
+        with target.target:
+            mod = dlight.ApplyDefaultSchedule(
+                dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
+                dlight.gpu.GeneralReduction(), dlight.gpu.Fallback(),
+            )(mod)
+    return mod, statuses
+
+
+def _with_function(mod: tvm.IRModule, gv, func) -> tvm.IRModule:
+    mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else tvm.IRModule(mod.functions, attrs=mod.attrs)
+    mod[gv] = func
+    return mod
+
+
+def _backend(target: TargetInfo):
+    if target.is_gpu:
+        from tvm.relax.backend.cuda import pipeline as p
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline as p
+    return p
+
+
+def finish_pipeline(target: TargetInfo) -> tvm.transform.Pass:
+    """Relax passes after partitioning: lower dataflow, plan memory, lower to the VM (no re-fusion)."""
+    p = _backend(target)
+    return tvm.transform.Sequential(p.dataflow_lower_passes(target.target) + p.finalize_passes(target.target))
+
+
+def lift_constants(mod: tvm.IRModule, *, min_elements: int = 64) -> tuple[tvm.IRModule, list]:
+    """Turn ``main``'s large constants (the weights) into trailing parameters.
+
+    The artifact then ships weights in ``params.npz`` beside the code instead of inside the library.
+    """
+    main = mod["main"]
+    consts: list = []
+
+    @relax.expr_functor.mutator
+    class Lift(relax.PyExprMutator):
+        def visit_generic_const_(self, op):  # noqa: N802 - TVM 0.27 names relax constants GenericConst
+            value = const_value(op)
+            if int(np.prod(value.shape)) >= min_elements:
+                var = relax.Var(f"param_{len(consts)}", op.ty)
+                consts.append((var, value))
+                return var
+            return op
+
+    body = Lift(mod).visit_expr(main.body)
+    if not consts:
+        return mod, []
+    params = list(main.params) + [v for v, _ in consts]
+    new_main = relax.Function(params, body, main.ret_ty, main.is_pure, attrs=main.attrs)
+    new_mod = _with_function(mod, mod.get_global_var("main"), new_main)
+    return new_mod, [c for _, c in consts]
+
+
+def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_params: bool = True) -> BuildResult:
+    """Apply records from ``database`` (or none), build for ``target``, and report each kernel's schedule."""
+    mod, statuses = apply_records(fused_mod, target=target, database=database)
+    params: list = []
+    if lift_params:
+        mod, params = lift_constants(mod)
+    with target.target:
+        exe = tvm.compile(mod, target.target, relax_pipeline=finish_pipeline(target))
+    return BuildResult(executable=exe, kernels=tuple(statuses), lifted_params=tuple(params))

@@ -1,0 +1,121 @@
+"""Profitability: is a legal fusion worth taking? A replaceable cost model returning a comparable score.
+
+The default model weighs HBM bytes saved (from shapes and dtypes), kernel launches saved (as bytes the
+target could have moved in a launch's time), a register / shared-memory pressure estimate (a hard limit)
+and the parallelism the fused kernel leaves against the target's SMs or cores.
+Subclass :class:`CostModel` (or pass any object with ``score``) to change the taste, not the legality.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tvmfuse.plan.cluster import bytes_fused, external_inputs
+from tvmfuse.plan.graph import NORM, REDUCE, Graph, Node
+from tvmfuse.target import TargetInfo
+
+
+@dataclass(frozen=True, order=True)
+class Score:
+    """Comparable: a feasible fusion beats an infeasible one, then the larger ``gain`` wins.
+
+    ``gain`` is in bytes: HBM bytes saved plus launches saved x ``launch_bytes``, scaled down when the
+    fused kernel leaves fewer parallel units than the target needs.
+    """
+
+    feasible: bool
+    gain: float
+    bytes_saved: int = 0
+    launches_saved: int = 0
+    pressure: int = 0
+    parallel_units: int = 0
+    reason: str = ""
+
+    @property
+    def profitable(self) -> bool:
+        return self.feasible and self.gain > 0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The default cost model.
+
+    Attributes
+    ----------
+    launch_bytes : bytes the device moves in one kernel launch's overhead (~5 µs x HBM bandwidth on a GPU)
+    max_live_tensors : pressure limit: distinct tensors one fused kernel may stream (registers / address
+        registers per thread)
+    max_ops : pressure limit: operators one fused kernel may hold
+    shared_memory_bytes : for a normalization with a prologue, one row of every full-size input is staged
+        on chip; it must fit
+    min_parallel_units : parallel units (rows, output tiles) the target needs to be busy
+    """
+
+    launch_bytes: int = 1 << 20
+    max_live_tensors: int = 24
+    max_ops: int = 48
+    shared_memory_bytes: int = 48 * 1024
+    min_parallel_units: int = 132
+
+    @classmethod
+    def for_target(cls, target: TargetInfo, **overrides) -> "CostModel":
+        attrs = target.target.attrs if hasattr(target.target, "attrs") else {}
+        if target.is_gpu:
+            smem = int(attrs.get("max_shared_memory_per_block", 48 * 1024)) if attrs else 48 * 1024
+            base = cls(launch_bytes=5e-6 * 4e12, shared_memory_bytes=smem, min_parallel_units=132)
+        else:
+            cores = int(attrs.get("num-cores", 2)) if attrs else 2
+            base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1))
+        return base if not overrides else cls(**{**base.__dict__, **overrides})
+
+    # -- estimates -------------------------------------------------------------------------------------
+    def pressure(self, members: list[Node]) -> int:
+        """Distinct tensors the fused kernel streams (inputs read plus the one it writes)."""
+        return len(external_inputs(members)) + 1
+
+    def row_bytes(self, members: list[Node]) -> int:
+        """On-chip bytes a normalization with a prologue stages per row (one row of each full-size input)."""
+        norms = [n for n in members if n.kind in (NORM, REDUCE)]
+        if not norms or len(members) == len(norms):
+            return 0
+        anchor = norms[0]
+        shape = anchor.inputs[0].ty.shape if anchor.inputs else None
+        try:
+            row = int(shape.values[-1]) * np.dtype(str(anchor.inputs[0].ty.dtype)).itemsize
+        except (AttributeError, TypeError):
+            return 0
+        full = [v for v in external_inputs(members)
+                if hasattr(v.ty, "shape") and v.ty.shape is not None and len(v.ty.shape.values) == len(shape.values)]
+        return row * max(1, len(full))
+
+    def parallel_units(self, members: list[Node]) -> int:
+        """Independent work units: rows of a normalization, else output elements / 1024."""
+        out = max(members, key=lambda n: n.index)
+        numel = int(np.prod(out.out_shape)) if out.out_shape else 1
+        if any(n.kind in (NORM, REDUCE) for n in members) and out.out_shape:
+            return max(1, numel // max(1, out.out_shape[-1]))
+        return max(1, numel // 1024)
+
+    # -- the decision ----------------------------------------------------------------------------------
+    def score(self, graph: Graph, a: list[Node], b: list[Node]) -> Score:
+        """Score fusing the kernels ``a`` and ``b`` into one."""
+        merged = a + b
+        saved = bytes_fused(graph, a) + bytes_fused(graph, b) - bytes_fused(graph, merged)
+        pressure = self.pressure(merged)
+        units = self.parallel_units(merged)
+        if pressure > self.max_live_tensors:
+            return Score(False, 0.0, saved, 1, pressure, units,
+                         f"pressure: {pressure} live tensors > limit {self.max_live_tensors}")
+        if len(merged) > self.max_ops:
+            return Score(False, 0.0, saved, 1, pressure, units, f"pressure: {len(merged)} ops > limit {self.max_ops}")
+        smem = self.row_bytes(merged)
+        if smem > self.shared_memory_bytes:
+            return Score(False, 0.0, saved, 1, pressure, units,
+                         f"shared memory: a row needs {smem} B on chip > {self.shared_memory_bytes} B")
+        gain = float(saved + self.launch_bytes)
+        before = min(self.parallel_units(a), self.parallel_units(b))
+        if units < self.min_parallel_units and units < before:
+            gain *= units / min(before, self.min_parallel_units)
+        reason = "" if gain > 0 else f"no gain: {saved} B saved"
+        return Score(True, gain, saved, 1, pressure, units, reason)

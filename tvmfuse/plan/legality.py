@@ -1,0 +1,114 @@
+"""Legality: may two clusters become one kernel? Correctness only; whether it pays is :mod:`cost`'s call.
+
+``can_fuse`` checks, in order: what the kernel generator can emit (one GEMM/conv/norm anchor per kernel,
+epilogues and prologues it can inline), shapes and broadcasting of the fused intermediate, and that the
+merged kernel creates no cycle in the graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvmfuse.plan.cluster import Cluster
+from tvmfuse.plan.graph import (ATTENTION, CONV, GEMM, INJECTIVE_K, NORM, NOT_KERNEL, OPAQUE_K, POINTWISE,
+                                REDUCE, Graph, Node)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+OK = Verdict(True)
+
+
+def _no(reason: str) -> Verdict:
+    return Verdict(False, reason)
+
+
+def _edges(graph: Graph, producer: Cluster, consumer: Cluster) -> list[tuple[Node, Node]]:
+    """(producer node, consumer node) pairs where the consumer reads the producer's result."""
+    pids = producer.ids()
+    cids = consumer.ids()
+    out = []
+    for c in consumer.members:
+        for v in c.inputs:
+            p = graph.producer.get(v)
+            if p is not None and id(p) in pids and id(c) in cids:
+                out.append((p, c))
+    return out
+
+
+def _creates_cycle(graph: Graph, a: Cluster, b: Cluster) -> Node | None:
+    """A node outside ``a`` and ``b`` that is reached from the merged set and reaches back into it."""
+    merged = a.ids() | b.ids()
+    last = max(n.index for n in a.members + b.members)
+    frontier = [u for n in a.members + b.members for u in n.users if id(u) not in merged]
+    seen: set[int] = set()
+    while frontier:
+        n = frontier.pop()
+        if id(n) in seen or n.index > last:
+            continue
+        seen.add(id(n))
+        for u in n.users:
+            if id(u) in merged:
+                return n
+            frontier.append(u)
+    return None
+
+
+def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
+    """Whether ``producer``'s kernel and ``consumer``'s kernel may be one kernel (correctness only)."""
+    for cl in (producer, consumer):
+        for n in cl.members:
+            if n.kind in (OPAQUE_K, NOT_KERNEL):
+                return _no(f"{n.op} is opaque to the kernel generator")
+            if n.kind == ATTENTION:
+                return _no("the attention kernel is complete: nothing fuses into it")
+    anchors = producer.anchors + consumer.anchors
+    if len(anchors) > 1:
+        names = ", ".join(n.op for n in anchors)
+        return _no(f"two anchors ({names}): a kernel holds one GEMM/conv/normalization")
+    if anchors and (REDUCE in producer.kinds or REDUCE in consumer.kinds):
+        return _no(f"a reduction and {anchors[0].op} in one kernel are not emitted")
+    edges = _edges(graph, producer, consumer)
+    if not edges:
+        return _no("no data flows between them")
+    p_anchor = producer.anchors[0] if producer.anchors else None
+    c_anchor = consumer.anchors[0] if consumer.anchors else None
+    for p, c in edges:
+        t_shape = p.out_shape
+        if c_anchor is not None and c is c_anchor:
+            if c.kind in (GEMM, CONV):
+                return _no(f"{c.op} reads its operands from memory: a prologue ({p.op}) is not emitted")
+            if c.kind == NORM:
+                if any(n.kind != POINTWISE for n in producer.members):
+                    return _no(f"only pointwise ops fuse as a {c.op} prologue, not {producer.ops}")
+                data = c.inputs[0] if c.inputs else None
+                if data is None or not data.same_as(p.var):
+                    return _no(f"{p.op} feeds {c.op}'s parameters, not its data")
+            continue
+        if p_anchor is not None and c.kind != POINTWISE:
+            return _no(f"{c.op} ({c.kind}) is not emitted as an epilogue of {p_anchor.op}")
+        if c.kind == INJECTIVE_K and REDUCE in producer.kinds:
+            return _no(f"layout op {c.op} after a reduction is not emitted")
+        if c.kind == REDUCE and (p_anchor is not None):
+            return _no(f"reduction {c.op} after {p_anchor.op}")
+        if c.kind == POINTWISE and t_shape != c.out_shape:
+            if REDUCE in producer.kinds or (p_anchor is not None and p_anchor.kind == NORM):
+                continue  # row statistics broadcast back over their row: one kernel (a normalization)
+            return _no(f"{c.op} broadcasts the fused intermediate {t_shape} to {c.out_shape}: "
+                       f"it would be recomputed per output element")
+    # the consumer cluster's other members must sit behind the anchor (epilogue) when the producer has one
+    if p_anchor is not None and any(n.kind not in (POINTWISE,) for n in consumer.members):
+        bad = next(n for n in consumer.members if n.kind != POINTWISE)
+        return _no(f"{bad.op} ({bad.kind}) is not emitted as an epilogue of {p_anchor.op}")
+    if c_anchor is not None and c_anchor.kind == NORM and any(n.kind != POINTWISE for n in producer.members):
+        return _no(f"only pointwise ops fuse as a {c_anchor.op} prologue")
+    via = _creates_cycle(graph, producer, consumer)
+    if via is not None:
+        return _no(f"fusing would create a cycle through {via.op} (#{via.index})")
+    return OK

@@ -1,0 +1,130 @@
+"""Load an artifact folder, checking the manifest's sha256s before any library code is loaded."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tvmfuse.errors import ArtifactError
+
+LIB_NAME, PARAMS_NAME, MANIFEST_NAME = "model.so", "params.npz", "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class LoadedArtifact:
+    """A loaded model: ``run(inputs)`` returns the outputs as numpy arrays."""
+
+    path: Path
+    manifest: dict
+    _vm: object
+    _device: object
+    _params: list
+
+    @property
+    def input_specs(self) -> list[dict]:
+        return self.manifest["inputs"]
+
+    @property
+    def output_specs(self) -> list[dict]:
+        return self.manifest["outputs"]
+
+    def _args(self, inputs: dict[str, np.ndarray]) -> list:
+        from tvm import runtime
+
+        args = []
+        for spec in self.input_specs:
+            if spec["name"] not in inputs:
+                raise ArtifactError(f"missing input '{spec['name']}'")
+            arr = np.ascontiguousarray(inputs[spec["name"]])
+            if tuple(arr.shape) != tuple(spec["shape"]) or str(arr.dtype) != spec["dtype"]:
+                raise ArtifactError(f"input '{spec['name']}' is {arr.dtype}{list(arr.shape)}, "
+                                    f"the artifact takes {spec['dtype']}{spec['shape']}")
+            args.append(runtime.tensor(arr, self._device))
+        return args + self._params
+
+    def run(self, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        out = self._vm["main"](*self._args(inputs))
+        return [t.numpy() for t in _flatten(out)]
+
+    def benchmark(self, inputs: dict[str, np.ndarray], *, repeat: int = 50, warmup: int = 3) -> list[float]:
+        """Latencies in seconds of ``repeat`` runs (each synchronised with the device)."""
+        args = self._args(inputs)
+        fn = self._vm["main"]
+        for _ in range(warmup):
+            fn(*args)
+        self._device.sync()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn(*args)
+            self._device.sync()
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+def _flatten(out) -> list:
+    if hasattr(out, "numpy"):
+        return [out]
+    result = []
+    for item in out:
+        result.extend(_flatten(item))
+    return result
+
+
+def read_manifest(path: str | Path) -> dict:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ArtifactError(f"artifact folder not found: {folder}")
+    mpath = folder / MANIFEST_NAME
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"not a tvmfuse artifact (no {MANIFEST_NAME}): {folder}") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"unreadable manifest {mpath}: {err}") from None
+    for key in ("files", "inputs", "outputs", "target_kind"):
+        if key not in manifest:
+            raise ArtifactError(f"manifest {mpath} lacks '{key}'")
+    return manifest
+
+
+def load_artifact(path: str | Path, *, verify_hash: bool = True) -> LoadedArtifact:
+    """Load an artifact folder written by ``tvmfuse compile``.
+
+    The sha256 of ``model.so`` and ``params.npz`` must match the manifest before the library is loaded:
+    loading a shared library runs its code.
+    """
+    folder = Path(path)
+    manifest = read_manifest(folder)
+    for name in (LIB_NAME, PARAMS_NAME):
+        f = folder / name
+        if not f.is_file():
+            raise ArtifactError(f"artifact is missing {name}: {folder}")
+        if f.is_symlink():
+            raise ArtifactError(f"artifact file {name} is a symbolic link; refusing to load it")
+        if verify_hash and _sha256(f) != manifest["files"].get(name):
+            raise ArtifactError(f"sha256 of {f} does not match the manifest; refusing to load it")
+    import tvm
+    from tvm import relax, runtime
+
+    device = tvm.cuda(0) if manifest["target_kind"] == "cuda" else tvm.cpu(0)
+    if not device.exist:
+        raise ArtifactError(f"the artifact was built for {manifest['target_kind']} ({manifest.get('device')}), "
+                            "which this machine does not have")
+    lib = runtime.load_module(str(folder / LIB_NAME))
+    vm = relax.VirtualMachine(lib, device)
+    with np.load(folder / PARAMS_NAME, allow_pickle=False) as npz:
+        params = [runtime.tensor(npz[f"param_{i}"], device) for i in range(int(manifest.get("num_params", 0)))]
+    return LoadedArtifact(path=folder, manifest=manifest, _vm=vm, _device=device, _params=params)

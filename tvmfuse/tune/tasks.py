@@ -1,0 +1,40 @@
+"""Tuning tasks: one per distinct fused kernel of a partitioned module."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvmfuse._tvm import ms, structural_hash, tvm
+from tvmfuse.target import TargetInfo
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A fused kernel to tune.
+
+    ``mod`` is MetaSchedule's normalized workload (the PrimFunc as ``main``); ``weight`` is how many
+    times the model calls it; ``flops`` is MetaSchedule's estimate.
+    """
+
+    name: str
+    mod: tvm.IRModule
+    weight: int
+    flops: float
+    extracted: object  # ms.ExtractedTask
+
+    @property
+    def workload_hash(self) -> int:
+        return structural_hash(self.mod)
+
+
+def extract_kernels(fused_mod: tvm.IRModule, *, target: TargetInfo) -> list[Kernel]:
+    """One :class:`Kernel` per structurally distinct PrimFunc the Relax ``main`` calls."""
+    tasks = ms.relax_integration.extract_tasks(fused_mod, target.target)
+    kernels = []
+    for task in tasks:
+        try:
+            flops = float(ms.utils.get_flops(task.dispatched[0]))  # may be absent or fail on odd kernels
+        except Exception:  # noqa: BLE001
+            flops = 0.0
+        kernels.append(Kernel(name=str(task.task_name), mod=task.dispatched[0], weight=int(task.weight),
+                              flops=flops, extracted=task))
+    return kernels

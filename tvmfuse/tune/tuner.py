@@ -1,0 +1,202 @@
+"""The tuning loop: split a trial budget over kernels, resume from the database, report progress.
+
+MetaSchedule tunes one kernel at a time here (``ms.tune_tasks`` with a single task), which lets tvmfuse
+decide where the budget goes, skip kernels whose budget the database shows spent, and report progress
+per kernel; within a kernel MetaSchedule's evolutionary search and XGBoost cost model do the search.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from tvmfuse._tvm import derived_object, ensure_tensor_intrinsics, fast_build, ms
+from tvmfuse.target import TargetInfo
+from tvmfuse.tune.tasks import Kernel
+
+log = logging.getLogger("tvmfuse.tune")
+_MS_LOGGER = "tvm.s_tir.meta_schedule"
+_FAILED_SECS = 1e9
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """How much to tune and how.
+
+    Attributes
+    ----------
+    trials : new trials this run may spend, over all kernels
+    trials_per_kernel : a kernel's budget; a kernel whose database records reach it is not tuned again
+    trials_per_round : candidates measured per search round
+    population : evolutionary-search population (smaller is faster per round on 2 cores)
+    retune : spend the budget again even where the database shows it spent
+    """
+
+    trials: int = 64
+    trials_per_kernel: int = 16
+    trials_per_round: int = 8
+    population: int = 64
+    seed: int | None = 0
+    retune: bool = False
+    builder_timeout_s: float = 60.0
+    runner_timeout_s: float = 30.0
+    max_workers: int | None = None
+    log_dir: Path | None = None
+
+
+@dataclass
+class KernelResult:
+    name: str
+    workload_hash: int
+    weight: int
+    trials_before: int
+    trials_run: int = 0
+    best_before_s: float | None = None
+    best_s: float | None = None
+    status: str = "pending"  # tuned | resumed | skipped-spent | skipped-budget | failed
+    message: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "workload_hash": f"{self.workload_hash:016x}", "weight": self.weight,
+            "trials_before": self.trials_before, "trials_run": self.trials_run,
+            "best_before_ms": None if self.best_before_s is None else self.best_before_s * 1e3,
+            "best_ms": None if self.best_s is None else self.best_s * 1e3,
+            "status": self.status, "message": self.message,
+        }
+
+
+class TuneProgress(Protocol):
+    def on_start(self, kernels: list[Kernel], budgets: list[int]) -> None: ...
+    def on_batch(self, index: int, trials_done: int, best_s: float | None) -> None: ...
+    def on_kernel_done(self, index: int, result: KernelResult) -> None: ...
+
+
+@dataclass
+class _BatchState:
+    index: int
+    trials: int = 0
+    best: float | None = None
+    progress: TuneProgress | None = None
+    history: list = field(default_factory=list)
+
+
+@derived_object
+class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
+    """Reports each measured batch: trials done and best latency so far."""
+
+    def __init__(self, state: _BatchState):
+        self.state = state
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        st = self.state
+        for res in runner_results:
+            st.trials += 1
+            secs = [float(s) for s in (res.run_secs or [])]
+            if res.error_msg is None and secs and max(secs) < _FAILED_SECS:
+                mean = sum(secs) / len(secs)
+                st.best = mean if st.best is None else min(st.best, mean)
+        if st.progress is not None:
+            st.progress.on_batch(st.index, st.trials, st.best)
+
+
+def allocate_budget(kernels: list[Kernel], spent: list[int], config: TuneConfig) -> list[int]:
+    """Trials per kernel for this run.
+
+    Every kernel first gets an equal share of ``trials`` (capped by what its ``trials_per_kernel``
+    budget has left), so none keeps a naive schedule; what is left over goes to the heaviest kernels
+    (FLOPs x calls) first.
+    """
+    room = [max(0, config.trials_per_kernel - (0 if config.retune else s)) for s in spent]
+    budgets = [0] * len(kernels)
+    left = max(0, config.trials)
+    want = [i for i, r in enumerate(room) if r > 0]
+    if not want:
+        return budgets
+    share = max(1, left // len(want))
+    for i in want:
+        budgets[i] = min(room[i], share, left)
+        left -= budgets[i]
+    order = sorted(want, key=lambda i: -(kernels[i].flops * max(1, kernels[i].weight)))
+    for i in order:
+        extra = min(room[i] - budgets[i], left)
+        budgets[i] += extra
+        left -= extra
+    return budgets
+
+
+def _quiet_ms_console() -> None:
+    # MetaSchedule's console handler prints on stdout at its global logger's level; keep stdout for --json.
+    logging.getLogger(_MS_LOGGER).setLevel(logging.CRITICAL)
+
+
+def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config: TuneConfig,
+                 progress: TuneProgress | None = None) -> list[KernelResult]:
+    """Tune ``kernels`` into ``database`` (a tvmfuse database bound to ``target``).
+
+    Returns one :class:`KernelResult` per kernel, in the order given.
+    """
+    ensure_tensor_intrinsics(target.kind)
+    spent = [database.trials_spent(k.mod) for k in kernels]
+    budgets = allocate_budget(kernels, spent, config)
+    results = [KernelResult(name=k.name, workload_hash=k.workload_hash, weight=k.weight, trials_before=s,
+                            best_before_s=database.best_run_secs(k.mod) if s else None)
+               for k, s in zip(kernels, spent)]
+    if progress is not None:
+        progress.on_start(kernels, budgets)
+    workers = config.max_workers or max(1, min(4, _cores(target)))
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers, timeout_sec=config.builder_timeout_s)
+    runner = ms.runner.LocalRunner(timeout_sec=config.runner_timeout_s,
+                                   evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
+    log_root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="tvmfuse-tune-"))
+    for i, (kernel, budget, result) in enumerate(zip(kernels, budgets, results)):
+        if budget <= 0:
+            result.status = "skipped-spent" if spent[i] >= config.trials_per_kernel and not config.retune else "skipped-budget"
+            result.best_s = result.best_before_s
+            if progress is not None:
+                progress.on_kernel_done(i, result)
+            continue
+        state = _BatchState(index=i, progress=progress)
+        try:
+            _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
+                      runner=runner, work_dir=log_root / f"{i:03d}_{kernel.name[:60]}", state=state)
+            result.trials_run = state.trials
+            result.status = "resumed" if spent[i] else "tuned"
+        except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records
+            result.status, result.message = "failed", (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+            log.warning("tuning %s failed: %s", kernel.name, result.message)
+        result.best_s = database.best_run_secs(kernel.mod)
+        if progress is not None:
+            progress.on_kernel_done(i, result)
+    return results
+
+
+def _cores(target: TargetInfo) -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, config: TuneConfig,
+              builder, runner, work_dir: Path, state: _BatchState) -> None:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    per_round = max(1, min(config.trials_per_round, budget))
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=config.population,
+        init_min_unmeasured=min(50, config.population),
+    )
+    _quiet_ms_console()
+    ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        [kernel.extracted], str(work_dir), strategy=strategy, seed=config.seed,
+    )
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_ProgressCallback(state)]
+    ms.tune_tasks(
+        tasks=ctxs, task_weights=[float(kernel.weight)], work_dir=str(work_dir),
+        max_trials_global=budget, max_trials_per_task=budget, num_trials_per_iter=per_round,
+        builder=builder, runner=runner, database=database.ms_database, cost_model="xgb",
+        measure_callbacks=callbacks, task_scheduler="round-robin",
+    )
+    _quiet_ms_console()

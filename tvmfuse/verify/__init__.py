@@ -1,0 +1,93 @@
+"""Numerical checks: inputs for a model, onnxruntime as the reference, relative error with dtype tolerances."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tvmfuse.errors import ModelError, TvmfuseError
+
+# relative error = ||out - ref|| / ||ref|| must stay below this, by output dtype
+TOLERANCE = {"float64": 1e-7, "float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+
+
+def tolerance(dtype: str) -> float:
+    return TOLERANCE.get(str(dtype), 0.0)
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    out64, ref64 = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if out64.shape != ref64.shape:
+        return float("inf")
+    if not np.all(np.isfinite(out64)) and not np.array_equal(np.isfinite(out64), np.isfinite(ref64)):
+        return float("inf")
+    denom = np.linalg.norm(ref64)
+    diff = np.linalg.norm(np.nan_to_num(out64 - ref64))
+    return float(diff / denom) if denom > 0 else float(diff)
+
+
+def random_inputs(specs, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal floats and small non-negative integers, by each spec's shape and dtype."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s in specs:
+        name, shape, dtype = (s["name"], s["shape"], s["dtype"]) if isinstance(s, dict) else (s.name, s.shape, s.dtype)
+        if np.issubdtype(np.dtype(dtype), np.floating):
+            out[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == "bool":
+            out[name] = rng.random(shape) > 0.5
+        else:
+            out[name] = rng.integers(0, 4, size=shape).astype(dtype)
+    return out
+
+
+def load_inputs(path: str | Path, specs) -> dict[str, np.ndarray]:
+    """Inputs from an ``.npz`` whose keys are the model's input names."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise TvmfuseError(f"inputs file not found: {path}") from None
+    except Exception as err:  # noqa: BLE001 - zipfile/pickle/ValueError
+        raise TvmfuseError(f"not a readable .npz file: {path}: {type(err).__name__}") from None
+    names = [s["name"] if isinstance(s, dict) else s.name for s in specs]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise TvmfuseError(f"{path.name} lacks input(s) {', '.join(missing)}", hint="its keys are " + ", ".join(sorted(data)))
+    return {n: data[n] for n in names}
+
+
+def run_onnxruntime(model_path: str | Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+        return [np.asarray(x) for x in sess.run(None, inputs)]
+    except Exception as err:  # noqa: BLE001
+        raise ModelError(f"onnxruntime could not run {Path(model_path).name}: {str(err).splitlines()[0][:300]}") from None
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    name: str
+    dtype: str
+    rel_error: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_error <= self.tolerance
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "rel_error": self.rel_error, "tolerance": self.tolerance, "ok": self.ok}
+
+
+def compare(outputs: list[np.ndarray], references: list[np.ndarray], names: list[str]) -> list[OutputCheck]:
+    if len(outputs) != len(references):
+        raise TvmfuseError(f"the build returned {len(outputs)} outputs, the reference {len(references)}")
+    return [OutputCheck(n, str(r.dtype), relative_error(o, r), tolerance(str(r.dtype)))
+            for n, o, r in zip(names, outputs, references)]
