@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tvmfuse.plan.cluster import Cluster
 from tvmfuse.plan.graph import (ATTENTION, CONV, GEMM, INJECTIVE_K, NORM, NOT_KERNEL, OPAQUE_K, POINTWISE,
                                 REDUCE, Graph, Node)
@@ -60,6 +62,20 @@ def _creates_cycle(graph: Graph, a: Cluster, b: Cluster) -> Node | None:
     return None
 
 
+def _epilogue_ok(n: Node) -> bool:
+    """Ops an anchor's epilogue can hold: pointwise, or a layout change that moves every element once."""
+    if n.kind == POINTWISE:
+        return True
+    if n.kind == INJECTIVE_K and len(n.inputs) == 1 and not n.consts and n.out_shape is not None:
+        src = n.inputs[0].ty
+        try:
+            numel_in = int(np.prod([int(d) for d in src.shape.values]))
+        except (AttributeError, TypeError):
+            return False
+        return numel_in == int(np.prod(n.out_shape))
+    return False
+
+
 def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
     """Whether ``producer``'s kernel and ``consumer``'s kernel may be one kernel (correctness only)."""
     for cl in (producer, consumer):
@@ -91,7 +107,7 @@ def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
                 if data is None or not data.same_as(p.var):
                     return _no(f"{p.op} feeds {c.op}'s parameters, not its data")
             continue
-        if p_anchor is not None and c.kind != POINTWISE:
+        if p_anchor is not None and not _epilogue_ok(c):
             return _no(f"{c.op} ({c.kind}) is not emitted as an epilogue of {p_anchor.op}")
         if c.kind == INJECTIVE_K and REDUCE in producer.kinds:
             return _no(f"layout op {c.op} after a reduction is not emitted")
@@ -103,8 +119,8 @@ def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
             return _no(f"{c.op} broadcasts the fused intermediate {t_shape} to {c.out_shape}: "
                        f"it would be recomputed per output element")
     # the consumer cluster's other members must sit behind the anchor (epilogue) when the producer has one
-    if p_anchor is not None and any(n.kind not in (POINTWISE,) for n in consumer.members):
-        bad = next(n for n in consumer.members if n.kind != POINTWISE)
+    if p_anchor is not None and not all(_epilogue_ok(n) for n in consumer.members):
+        bad = next(n for n in consumer.members if not _epilogue_ok(n))
         return _no(f"{bad.op} ({bad.kind}) is not emitted as an epilogue of {p_anchor.op}")
     if c_anchor is not None and c_anchor.kind == NORM and any(n.kind != POINTWISE for n in producer.members):
         return _no(f"only pointwise ops fuse as a {c_anchor.op} prologue")

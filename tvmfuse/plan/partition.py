@@ -56,7 +56,14 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
     return fused, Plan(planner="fuseops", groups=tuple(groups))
 
 
-PLANNERS: dict[str, Planner] = {"fuseops": _fuseops}
+def _tvmfuse(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan]":
+    """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``)."""
+    from tvmfuse.plan.planner import plan_tvmfuse
+
+    return plan_tvmfuse(mod, target)
+
+
+PLANNERS: dict[str, Planner] = {"fuseops": _fuseops, "tvmfuse": _tvmfuse}
 DEFAULT_PLANNER = "fuseops"
 
 

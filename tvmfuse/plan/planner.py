@@ -1,0 +1,264 @@
+"""The tvmfuse planner: rewrites, legalization, grouping (legality + cost model), outlining, FuseTIR.
+
+Phases (each a module pass, in one Sequential):
+  1. high-level rewrites on Relax ops: fold inference BatchNorm into conv weights, fuse attention into
+     one kernel, merge GEMMs sharing an input (when the cost model says so);
+  2. legalize to TIR (one ``call_tir`` per operator) and fold constants;
+  3. group ``call_tir``s: every producer -> consumer edge is offered to ``can_fuse`` (correctness) and the
+     cost model (profitability); every refusal is recorded with its reason on ``tvmfuse.plan.why``;
+  4. outline each group as a ``Primitive`` Relax function and let ``FuseTIR`` make one PrimFunc of it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tvmfuse._tvm import PrimFunc, relax, tvm
+from tvmfuse.plan.cluster import Cluster, bytes_fused, bytes_unfused, external_outputs, reused_inputs
+from tvmfuse.plan.cost import CostModel
+from tvmfuse.plan.graph import NOT_KERNEL, Graph, build_graph, tensor_bytes
+from tvmfuse.plan.legality import can_fuse
+from tvmfuse.plan.outline import outline_groups
+from tvmfuse.plan.patterns import classify
+from tvmfuse.plan.report import Group, Plan, Rejection
+from tvmfuse.plan.tags import RewriteLog
+from tvmfuse.target import TargetInfo
+
+why = logging.getLogger("tvmfuse.plan.why")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Knobs of the tvmfuse planner.
+
+    cost_model : any object with ``score(graph, a, b) -> Score``; ``None``: :meth:`CostModel.for_target`
+    fold_batchnorm, attention, horizontal : enable the high-level rewrites
+    debug_dump : a folder to write ``mod.script()`` after each phase
+    """
+
+    cost_model: object | None = None
+    fold_batchnorm: bool = True
+    attention: bool = True
+    horizontal: bool = True
+    debug_dump: Path | None = None
+
+
+@dataclass
+class Grouping:
+    clusters: list[Cluster]
+    rejected: list[Rejection] = field(default_factory=list)
+    scores: dict = field(default_factory=dict)  # id(cluster) -> last gain
+
+
+def group_nodes(graph: Graph, cost_model) -> Grouping:
+    """Greedy grouping in topological order: each consumer takes its producers' clusters, best first."""
+    cluster_of: dict[int, Cluster] = {}
+    for n in graph.nodes:
+        if n.kind != NOT_KERNEL:
+            cluster_of[id(n)] = Cluster([n])
+    rejected: list[Rejection] = []
+    seen_reasons: set = set()
+    scores: dict = {}
+
+    def reject(a: Cluster, b: Cluster, reason: str) -> None:
+        ops = a.ops + b.ops
+        key = (ops, reason)
+        if key in seen_reasons:
+            return
+        seen_reasons.add(key)
+        rejected.append(Rejection(ops=ops, reason=reason))
+        why.info("not fused %s + %s: %s", "/".join(a.ops), "/".join(b.ops), reason)
+
+    for node in graph.nodes:
+        if node.kind == NOT_KERNEL:
+            continue
+        while True:
+            mine = cluster_of[id(node)]
+            candidates = []
+            for v in node.inputs:
+                p = graph.producer.get(v)
+                if p is None or p.kind == NOT_KERNEL:
+                    continue
+                pc = cluster_of[id(p)]
+                if pc is mine or any(pc is c for _, c in candidates):
+                    continue
+                candidates.append((p, pc))
+            best = None
+            for p, pc in candidates:
+                verdict = can_fuse(graph, pc, mine)
+                if not verdict:
+                    reject(pc, mine, verdict.reason)
+                    continue
+                score = cost_model.score(graph, pc.members, mine.members)
+                if not score.profitable:
+                    reject(pc, mine, score.reason or "not profitable")
+                    continue
+                if best is None or score > best[0]:
+                    best = (score, pc)
+            if best is None:
+                break
+            score, pc = best
+            merged = Cluster(pc.members + mine.members)
+            for n in merged.members:
+                cluster_of[id(n)] = merged
+            scores[id(merged)] = score.gain
+            # loop: the merged cluster may take another producer (multi-input consumers)
+    clusters, seen = [], set()
+    for n in graph.nodes:
+        c = cluster_of.get(id(n))
+        if c is not None and id(c) not in seen:
+            seen.add(id(c))
+            clusters.append(c)
+    return Grouping(clusters=clusters, rejected=rejected, scores=scores)
+
+
+def _group_name(ops: tuple[str, ...], used: set[str]) -> str:
+    parts = []
+    for op in ops:
+        if not parts or parts[-1] != op:
+            parts.append(op)
+    base = "fused_" + "_".join(parts[:6]) + ("_etc" if len(parts) > 6 else "")
+    name, k = base, 1
+    while name in used:
+        name, k = f"{base}{k}", k + 1
+    used.add(name)
+    return name
+
+
+class _Dump:
+    def __init__(self, folder: Path | None):
+        self.folder, self.k = (Path(folder) if folder else None), 0
+
+    def __call__(self, phase: str, mod) -> None:
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.k += 1
+        (self.folder / f"{self.k:02d}_{phase}.py").write_text(mod.script(show_meta=False))
+
+
+def _legalize(mod, target: TargetInfo):
+    seq = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.DeadCodeElimination(),
+    ])
+    with target.target:
+        return seq(mod)
+
+
+def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog, cost_model, dump: _Dump):
+    from tvmfuse.plan import rewrites
+
+    if config.fold_batchnorm:
+        mod = rewrites.FoldBatchNorm(log=log)(mod)
+        dump("fold_batchnorm", mod)
+    if config.attention:
+        mod = rewrites.FuseAttention(log=log)(mod)
+        dump("attention", mod)
+    if config.horizontal:
+        mod = rewrites.HorizontalGemm(log=log, cost_model=cost_model)(mod)
+        dump("horizontal", mod)
+    return mod
+
+
+def plan_tvmfuse(mod: tvm.IRModule, target: TargetInfo, *, config: PlannerConfig | None = None
+                 ) -> "tuple[tvm.IRModule, Plan]":
+    """The tvmfuse planner (``--planner tvmfuse``).
+
+    Parameters
+    ----------
+    mod : an imported Relax module (high-level ops, weights bound as constants)
+    target : the resolved target (the cost model's parallelism and memory limits come from it)
+    config : planner knobs; defaults when ``None``
+
+    Returns
+    -------
+    The module whose ``main`` calls one PrimFunc per fused kernel, and the :class:`Plan` explaining it.
+    """
+    config = config or PlannerConfig()
+    cost_model = config.cost_model or CostModel.for_target(target)
+    dump = _Dump(config.debug_dump)
+    log = RewriteLog()
+    # phase 1: rewrites on high-level Relax ops
+    mod = _high_level(mod, target, config, log, cost_model, dump)
+    # phase 2: one call_tir per operator
+    mod = _legalize(mod, target)
+    dump("legalized", mod)
+    # phase 3: grouping
+    graph = build_graph(mod)
+    grouping = group_nodes(graph, cost_model)
+    multi = [c for c in grouping.clusters if len(c.members) > 1]
+    used: set[str] = {gv.name_hint for gv in mod.functions}
+    names = [_group_name(c.ops, used) for c in multi]
+    # phase 4: outline and merge into PrimFuncs
+    outlined = outline_groups(graph, [c.members for c in multi], names)
+    dump("outlined", outlined)
+    fused = tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(outlined)
+    dump("fused", fused)
+    plan = _report(graph, fused, grouping, dict(zip((id(c) for c in multi), names)), log)
+    return fused, plan
+
+
+def _report(graph: Graph, fused, grouping: Grouping, name_of: dict, log: RewriteLog) -> Plan:
+    prims = {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, PrimFunc)}
+    groups = []
+    used_names: set[str] = set()
+    for c in grouping.clusters:
+        members = sorted(c.members, key=lambda n: n.index)
+        ops: list[str] = []
+        unfused = 0
+        notes: list[str] = []
+        tags = set()
+        for n in members:
+            tag = log.tags.get(str(n.var.name))
+            if tag is not None:
+                ops.extend(tag.ops)
+                unfused += tag.bytes_unfused
+                tags.add(tag.tag)
+                if tag.note:
+                    notes.append(tag.note)
+            else:
+                ops.append(n.op)
+                unfused += n.bytes_unfused
+        for name, reads, saved in reused_inputs(members):
+            notes.append(f"{name} read once instead of {reads}x ({saved} B saved)")
+        kernel = name_of.get(id(c))
+        if kernel is None:  # a lone operator: the legalized PrimFunc it calls
+            kernel = members[0].value.args[0].name_hint
+        name = kernel
+        k = 1
+        while name in used_names:
+            k += 1
+            name = f"{kernel}#{k}"
+        used_names.add(name)
+        b_fused = bytes_fused(graph, members) if kernel not in prims else _prim_bytes(prims[kernel])
+        groups.append(Group(name=name, pattern=classify(members, tags), ops=tuple(ops), bytes_unfused=unfused,
+                            bytes_fused=b_fused, kernel=kernel, notes=tuple(notes),
+                            score=float(grouping.scores.get(id(c), 0.0))))
+    return Plan(planner="tvmfuse", groups=tuple(groups), rejected=tuple(grouping.rejected),
+                rewrites=tuple(log.notes))
+
+
+def _prim_bytes(func: PrimFunc) -> int:
+    from tvmfuse.plan.partition import kernel_bytes
+
+    return kernel_bytes(func)
+
+
+class TvmfusePartition:
+    """``tvm.transform.module_pass`` form of the planner; the plan of the last run is kept on ``.plan``."""
+
+    def __new__(cls, *, target: TargetInfo, config: PlannerConfig | None = None):
+        holder = {}
+
+        @tvm.transform.module_pass(opt_level=0, name="TvmfusePartition")
+        def _pass(mod, _ctx):
+            fused, holder["plan"] = plan_tvmfuse(mod, target, config=config)
+            return fused
+
+        _pass.plan_holder = holder
+        return _pass

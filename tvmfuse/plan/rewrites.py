@@ -1,0 +1,194 @@
+"""High-level rewrites on Relax operators, before legalization (phase 1 of the planner).
+
+- :class:`FoldBatchNorm`: conv2d followed by per-channel affine constants (inference BatchNorm, which the
+  importer's ``DecomposeOpsForInference`` turned into add/subtract/divide/multiply) becomes conv2d with
+  scaled weights plus one bias add.
+- :class:`FuseAttention`: MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V) becomes one call to
+  an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores.
+- :class:`HorizontalGemm`: MatMuls reading the same input with constant weights become one MatMul on
+  concatenated weights plus slices, when the cost model finds it saves bytes.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
+from tvmfuse.plan.graph import tensor_bytes, tensor_shape
+from tvmfuse.plan.tags import RewriteLog, Tag
+
+_CLEAN = [relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(),
+          relax.transform.DeadCodeElimination()]
+
+
+def _op(call) -> str:
+    return str(call.op.name) if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else ""
+
+
+def _bindings(mod):
+    blocks = [b for b in mod["main"].body.blocks if isinstance(b, relax.DataflowBlock)]
+    return list(blocks[0].bindings) if len(blocks) == 1 else None
+
+
+def _users(bindings) -> dict:
+    users: dict = {}
+    for b in bindings:
+        def visit(e, b=b):
+            if isinstance(e, relax.Var):
+                users.setdefault(e, []).append(b)
+        relax.analysis.post_order_visit(b.value, visit)
+    return users
+
+
+def _subst(expr, vmap):
+    if isinstance(expr, relax.Var):
+        return vmap.get(expr, expr)
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [_subst(a, vmap) for a in expr.args], expr.attrs, ty_args=expr.ty_args)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([_subst(f, vmap) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(_subst(expr.tuple_value, vmap), expr.index)
+    return expr
+
+
+def rebuild_main(mod, plan: dict, skip: set, names: dict | None = None) -> tvm.IRModule:
+    """Re-emit ``main``: ``plan[var] = fn(bb, vmap) -> value`` replaces that binding's value (named
+    ``names[var]`` when given); bindings whose var is in ``skip`` are dropped."""
+    names = names or {}
+    main = mod["main"]
+    rest = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"}, attrs=mod.attrs)
+    bb = relax.BlockBuilder(rest)
+    vmap: dict = {}
+    with bb.function("main", list(main.params), attrs=dict(main.attrs) if main.attrs else None):
+        with bb.dataflow():
+            for b in main.body.blocks[0].bindings:
+                if b.var in skip:
+                    continue
+                is_out = not isinstance(b.var, relax.DataflowVar)
+                if b.var in plan:
+                    value, name = plan[b.var](bb, vmap), names.get(b.var, str(b.var.name))
+                else:
+                    value, name = _subst(b.value, vmap), str(b.var.name)
+                new = bb.emit_output(value, name_hint=name) if is_out else bb.emit(value, name_hint=name)
+                vmap[b.var] = new
+        bb.emit_func_output(_subst(main.body.body, vmap))
+    return bb.finalize()
+
+
+def _module_pass(name: str, fn: Callable) -> tvm.transform.Pass:
+    return tvm.transform.module_pass(lambda mod, _ctx: fn(mod), opt_level=0, name=name)
+
+
+# ---------------------------------------------------------------------------------------------- BatchNorm
+def _per_channel(const, channels: int) -> np.ndarray | None:
+    """A constant broadcasting along NCHW's channel axis only, as a length-C vector (None if not)."""
+    arr = const_numpy(const).astype(np.float64)
+    if arr.ndim == 0 or arr.size == 1:
+        return np.full(channels, float(arr.reshape(-1)[0]))
+    shape = arr.shape
+    squeezed = [d for d in shape if d != 1]
+    if squeezed != [channels]:
+        return None
+    # the channel dim must be at axis -3 when right-aligned with NCHW
+    if len(shape) < 3 or shape[-3] != channels or any(d != 1 for d in shape[-2:]):
+        return None
+    return arr.reshape(-1)
+
+
+class FoldBatchNorm:
+    """conv2d -> (add | subtract | multiply | divide by per-channel constants)+ => conv2d(W·s) + t."""
+
+    def __init__(self, *, log: RewriteLog):
+        self.log = log
+
+    def __new__(cls, *, log: RewriteLog):
+        self = super().__new__(cls)
+        self.__init__(log=log)
+        return _module_pass("FoldBatchNorm", self.transform_module)
+
+    def transform_module(self, mod):
+        mod = tvm.transform.Sequential(_CLEAN)(mod)
+        bindings = _bindings(mod)
+        if bindings is None:
+            return mod
+        users = _users(bindings)
+        plan, skip, names = {}, set(), {}
+        for b in bindings:
+            if _op(b.value) != "relax.nn.conv2d" or not isinstance(b.value.args[1], RelaxConstant):
+                continue
+            attrs = b.value.attrs
+            if str(attrs.data_layout) != "NCHW" or str(attrs.kernel_layout) != "OIHW":
+                continue
+            channels = tensor_shape(b.var.ty)[1]
+            scale, shift = np.ones(channels), np.zeros(channels)
+            chain, cur, ops = [], b.var, []
+            while True:
+                us = users.get(cur, [])
+                if len(us) != 1 or not isinstance(cur, relax.DataflowVar):
+                    break
+                u = us[0]
+                op = _op(u.value)
+                if op not in ("relax.add", "relax.subtract", "relax.multiply", "relax.divide"):
+                    break
+                lhs, rhs = u.value.args
+                other, cur_is_lhs = (rhs, True) if lhs.same_as(cur) else (lhs, False)
+                if not isinstance(other, RelaxConstant) or tensor_shape(u.var.ty) != tensor_shape(b.var.ty):
+                    break
+                vec = _per_channel(other, channels)
+                if vec is None or (not cur_is_lhs and op in ("relax.subtract", "relax.divide")):
+                    break
+                if op == "relax.add":
+                    shift = shift + vec
+                elif op == "relax.subtract":
+                    shift = shift - vec
+                elif op == "relax.multiply":
+                    scale, shift = scale * vec, shift * vec
+                else:
+                    scale, shift = scale / vec, shift / vec
+                chain.append(u)
+                ops.append(op.split(".")[-1])
+                cur = u.var
+            if not any(o in ("multiply", "divide", "subtract") for o in ops):
+                continue  # a conv bias alone: nothing to fold
+            weight = const_numpy(b.value.args[1])
+            dtype = weight.dtype
+            new_w = (weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))).astype(dtype)
+            new_b = shift.reshape(1, channels, 1, 1).astype(dtype)
+            conv_call, last = b.value, chain[-1]
+
+            def emit_conv(bb, vmap, conv_call=conv_call, new_w=new_w):
+                return relax.Call(conv_call.op, [_subst(conv_call.args[0], vmap), relax.const(new_w)], conv_call.attrs,
+                                  ty_args=conv_call.ty_args)
+
+            def emit_bias(bb, vmap, conv_var=b.var, new_b=new_b):
+                return relax.op.add(vmap[conv_var], relax.const(new_b))
+
+            plan[b.var] = emit_conv
+            for u in chain[:-1]:
+                skip.add(u.var)
+            # the chain's last binding keeps its var name (users refer to it); tag it by that name
+            plan[last.var] = emit_bias
+            names[last.var] = tag_name = self.log.fresh("bnfold")
+            y = tensor_bytes(b.var.ty)
+            # the unfused baseline is the imported graph's ops (as FuseOps sees them): one kernel each
+            orig = tuple(ops)
+            unfused = len(ops) * (2 * y + channels * dtype.itemsize)
+            bn_ops = ops
+            self.log.tags[tag_name] = Tag(
+                "bn_folded", orig, unfused, note=f"BatchNorm ({'/'.join(bn_ops)}) folded into the conv weights and bias")
+            self.log.notes.append(f"BatchNorm after conv {b.var.name} folded into its weights ({len(ops)} ops -> 1 bias add)")
+        if not plan:
+            return mod
+        return rebuild_main(mod, plan, skip, names)
+
+
+class FuseAttention:  # filled in below
+    def __new__(cls, *, log: RewriteLog):
+        return _module_pass("FuseAttention", lambda mod: mod)
+
+
+class HorizontalGemm:  # filled in below
+    def __new__(cls, *, log: RewriteLog, cost_model=None):
+        return _module_pass("HorizontalGemm", lambda mod: mod)
