@@ -163,12 +163,11 @@ class Store:
             if [r[0] for r in rows] != ["ok"]:
                 raise damaged(self.path, f"integrity check failed: {rows[0][0]}")
         have = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "meta" not in have:
-            if have - {"sqlite_sequence"} and not set(TABLES) & have:
-                raise damaged(self.path, "an SQLite file without tvmfuse's tables")
-            if not create:
-                raise damaged(self.path, "no tvmfuse tables")
-        if create:
+        if "meta" not in have and have - {"sqlite_sequence"} and not set(TABLES) & have:
+            raise damaged(self.path, "an SQLite file without tvmfuse's tables")
+        # A file without tables is one whose creator was killed before its first commit: initialize it
+        # (``create`` only decides whether a missing file may be created).
+        if create or not have:
             with self.transaction():
                 for stmt in SCHEMA:
                     c.execute(stmt)
