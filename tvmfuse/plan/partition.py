@@ -36,23 +36,67 @@ def fused_functions(mod: tvm.IRModule) -> dict[str, PrimFunc]:
     return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, PrimFunc)}
 
 
+def _call_sites(mod: tvm.IRModule) -> list[str]:
+    """The PrimFuncs ``main`` calls, one entry per call site (a kernel launch), in order."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    names: list[str] = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op.same_as(call_tir):
+            names.append(e.args[0].name_hint)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return names
+
+
+def _primitive_ops(mod: tvm.IRModule) -> dict[str, tuple[tuple[str, ...], int]]:
+    """For each ``Primitive`` Relax function (FuseOps' groups): its operators and their unfused bytes."""
+    from tvmfuse.plan.graph import op_name, tensor_bytes
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    out = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or func.attrs is None or "Primitive" not in func.attrs:
+            continue
+        ops, total = [], 0
+
+        def visit(e, ops=ops):
+            nonlocal total
+            if isinstance(e, relax.Call) and e.op.same_as(call_tir):
+                ops.append(op_name(e.args[0].name_hint))
+                total += sum(tensor_bytes(a.ty) for a in e.args[1].fields) + tensor_bytes(e.ty)
+
+        relax.analysis.post_order_visit(func.body, visit)
+        out[gv.name_hint] = (tuple(ops), total)
+    return out
+
+
 def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan]":
     """TVM's stock FuseOps, for comparison (``--planner fuseops``)."""
-    seq = tvm.transform.Sequential([
+    from tvmfuse.plan.graph import op_name
+
+    before = tvm.transform.Sequential([
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-        relax.transform.DeadCodeElimination(),
     ])
     with target.target:
-        fused = seq(mod)
-    groups = []
-    for name, func in sorted(fused_functions(fused).items()):
-        ops = tuple(name[len("fused_"):].split("_")) if name.startswith("fused_") else (name,)
-        b = kernel_bytes(func)
-        groups.append(Group(name=name, pattern="fuseops", ops=ops, bytes_unfused=b, bytes_fused=b))
+        grouped = before(mod)
+    per_group = _primitive_ops(grouped)
+    fused = tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(grouped)
+    prims = fused_functions(fused)
+    groups, used = [], set()
+    for kernel in _call_sites(fused):
+        b = kernel_bytes(prims[kernel])
+        ops, unfused = per_group.get(kernel, ((op_name(kernel),), b))
+        name, k = kernel, 1
+        while name in used:
+            k += 1
+            name = f"{kernel}#{k}"
+        used.add(name)
+        groups.append(Group(name=name, pattern="fuseops" if len(ops) > 1 else "single", ops=ops,
+                            bytes_unfused=unfused, bytes_fused=b, kernel=kernel))
     return fused, Plan(planner="fuseops", groups=tuple(groups))
 
 

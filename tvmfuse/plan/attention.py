@@ -1,0 +1,106 @@
+"""A correct attention kernel that never writes the N×N scores: online softmax, one query row at a time.
+
+For each (batch..., query row i) it walks the keys once, keeping the running max ``m``, the running sum
+``l`` and the output accumulator ``acc[Dv]`` in local scratch (registers); a score exists only as one
+local scalar. This is the llvm-correct lowering; the fast GPU schedule belongs to the GPU search space.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvmfuse._tvm import tvm
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    batch: tuple[int, ...]          # leading dims shared by Q, Kᵀ, V and the output
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    scale: float | None             # multiply scores by it (a divide is turned into its reciprocal)
+    mask_shape: tuple[int, ...] | None  # broadcast to batch + (seq_q, seq_k), added before softmax
+    mask_dtype: str = "float32"
+    scale_first: bool = True         # scale then mask (BERT) vs mask then scale
+    k_rows: bool = False             # K given as [.., seq_k, head_dim] (its transpose absorbed), else Kᵀ
+
+    def key(self) -> tuple:
+        return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
+                self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows)
+
+
+def _idx(names: list[str]) -> str:
+    return ", ".join(names)
+
+
+def attention_primfunc(spec: AttentionSpec):
+    """A TIR PrimFunc ``(q, kt, v[, mask], out)`` computing softmax(scale·q@kt + mask) @ v."""
+    nb = len(spec.batch)
+    bvars = [f"b{k}" for k in range(nb)]
+    vb = [f"v_b{k}" for k in range(nb)]
+    shape = lambda *tail: "(" + ", ".join(str(d) for d in (*spec.batch, *tail)) + ",)"  # noqa: E731
+    acc_t = "float32"
+    cast = (lambda e: e) if spec.dtype == acc_t else (lambda e: f"T.Cast('{acc_t}', {e})")
+    params = [f"q: T.Buffer({shape(spec.seq_q, spec.head_dim)}, '{spec.dtype}')",
+              (f"kt: T.Buffer({shape(spec.seq_k, spec.head_dim)}, '{spec.dtype}')" if spec.k_rows else
+               f"kt: T.Buffer({shape(spec.head_dim, spec.seq_k)}, '{spec.dtype}')"),
+              f"v: T.Buffer({shape(spec.seq_k, spec.head_dim_v)}, '{spec.dtype}')"]
+    mask_expr = ""
+    if spec.mask_shape is not None:
+        full = list(spec.batch) + [spec.seq_q, spec.seq_k]
+        ms = list(spec.mask_shape)
+        names_full = vb + ["v_i", "j"]
+        off = len(full) - len(ms)
+        idx = [("0" if d == 1 and full[off + k] != 1 else names_full[off + k]) for k, d in enumerate(ms)]
+        params.append(f"mask: T.Buffer(({', '.join(str(d) for d in ms)},), '{spec.mask_dtype}')")
+        mask_expr = (f"mask[{_idx(idx)}]" if spec.mask_dtype == acc_t
+                     else f"T.Cast('{acc_t}', mask[{_idx(idx)}])")
+    params.append(f"out: T.Buffer({shape(spec.seq_q, spec.head_dim_v)}, '{spec.dtype}')")
+    score = f"s[0] * T.float32({spec.scale!r})" if spec.scale is not None else "s[0]"
+    if mask_expr:
+        score = f"({score}) + {mask_expr}" if spec.scale_first else (
+            f"(s[0] + {mask_expr}) * T.float32({spec.scale!r})" if spec.scale is not None else f"s[0] + {mask_expr}")
+    loops = "".join(f"for {b} in T.serial({n}):\n" + "    " * (k + 2) for k, (b, n) in enumerate(zip(bvars, spec.batch)))
+    ind = "    " * (nb + 2)
+    out_idx = _idx(vb + ["v_i", "e"])
+    src = f"""
+@T.prim_func(private=True, s_tir=True)
+def attention({', '.join(params)}):
+    T.func_attr({{"tirx.noalias": True, "tvmfuse.kernel": "attention"}})
+    {loops}for i in T.serial({spec.seq_q}):
+{ind}with T.sblock("attention"):
+{ind}    {_idx(vb + ['v_i'])} = T.axis.remap("{'S' * (nb + 1)}", [{_idx(bvars + ['i'])}])
+{ind}    m = T.sblock_alloc_buffer((1,), "float32", scope="local")
+{ind}    l = T.sblock_alloc_buffer((1,), "float32", scope="local")
+{ind}    s = T.sblock_alloc_buffer((1,), "float32", scope="local")
+{ind}    p = T.sblock_alloc_buffer((1,), "float32", scope="local")
+{ind}    acc = T.sblock_alloc_buffer(({spec.head_dim_v},), "float32", scope="local")
+{ind}    m[0] = T.float32(-3.4e38)
+{ind}    l[0] = T.float32(0)
+{ind}    for e in T.serial({spec.head_dim_v}):
+{ind}        acc[e] = T.float32(0)
+{ind}    for j in T.serial({spec.seq_k}):
+{ind}        s[0] = T.float32(0)
+{ind}        for d in T.serial({spec.head_dim}):
+{ind}            s[0] = s[0] + {cast(f"q[{_idx(vb + ['v_i', 'd'])}]")} * {cast(f"kt[{_idx(vb + (['j', 'd'] if spec.k_rows else ['d', 'j']))}]")}
+{ind}        s[0] = {score}
+{ind}        p[0] = T.max(m[0], s[0])
+{ind}        l[0] = l[0] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0])
+{ind}        for e in T.serial({spec.head_dim_v}):
+{ind}            acc[e] = acc[e] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0]) * {cast(f"v[{_idx(vb + ['j', 'e'])}]")}
+{ind}        m[0] = p[0]
+{ind}    for e in T.serial({spec.head_dim_v}):
+{ind}        out[{out_idx}] = {"acc[e] / l[0]" if spec.dtype == acc_t else f"T.Cast('{spec.dtype}', acc[e] / l[0])"}
+"""
+    from tvm.script import tirx as T  # noqa: F401  (the template's T)
+
+    ns = {"T": T}
+    func = _parse(src, ns)
+    return func
+
+
+def _parse(src: str, ns: dict):
+    import tvm.script
+
+    return tvm.script.parse(src, extra_vars=ns)
