@@ -314,6 +314,25 @@ def _salvage_table(conn: sqlite3.Connection, table: str, errors: list[str]) -> l
     return list(rows.values())
 
 
+def _pad_truncated(path: Path) -> None:
+    """Give a truncated file back its missing pages as zeros.
+
+    SQLite refuses even the table list of a file shorter than its header says; zero pages instead read
+    as damaged pages, which the row-by-row salvage steps over.
+    """
+    with open(path, "r+b") as f:
+        head = f.read(100)
+        if len(head) < 100:
+            return
+        page = int.from_bytes(head[16:18], "big")
+        page = 65536 if page == 1 else page
+        pages = int.from_bytes(head[28:32], "big")
+        size = f.seek(0, 2)
+        want = max(pages * page, -(-size // page) * page) if page >= 512 else size
+        if want > size and want < (1 << 34):
+            f.truncate(want)
+
+
 def recover(*, src: str | Path, dest: str | Path) -> dict:
     """Salvage the readable workloads and records of a damaged database into a new file ``dest``.
 
@@ -336,6 +355,7 @@ def recover(*, src: str | Path, dest: str | Path) -> dict:
         wal = Path(f"{src}-wal")
         if wal.exists():
             shutil.copyfile(wal, Path(f"{copy}-wal"))
+        _pad_truncated(copy)
         conn = sqlite3.connect(str(copy), isolation_level=None)
         try:
             try:
