@@ -160,3 +160,14 @@ def attention(batch=2, heads=3, seq=32, dim=16, mask=True) -> onnx.ModelProto:
     if mask:
         ins["mask"] = [batch, 1, 1, seq]
     return b.model(ins, y, [batch, heads, seq, dim])
+
+
+def wide_branches(m=64, k=512, n=8) -> onnx.ModelProto:
+    """Three narrow GEMMs of one wide input, each result used twice: reading x once pays."""
+    b = _B(9)
+    outs = []
+    for _ in range(3):
+        p = b.op("MatMul", ["x", b.w(k, n, scale=0.05)])
+        outs.append(b.op("Add", [b.op("Relu", [p]), b.op("Sigmoid", [p])]))
+    y = b.op("Concat", outs, axis=-1)
+    return b.model({"x": [m, k]}, y, [m, 3 * n])

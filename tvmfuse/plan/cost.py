@@ -119,3 +119,17 @@ class CostModel:
             gain *= units / min(before, self.min_parallel_units)
         reason = "" if gain > 0 else f"no gain: {saved} B saved"
         return Score(True, gain, saved, 1, pressure, units, reason)
+
+    def score_horizontal(self, *, shared_input_bytes: int, branches: int, extra_bytes: int,
+                         extra_launches: int) -> Score:
+        """Score merging ``branches`` GEMMs that read one input into one GEMM on concatenated weights.
+
+        Saves ``branches - 1`` reads of the input and launches; costs ``extra_bytes`` (branch results that
+        were an epilogue of their GEMM and now go through memory to a slice) and ``extra_launches``.
+        """
+        saved = (branches - 1) * shared_input_bytes - extra_bytes
+        launches = branches - 1 - extra_launches
+        gain = float(saved + launches * self.launch_bytes)
+        reason = "" if gain > 0 else (f"no gain: reads {branches - 1}x{shared_input_bytes} B less, but the split "
+                                      f"costs {extra_bytes} B and {extra_launches} more launches")
+        return Score(True, gain, saved, launches, 0, 0, reason)

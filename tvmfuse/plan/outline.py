@@ -99,6 +99,7 @@ def outline_groups(graph: Graph, groups: list[list[Node]], names: list[str]) -> 
                         else bb.emit(value, name_hint=n.var.name)
                     vmap[n.var] = new
                     continue
+                fname = name_of[id(members[0])]
                 members = sorted(members, key=lambda n: n.index)
                 ins = _group_inputs(members)
                 outs = _group_outputs(graph, members)
@@ -121,7 +122,7 @@ def outline_groups(graph: Graph, groups: list[list[Node]], names: list[str]) -> 
                 body = relax.SeqExpr([relax.DataflowBlock(bindings)], result_var)
                 func = relax.Function(params, body, result_var.ty, is_pure=True)
                 func = func.with_attr("Primitive", True)
-                gv = bb.add_func(func, name_of[id(members[0])])
+                gv = bb.add_func(func, fname)
                 call = relax.Call(gv, [vmap.get(v, v) for v in ins])
                 if len(outs) == 1:
                     o = outs[0]

@@ -108,7 +108,7 @@ def _tvmfuse(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
 
 
 PLANNERS: dict[str, Planner] = {"fuseops": _fuseops, "tvmfuse": _tvmfuse}
-DEFAULT_PLANNER = "fuseops"
+DEFAULT_PLANNER = "tvmfuse"
 
 
 def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_PLANNER) -> "tuple[tvm.IRModule, Plan]":
@@ -123,3 +123,22 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
     return fn(mod, target)
+
+
+def plan_model(model, *, target: str | dict | None = "auto", planner: str = DEFAULT_PLANNER,
+               input_shapes: dict | None = None) -> "tuple[tvm.IRModule, Plan]":
+    """Load an ONNX file, import it and partition it (what ``tvmfuse plan`` shows).
+
+    Parameters
+    ----------
+    model : path of the ``.onnx`` file
+    target : ``auto``, ``llvm``, ``cuda`` or a TVM target JSON
+    planner : ``tvmfuse`` or ``fuseops``
+    input_shapes : static shapes for dynamic inputs
+    """
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.target import resolve_target
+
+    info = resolve_target(target)
+    mod = import_model(load_model(model, input_shapes=input_shapes))
+    return partition(mod, target=info, planner=planner)

@@ -239,7 +239,7 @@ def _report(graph: Graph, fused, grouping: Grouping, name_of: dict, log: Rewrite
         groups.append(Group(name=name, pattern=classify(members, tags), ops=tuple(ops), bytes_unfused=unfused,
                             bytes_fused=b_fused, kernel=kernel, notes=tuple(notes),
                             score=float(grouping.scores.get(id(c), 0.0))))
-    return Plan(planner="tvmfuse", groups=tuple(groups), rejected=tuple(grouping.rejected),
+    return Plan(planner="tvmfuse", groups=tuple(groups), rejected=tuple(log.rejected) + tuple(grouping.rejected),
                 rewrites=tuple(log.notes))
 
 

@@ -20,6 +20,7 @@ class Tag:
 class RewriteLog:
     tags: dict[str, Tag] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    rejected: list = field(default_factory=list)  # Rejection objects from the rewrites
     counter: int = 0
 
     def fresh(self, prefix: str) -> str:
