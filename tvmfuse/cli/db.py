@@ -49,7 +49,7 @@ def info_cmd(path: Path = DbArg, json_out: bool = JsonOpt, verbose: bool = Verbo
 def merge_cmd(sources: List[Path] = typer.Argument(..., help="Databases to merge from."),
               into: Path = typer.Option(..., "--into", help="Database to merge into (created if missing)."),
               json_out: bool = JsonOpt, verbose: bool = VerboseOpt) -> None:
-    """Merge databases: workloads matched structurally, duplicate trials kept once (the better one)."""
+    """Merge databases: workloads matched structurally, identical trials copied once."""
     from tvmfuse.db import ops
 
     with handle_errors(verbose):
@@ -57,8 +57,8 @@ def merge_cmd(sources: List[Path] = typer.Argument(..., help="Databases to merge
         if json_out:
             emit_json(res)
             return
-        out.print(table(f"Merged into {into}", ["added", "replaced", "duplicates", "workloads added", "records"],
-                        [[res["added"], res["replaced"], res["duplicates"], res["workloads_added"],
+        out.print(table(f"Merged into {into}", ["added", "duplicates", "workloads added", "records"],
+                        [[res["added"], res["duplicates"], res["workloads_added"],
                           res["records"]]]))
 
 

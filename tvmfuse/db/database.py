@@ -83,9 +83,11 @@ class RecordRow:
     created: float
 
 
-def record_key(shash: str, target: str, device: str, trace_json) -> str:
-    """Identity of a trial for de-duplication: same workload, target, device and trace."""
-    text = json.dumps([shash, target, device, trace_json], sort_keys=True, separators=(",", ":"))
+def record_key(shash: str, target: str, device: str, trace_json, run_secs) -> str:
+    """Identity of a trial for de-duplication (merge, import): same workload, target, device, trace and
+    measured times. Re-measurements of one trace are distinct trials (they count as spent)."""
+    secs = None if run_secs is None else [float(x) for x in run_secs]
+    text = json.dumps([shash, target, device, trace_json, secs], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -268,7 +270,7 @@ class TuningDatabase(ms.database.PyDatabase):
                 "record_key, tvmfuse_version, tvm_version, space_version, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (wid, *self._key, int(failed), mean, None if secs is None else json.dumps(secs),
-                 json.dumps(rec_json, separators=(",", ":")), record_key(shash, *self._key, rec_json[0]),
+                 json.dumps(rec_json, separators=(",", ":")), record_key(shash, *self._key, rec_json[0], rec_json[1]),
                  tvmfuse.__version__, tvm_version(), self.space_version, time.time()))
 
     def _to_record(self, rec_json: str, workload) -> ms.database.TuningRecord:

@@ -47,7 +47,7 @@ def _select_where(target: str | None, device: str | None, alias: str = "") -> tu
 # -- merge ---------------------------------------------------------------------------------------
 def _copy_into(src: Store, dest: Store) -> dict:
     """Copy every workload and record of ``src`` into ``dest`` (one transaction), deduplicating."""
-    added = replaced = duplicates = workloads_added = 0
+    added = duplicates = workloads_added = 0
     with dest.transaction() as c:
         wmap: dict[int, int] = {}
         for sid, shash, mod_json in src.query("SELECT id, shash, mod_json FROM workloads ORDER BY id"):
@@ -68,18 +68,11 @@ def _copy_into(src: Store, dest: Store) -> dict:
         for row in src.query(f"SELECT {', '.join(_RECORD_COLS)} FROM records ORDER BY id"):
             rec = dict(zip(_RECORD_COLS, row))
             rec["workload_id"] = wmap[rec["workload_id"]]
-            old = c.execute("SELECT id, failed, mean_secs FROM records WHERE record_key=? AND target=? AND device=?",
-                            (rec["record_key"], rec["target"], rec["device"])).fetchall()
-            if old:
-                oid, ofailed, omean = min(old, key=lambda r: (r[1], r[2] if r[2] is not None else float("inf")))
-                better = not rec["failed"] and (ofailed or rec["mean_secs"] < omean)
-                if not better:
-                    duplicates += 1
-                    continue
-                c.execute("DELETE FROM records WHERE id=?", (oid,))
-                replaced += 1
-            else:
-                added += 1
+            if c.execute("SELECT 1 FROM records WHERE record_key=? AND target=? AND device=? LIMIT 1",
+                         (rec["record_key"], rec["target"], rec["device"])).fetchall():
+                duplicates += 1
+                continue
+            added += 1
             c.execute(f"INSERT INTO records({', '.join(_RECORD_COLS)}) VALUES ({', '.join('?' * len(_RECORD_COLS))})",
                       tuple(rec[k] for k in _RECORD_COLS))
         for wid, target, device, trials, failed in src.query(
@@ -88,21 +81,22 @@ def _copy_into(src: Store, dest: Store) -> dict:
                       "ON CONFLICT(workload_id, target, device) DO UPDATE SET "
                       "trials=MAX(trials, excluded.trials), failed=MAX(failed, excluded.failed)",
                       (wmap[wid], target, device, trials, failed))
-    return {"added": added, "replaced": replaced, "duplicates": duplicates, "workloads_added": workloads_added}
+    return {"added": added, "duplicates": duplicates, "workloads_added": workloads_added}
 
 
 def merge(*, sources: list[str | Path], dest: str | Path) -> dict:
     """Merge databases into ``dest`` (created if missing).
 
     Workloads are matched by structural equality; a trial already in ``dest`` (same workload, target,
-    device and trace) is kept once, with the better measurement.
+    device, trace and measured times) is not copied again, so merging is idempotent. Queries always
+    answer with the best record, so the best of all sources wins.
 
     Returns
     -------
-    dict with ``added``, ``replaced``, ``duplicates``, ``workloads_added`` and ``records`` (in dest).
+    dict with ``added``, ``duplicates``, ``workloads_added`` and ``records`` (in dest).
     """
     out = Store(dest, create=True)
-    totals = {"added": 0, "replaced": 0, "duplicates": 0, "workloads_added": 0}
+    totals = {"added": 0, "duplicates": 0, "workloads_added": 0}
     try:
         for src_path in sources:
             if Path(src_path).resolve() == Path(dest).resolve():
@@ -213,7 +207,7 @@ def import_json(*, path: str | Path, src_dir: str | Path, target: TargetInfo) ->
                 if idx not in shash_of:
                     db.commit_workload(workload.mod)
                     shash_of[idx] = str(structural_hash(workload.mod))
-                key = record_key(shash_of[idx], target.canonical, target.device, body[0])
+                key = record_key(shash_of[idx], target.canonical, target.device, body[0], body[1])
                 if db.store.query("SELECT 1 FROM records WHERE record_key=? AND target=? AND device=? LIMIT 1",
                                   (key, target.canonical, target.device)):
                     duplicates += 1
