@@ -110,6 +110,8 @@ def _kind(op: str, func) -> str:
         return CONV
     if any(op == n or op.startswith(n) for n in NORM_OPS):
         return NORM
+    if op in ("sum", "mean", "max", "min", "prod", "variance", "std", "argmax", "argmin"):
+        return REDUCE if op not in ("argmax", "argmin") else OPAQUE_K
     if op in ("strided_slice", "take", "split", "dynamic_strided_slice", "gather_elements", "gather_nd"):
         return INJECTIVE_K  # reads part of its input: never a same-shape pointwise op
     if pattern in (ELEMWISE, BROADCAST):

@@ -24,17 +24,18 @@ class GroupView:
 
 
 def _gating(g: GroupView) -> bool:
-    # a multiply of two computed tensors, one of them an activation's result inside the group
-    act_vars = [n.var for n in g.nodes if n.op in ACTIVATION_OPS or n.op.startswith("gelu")]
+    # a multiply of a tensor computed from an activation inside the group by a tensor from outside it
+    derived: list = []
+    for n in g.nodes:
+        if n.op in ACTIVATION_OPS or n.op.startswith("gelu") or any(v.same_as(d) for v in n.inputs for d in derived):
+            derived.append(n.var)
+    inside = [n.var for n in g.nodes]
     for n in g.nodes:
         if n.op == "multiply" and len(n.inputs) == 2:
             a, b = n.inputs
-            inside = [any(v.same_as(m.var) for m in g.nodes) for v in (a, b)]
-            from_act = any(v.same_as(x) for v in (a, b) for x in act_vars) or any(
-                m.op == "multiply" and any(v.same_as(m.var) for v in (a, b)) and any(
-                    w.same_as(x) for w in m.inputs for x in act_vars) for m in g.nodes)
-            if from_act and not all(inside):
-                return True
+            for x, y in ((a, b), (b, a)):
+                if any(x.same_as(d) for d in derived) and not any(y.same_as(v) for v in inside):
+                    return True
     return False
 
 

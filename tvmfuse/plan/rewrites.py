@@ -83,6 +83,21 @@ def _module_pass(name: str, fn: Callable) -> tvm.transform.Pass:
     return tvm.transform.module_pass(lambda mod, _ctx: fn(mod), opt_level=0, name=name)
 
 
+# ---------------------------------------------------------------------------------------------- identities
+def drop_inference_identities(mod) -> tvm.IRModule:
+    """Dropout is the identity at inference: ``dropout(x)`` -> ``(x, x)`` (CanonicalizeBindings removes it)."""
+    bindings = _bindings(mod)
+    if bindings is None:
+        return mod
+    plan = {}
+    for b in bindings:
+        if _op(b.value) == "relax.nn.dropout":
+            plan[b.var] = lambda bb, vmap, x=b.value.args[0]: relax.Tuple([vmap.get(x, x), vmap.get(x, x)])
+    if not plan:
+        return mod
+    return tvm.transform.Sequential(_CLEAN)(rebuild_main(mod, plan, set()))
+
+
 # ---------------------------------------------------------------------------------------------- BatchNorm
 def _per_channel(const, channels: int) -> np.ndarray | None:
     """A constant broadcasting along NCHW's channel axis only, as a length-C vector (None if not)."""
@@ -111,7 +126,7 @@ class FoldBatchNorm:
         return _module_pass("FoldBatchNorm", self.transform_module)
 
     def transform_module(self, mod):
-        mod = tvm.transform.Sequential(_CLEAN)(mod)
+        mod = drop_inference_identities(tvm.transform.Sequential(_CLEAN)(mod))
         bindings = _bindings(mod)
         if bindings is None:
             return mod

@@ -1,0 +1,65 @@
+"""Rejections: every fusion not taken has a reason (cycle, pressure limit, ops that cannot fuse)."""
+from __future__ import annotations
+
+import logging
+
+import models
+from conftest import build_and_run, import_proto, ort_run, rel_err
+from tvmfuse.plan.cost import CostModel, Score
+from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+from tvmfuse.frontend import import_model, load_model
+from tvmfuse.plan import partition
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "tvmfuse" / "data" / "example.onnx"
+
+
+def test_cycle_is_refused_with_reason(llvm):
+    # the block input (transpose) feeds both the GEMM and the residual add after it
+    _, plan = partition(import_model(load_model(EXAMPLE)), target=llvm, planner="tvmfuse")
+    assert any("cycle" in r.reason for r in plan.rejected)
+    assert any(r.reason.startswith("two anchors (matmul, layer_norm)") for r in plan.rejected)
+
+
+def test_pressure_limit_splits_a_group(llvm, caplog):
+    model = models.pointwise_chain()
+    mod = import_proto(model)
+    tight = CostModel.for_target(llvm, max_live_tensors=2)
+    with caplog.at_level(logging.INFO, logger="tvmfuse.plan.why"):
+        fused, plan = plan_tvmfuse(mod, llvm, config=PlannerConfig(cost_model=tight))
+    assert plan.totals["kernels_fused"] > 1
+    assert any(r.reason.startswith("pressure: ") for r in plan.rejected)
+    assert any("pressure" in rec.getMessage() for rec in caplog.records)  # logged on tvmfuse.plan.why
+    # still correct
+    import numpy as np
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal((64, 96)).astype("float32") for _ in range(2)]
+    assert rel_err(build_and_run(fused, llvm, ins)[0], ort_run(model, ins)[0]) < 1e-5
+
+
+def test_ops_that_cannot_fuse_are_named(llvm):
+    # nothing fuses into the attention kernel; two GEMMs never share a kernel
+    _, plan = partition(import_proto(models.gated("SiLU")), target=llvm, planner="tvmfuse")
+    assert any("two anchors (matmul, matmul)" in r.reason for r in plan.rejected)
+    _, plan = partition(import_proto(_attention_then_add()), target=llvm, planner="tvmfuse")
+    assert any("the attention kernel is complete" in r.reason for r in plan.rejected)
+
+
+def _attention_then_add():
+    import onnx
+    m = models.attention(mask=False)
+    # y = attention(...) + q
+    m.graph.node[-1].output[0] = "att"
+    m.graph.node.append(onnx.helper.make_node("Add", ["att", "q"], ["y"], name="res"))
+    return m
+
+
+def test_cost_model_is_replaceable(llvm):
+    class NeverFuse(CostModel):
+        def score(self, graph, a, b):
+            return Score(True, -1.0, reason="this model never fuses")
+
+    fused, plan = plan_tvmfuse(import_proto(models.conv_bn_relu()), llvm,
+                               config=PlannerConfig(cost_model=NeverFuse()))
+    assert plan.totals["kernels_fused"] == 3  # conv, bias add (folded BN), relu
+    assert all(r.reason == "this model never fuses" for r in plan.rejected)
