@@ -1,7 +1,6 @@
 """The kill loop shared by tests/db/test_crash.py and scripts/db_crash_bench.py."""
 from __future__ import annotations
 
-import json
 import os
 import queue
 import random
@@ -116,4 +115,4 @@ def raw_counts(path: Path) -> tuple[int, int]:
         con.close()
 
 
-__all__ = ["kill_loop", "check_db", "Lines", "raw_counts", "WRITER", "SIDES", "json"]
+__all__ = ["kill_loop", "check_db", "Lines", "raw_counts", "WRITER", "SIDES"]
