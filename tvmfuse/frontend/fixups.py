@@ -43,6 +43,9 @@ def value_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
+_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+
+
 def _fresh(model: onnx.ModelProto, base: str) -> str:
     taken = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input} \
         | {i.name for i in model.graph.initializer}
@@ -65,7 +68,7 @@ def _layernorm_mixed_precision(model: onnx.ModelProto, types: dict[str, int]) ->
             x_type = types.get(node.input[0])
             for idx in range(1, min(3, len(node.input))):
                 name = node.input[idx]
-                if not name or x_type is None or types.get(name) in (None, x_type):
+                if not name or x_type not in _FLOATS or types.get(name) not in _FLOATS - {x_type}:
                     continue
                 cast_out = _fresh(model, f"{name}_as_{TensorProto.DataType.Name(x_type).lower()}")
                 new_nodes.append(onnx_helper.make_node("Cast", [name], [cast_out], to=x_type,

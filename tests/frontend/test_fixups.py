@@ -1,0 +1,71 @@
+"""Each fix-up: the raw graph fails (onnxruntime, the checker or TVM), the fixed one imports and matches."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from tvmfuse._tvm import from_onnx
+from tvmfuse.frontend import import_model, load_model
+from tvmfuse.frontend.fixups import FIXUPS
+
+from .helpers import rel_err, run_ort, run_tvm
+
+
+def _layernorm(x_type: int, param_type: int, *, bias: bool = True) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    pdt = onnx.helper.tensor_dtype_to_np_dtype(param_type)
+    inits = [nh.from_array((1 + 0.1 * rng.standard_normal(16)).astype(pdt), "scale")]
+    ins = ["x", "scale"]
+    if bias:
+        inits.append(nh.from_array((0.1 * rng.standard_normal(16)).astype(pdt), "bias"))
+        ins.append("bias")
+    g = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"]), h.make_node("LayerNormalization", ["r"] + ins[1:], ["y"], axis=-1, epsilon=1e-5)],
+        "ln", [h.make_tensor_value_info("x", x_type, [2, 5, 16])], [h.make_tensor_value_info("y", x_type, [2, 5, 16])], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def _reference(x: np.ndarray, model: onnx.ModelProto) -> np.ndarray:
+    inits = {t.name: nh.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    r = np.maximum(x.astype(np.float64), 0)
+    mu, var = r.mean(-1, keepdims=True), r.var(-1, keepdims=True)
+    return (r - mu) / np.sqrt(var + 1e-5) * inits["scale"] + inits.get("bias", 0.0)
+
+
+@pytest.mark.parametrize("x_type,param_type,bias", [(TP.FLOAT, TP.FLOAT16, True), (TP.FLOAT16, TP.FLOAT, True),
+                                                     (TP.FLOAT, TP.FLOAT16, False)])
+def test_layernorm_mixed_precision(tmp_path, x_type, param_type, bias):
+    raw = _layernorm(x_type, param_type, bias=bias)
+    path = tmp_path / "ln.onnx"
+    onnx.save_model(raw, str(path))
+    # the raw graph is what PyTorch fp16 export emits; onnxruntime rejects it ...
+    x = np.random.default_rng(1).standard_normal((2, 5, 16)).astype(onnx.helper.tensor_dtype_to_np_dtype(x_type))
+    with pytest.raises(Exception, match="bound to different types|inconsistent type|Type Error"):
+        run_ort(raw, {"x": x})
+    # ... and so does TVM 0.27's importer (or it builds a module that will not compile)
+    with pytest.raises(Exception):  # noqa: B017 - any failure of the stock path counts
+        run_tvm(from_onnx(raw, keep_params_in_input=False), [x])
+
+    loaded = load_model(path)
+    assert loaded.fixups == (f"layernorm-mixed-precision x{2 if bias else 1}",)
+    got = run_tvm(import_model(loaded), [x])
+    assert got.dtype == x.dtype
+    tol = 1e-5 if x_type == TP.FLOAT else 2e-3
+    assert rel_err(got, _reference(x, raw)) < tol
+    # the fixed graph is valid ONNX: onnxruntime runs it and agrees
+    assert rel_err(got, run_ort(loaded.proto, {"x": x})) < tol
+
+
+def test_layernorm_same_types_untouched(tmp_path):
+    path = tmp_path / "ln.onnx"
+    onnx.save_model(_layernorm(TP.FLOAT, TP.FLOAT), str(path))
+    assert load_model(path).fixups == ()
+
+
+def test_every_fixup_is_named_and_explained():
+    names = [f.name for f in FIXUPS]
+    assert len(names) == len(set(names)) and all(f.why for f in FIXUPS)
