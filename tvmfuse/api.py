@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tvmfuse import verify
-from tvmfuse.db import database_exists, open_database
+from tvmfuse.db import open_database
 from tvmfuse.errors import VerificationError
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.plan import partition
@@ -50,7 +50,8 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
     kernels = extract_kernels(fused, target=target)
     db = open_database(cfg.db, target=target)
     try:
-        results = tune_kernels(kernels, target=target, database=db, config=tune_cfg, progress=progress)
+        results = tune_kernels(kernels, target=target, database=db, config=tune_cfg, progress=progress,
+                               model=loaded.name)
     finally:
         db.close()
     return {
@@ -68,7 +69,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False) -> dict:  # n
 
     t0 = time.perf_counter()
     target, loaded, fused, plan = _prepare(cfg)
-    use_db = not untuned and database_exists(cfg.db)
+    use_db = not untuned and Path(cfg.db).exists()
     db = open_database(cfg.db, target=target, create=False) if use_db else None
     try:
         result = build(fused, target=target, database=db)

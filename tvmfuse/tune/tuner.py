@@ -56,7 +56,7 @@ class KernelResult:
     trials_run: int = 0
     best_before_s: float | None = None
     best_s: float | None = None
-    status: str = "pending"  # tuned | resumed | skipped-spent | skipped-budget | failed
+    status: str = "pending"  # tuned | resumed | exhausted | skipped-spent | skipped-budget | failed
     message: str = ""
 
     def to_json(self) -> dict:
@@ -134,12 +134,14 @@ def _quiet_ms_console() -> None:
 
 
 def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config: TuneConfig,
-                 progress: TuneProgress | None = None) -> list[KernelResult]:
+                 progress: TuneProgress | None = None, model: str | None = None) -> list[KernelResult]:
     """Tune ``kernels`` into ``database`` (a tvmfuse database bound to ``target``).
 
     Returns one :class:`KernelResult` per kernel, in the order given.
     """
     ensure_tensor_intrinsics(target.kind)
+    for k in kernels:
+        database.set_task_name(k.mod, k.name, model=model)
     spent = [database.trials_spent(k.mod) for k in kernels]
     budgets = allocate_budget(kernels, spent, config)
     results = [KernelResult(name=k.name, workload_hash=k.workload_hash, weight=k.weight, trials_before=s,
@@ -164,10 +166,19 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
             _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
                       runner=runner, work_dir=log_root / f"{i:03d}_{kernel.name[:60]}", state=state)
             result.trials_run = state.trials
-            result.status = "resumed" if spent[i] else "tuned"
+            if state.trials == 0 and spent[i]:
+                result.status = "exhausted"  # the design space had no unmeasured candidate left
+            else:
+                result.status = "resumed" if spent[i] else "tuned"
         except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records
-            result.status, result.message = "failed", (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
-            log.warning("tuning %s failed: %s", kernel.name, result.message)
+            result.trials_run = state.trials
+            message = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+            if spent[i] and not state.trials:
+                # MetaSchedule raises when a small design space has no unmeasured candidate left
+                result.status, result.message = "exhausted", f"no new candidates ({message})"
+            else:
+                result.status, result.message = "failed", message
+                log.warning("tuning %s failed: %s", kernel.name, message, exc_info=log.isEnabledFor(logging.DEBUG))
         result.best_s = database.best_run_secs(kernel.mod)
         if progress is not None:
             progress.on_kernel_done(i, result)

@@ -1,0 +1,50 @@
+"""Shared, expensive fixtures: the example model tuned once (a few trials) into a real SQLite database,
+and one artifact built from it. Tests that only read them share them across the session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "tvmfuse" / "data" / "example.onnx"
+
+
+@pytest.fixture(scope="session")
+def example_model() -> Path:
+    return EXAMPLE
+
+
+@pytest.fixture(scope="session")
+def llvm_target():
+    from tvmfuse.target import resolve_target
+
+    return resolve_target("llvm")
+
+
+@pytest.fixture(scope="session")
+def tuned_example(tmp_path_factory, example_model):
+    """(db path, tune report): every kernel of the example tuned with 2 trials."""
+    from tvmfuse import api
+    from tvmfuse.tune import TuneConfig
+
+    work = tmp_path_factory.mktemp("tuned")
+    cfg = api.ModelConfig(model=example_model, target="llvm", db=work / "tvmfuse.db")
+    report = api.tune(cfg, TuneConfig(trials=14, trials_per_kernel=2, trials_per_round=2, population=16))
+    return cfg, report
+
+
+@pytest.fixture(scope="session")
+def example_artifact(tmp_path_factory, tuned_example):
+    from tvmfuse import api
+
+    cfg, _ = tuned_example
+    out = tmp_path_factory.mktemp("artifact") / "example.artifact"
+    report = api.compile(cfg, out=out)
+    return out, report
+
+
+def pytest_configure(config):
+    # MetaSchedule's builder workers import tvmfuse (our build function): make the checkout importable
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
