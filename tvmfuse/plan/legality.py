@@ -26,6 +26,9 @@ class Verdict:
 
 OK = Verdict(True)
 
+# an anchor's result this small is kept on chip when an epilogue broadcasts it (not recomputed)
+SMALL_INTERMEDIATE = 16 * 1024
+
 
 def _no(reason: str) -> Verdict:
     return Verdict(False, reason)
@@ -109,13 +112,15 @@ def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
             continue
         if p_anchor is not None and not _epilogue_ok(c):
             return _no(f"{c.op} ({c.kind}) is not emitted as an epilogue of {p_anchor.op}")
-        if c.kind == INJECTIVE_K and REDUCE in producer.kinds:
+        if c.kind == INJECTIVE_K and REDUCE in producer.kinds and not _epilogue_ok(c):
             return _no(f"layout op {c.op} after a reduction is not emitted")
         if c.kind == REDUCE and (p_anchor is not None):
             return _no(f"reduction {c.op} after {p_anchor.op}")
         if c.kind == POINTWISE and t_shape != c.out_shape:
             if REDUCE in producer.kinds or (p_anchor is not None and p_anchor.kind == NORM):
                 continue  # row statistics broadcast back over their row: one kernel (a normalization)
+            if p_anchor is not None and p.out_bytes <= SMALL_INTERMEDIATE:
+                continue  # a small anchor result (squeeze-excitation scale) stays on chip and is broadcast
             return _no(f"{c.op} broadcasts the fused intermediate {t_shape} to {c.out_shape}: "
                        f"it would be recomputed per output element")
     # the consumer cluster's other members must sit behind the anchor (epilogue) when the producer has one
