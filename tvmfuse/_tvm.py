@@ -149,3 +149,13 @@ def const_numpy(const):
 
 
 __all__ += ["RelaxConstant", "TensorType", "TupleType", "expr_type", "var_name", "const_numpy"]
+
+
+def estimate_flops(mod_or_func) -> float:
+    """TVM's static FLOP estimate of a PrimFunc or IRModule (0.27: ``tvm.s_tir.analysis``)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    return float(estimate_tir_flops(mod_or_func))
+
+
+__all__ += ["estimate_flops"]

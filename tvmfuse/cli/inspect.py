@@ -1,0 +1,78 @@
+"""``tvmfuse inspect``: what tuning did, per fused kernel and per model (a thin wrapper of tvmfuse.inspect)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tvmfuse.cli.common import JsonOpt, VerboseOpt, emit_json, fmt_bytes, fmt_ms, handle_errors, out, table
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def inspect_command(
+    db: Path = typer.Argument(..., help="Tuning database (SQLite file)."),
+    model: Optional[str] = typer.Option(None, "--model", help="ONNX model (re-planned: patterns, calls, plan bytes) or a model label in the database."),
+    target: Optional[str] = typer.Option(None, "--target", help="auto | llvm | cuda | a target JSON (default: the file's only target)."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", help="Only kernels whose name contains this (or this workload id)."),
+    artifact: Optional[Path] = typer.Option(None, "--artifact", help="Artifact folder to run for the end-to-end time."),
+    e2e_ms: Optional[float] = typer.Option(None, "--e2e-ms", help="A measured end-to-end time (ms) to compare with."),
+    bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Memory bandwidth ceiling (GB/s) to use instead of the known/measured one."),
+    planner: Optional[str] = typer.Option(None, "--planner", help="Planner used by tune (to re-plan --model)."),
+    input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224, as given to tune (repeatable)."),
+    json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
+):
+    """Per fused kernel: pattern, shapes, trials, first and best latency, bandwidth; per model: kernel sum vs end to end."""
+    with handle_errors(verbose):
+        from tvmfuse.frontend import parse_input_shapes
+        from tvmfuse.inspect import InspectConfig, inspect_database
+
+        report = inspect_database(InspectConfig(
+            db=db, target=target, model=model, kernel=kernel, artifact=artifact, e2e_ms=e2e_ms,
+            bandwidth_gbs=bandwidth_gbs, planner=planner, input_shapes=parse_input_shapes(input_shape)))
+        if json_out:
+            emit_json(report)
+            return
+        _print(report)
+
+
+def _shapes(k: dict) -> str:
+    ins = ",".join("x".join(map(str, b["shape"])) for b in k["inputs"])
+    outs = ",".join("x".join(map(str, b["shape"])) for b in k["outputs"])
+    return f"{ins} -> {outs}"
+
+
+def _print(r: dict) -> None:
+    c = r["ceilings"]
+    bw = "unknown" if c["bandwidth_gbs"] is None else f"{c['bandwidth_gbs']:.1f} GB/s"
+    out.print(f"{r['db']}: {r['summary']['kernels']} kernels, {r['summary']['trials']} trials "
+              f"({r['summary']['failed']} failed) on {r['device']}; bandwidth ceiling {bw} ({c['bandwidth_source']})")
+    rows = [[k["workload_id"], k["name"], k["pattern"] + ("" if k["pattern_source"] == "plan" else "*"), _shapes(k)]
+            for k in r["kernels"]]
+    out.print(table("fused kernels", ["id", "kernel", "pattern", "shapes (in -> out)"], rows))
+    rows = [[k["workload_id"], k["trials"], k["failed"], fmt_ms(None if k["first_ms"] is None else k["first_ms"] / 1e3),
+             fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3),
+             "-" if not k["speedup"] else f"{k['speedup']:.2f}x", fmt_bytes(k["hbm_bytes"]),
+             _num(k["achieved_gbs"], ".2f"), _pct(k["bandwidth_share"]), k["calls"]] for k in r["kernels"]]
+    out.print(table("tuning", ["id", "trials", "failed", "first", "best", "speedup", "HBM bytes", "GB/s",
+                               "of BW", "calls"], rows))
+    if any(k["pattern_source"] == "name" for k in r["kernels"]):
+        out.print("* pattern read from the kernel's name; give --model MODEL.onnx for the planner's own")
+    errs = [(k["name"], kind, n) for k in r["kernels"] for kind, n in k["errors"].items()]
+    if errs:
+        out.print(table("failed trials", ["kernel", "error", "trials"], [[a[:44], b, n] for a, b, n in errs]))
+    m = r["model"]
+    e2e = m.get("e2e_ms")
+    line = f"model {m['name'] or '(all kernels)'}: kernel sum {fmt_ms(m['kernel_sum_ms'] / 1e3)} over {m['kernel_calls']} calls"
+    if e2e is not None:
+        line += f"; end to end {fmt_ms(e2e / 1e3)} ({m['source']}); kernels are {_pct(m['kernel_share'])} of it"
+    out.print(line)
+    for reason in m["why"]:
+        out.print(f"  - {reason}")
