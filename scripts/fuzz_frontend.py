@@ -49,7 +49,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=10_000, help="total, split between bytes and graphs")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--crash-dir", type=Path, default=Path("fuzz-crashes"))
+    ap.add_argument("--crash-dir", type=Path, default=Path(tempfile.gettempdir()) / "tvmfuse-fuzz-crashes")
     ap.add_argument("--benchmarks", type=Path, default=None, help="record the result in this BENCHMARKS.md")
     ap.add_argument("--child", nargs=3, metavar=("N", "KIND", "SCRATCH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -77,8 +77,9 @@ def main() -> int:
             print(results[-1], flush=True)
     took = time.time() - t0
     total = sum(r["ok"] + r["ModelError"] for r in results)
+    parts = ", ".join("{kind}: {ok} imported, {ModelError} ModelError, slowest {slowest_s} s".format(**r) for r in results)
     summary = (f"Fuzz (`scripts/fuzz_frontend.py --examples {args.examples} --seed {args.seed}`): {total} inputs "
-               f"({', '.join(f'{r['kind']}: {r['ok']} imported, {r['ModelError']} ModelError, slowest {r['slowest_s']} s' for r in results)}); "
+               f"({parts}); "
                f"{'no crash, no hang, no other exception' if not failures else 'FAILURES: ' + '; '.join(failures)}; "
                f"{took / 60:.1f} min.")
     print(summary)

@@ -210,6 +210,10 @@ def verify_one(path: Path, feeds: dict, ref32: Path | None) -> dict:
     row["rel_err"] = f"{err:.1e}"
     ok = err < TOL[dtype] and np.isfinite(got).all()
     row["status"] = ("ok" if ok else f"FAIL: rel err above {TOL[dtype]:.0e}") + ref_note
+    if dtype == "float16" and not ref_note and ref32 is not None:
+        # the fp16 noise floor: how far onnxruntime's own fp16 run is from its fp32 run
+        ref_fp32 = _ort_run(ref32, {k: (v.astype(np.float32) if v.dtype.kind == "f" else v) for k, v in feeds.items()})
+        row["status"] += f" (ort fp16 vs fp32: {_rel_err(ref, ref_fp32):.1e}; tvm fp16 vs ort fp32: {_rel_err(got, ref_fp32):.1e})"
     rms = float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))
     if not rms > 1e-3:  # a vanishing reference makes every comparison pass
         row["status"] = f"FAIL: degenerate reference (rms {rms:.1e})"

@@ -119,3 +119,12 @@ def test_cli_contract_exit_2_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: not a readable ONNX model")
+
+
+def test_non_utf8_string_field(tmp_path):
+    # found by scripts/fuzz_frontend.py: protobuf decodes strings lazily, UnicodeDecodeError escaped
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz_regress_non_utf8.onnx"
+    with pytest.raises(ModelError):
+        load_model(path)

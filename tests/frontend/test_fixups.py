@@ -69,3 +69,21 @@ def test_layernorm_same_types_untouched(tmp_path):
 def test_every_fixup_is_named_and_explained():
     names = [f.name for f in FIXUPS]
     assert len(names) == len(set(names)) and all(f.why for f in FIXUPS)
+
+
+def test_fp16_matmul_accumulates_in_fp32(tmp_path):
+    # TVM 0.27 imports fp16 MatMul with an fp16 accumulator: 2048 products of 0.1 drift far from 204.8
+    x = np.full((1, 2048), 0.1, np.float16)
+    w = nh.from_array(np.ones((2048, 1), np.float16), "w")
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "mm", [h.make_tensor_value_info("x", TP.FLOAT16, [1, 2048])],
+                     [h.make_tensor_value_info("y", TP.FLOAT16, [1, 1])], [w])
+    raw = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    path = tmp_path / "mm16.onnx"
+    onnx.save_model(raw, str(path))
+    exact = x.astype(np.float64) @ np.ones((2048, 1))
+    stock = run_tvm(from_onnx(raw, keep_params_in_input=False), [x])
+    assert rel_err(stock, exact) > 0.05  # the problem, so this test can fail
+    mod = import_model(load_model(path))
+    assert 'out_dtype="float32"' in mod.script()
+    got = run_tvm(mod, [x])
+    assert got.dtype == np.float16 and rel_err(got, exact) < 1e-3

@@ -17,6 +17,7 @@ import onnx
 from tvmfuse._tvm import from_onnx, onnx_supported_ops, relax, tvm
 from tvmfuse.errors import ModelError, UnsupportedOpError
 from tvmfuse.frontend.loader import LoadedModel
+from tvmfuse.frontend.relax_fixups import fp32_accumulation
 
 
 def _all_nodes(graph: onnx.GraphProto, where: str = ""):
@@ -73,7 +74,9 @@ def import_model(model: LoadedModel) -> tvm.IRModule:
         with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")
             mod = from_onnx(model.proto, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False)
-            return relax.transform.DecomposeOpsForInference()(mod)
+            mod = relax.transform.DecomposeOpsForInference()(mod)
+            mod, _ = fp32_accumulation(mod)  # fp16 conv/matmul accumulate in fp32, like onnxruntime
+            return mod
     except (MemoryError, RecursionError) as err:
         raise ModelError(f"TVM could not import {model.path.name}: {type(err).__name__}",
                          hint="input too large for this machine") from None

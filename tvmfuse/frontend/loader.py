@@ -265,6 +265,14 @@ def load_model(path: str | Path, *, input_shapes: dict[str, tuple[int, ...]] | N
     """
     path = Path(path)
     model = _read(path)
+    try:
+        return _check_and_describe(path, model, input_shapes or {})
+    except UnicodeDecodeError:
+        # protobuf decodes string fields lazily: a name with invalid UTF-8 surfaces on first access
+        raise ModelError(f"not a valid ONNX model: {path.name} has a string field that is not UTF-8") from None
+
+
+def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict) -> LoadedModel:
     folder = path.absolute().parent
     refs = check_external_data(model, folder)
     budget = available_memory()
@@ -273,7 +281,7 @@ def load_model(path: str | Path, *, input_shapes: dict[str, tuple[int, ...]] | N
         raise _too_large(f"{path.name} with its external data", (external + path.stat().st_size) * _MEMORY_FACTOR, budget)
     _check_embedded(model)
     fixups = apply_fixups(model, value_types(_skeleton(model, folder)))
-    shapes = bind_input_shapes(model, input_shapes or {})
+    shapes = bind_input_shapes(model, input_shapes)
     inferred = _validate(model, path.name, folder)
     _check_value_sizes(inferred, budget)
     load_external_data(model, folder)
