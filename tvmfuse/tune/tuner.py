@@ -45,6 +45,8 @@ class TuneConfig:
     runner_timeout_s: float = 30.0
     max_workers: int | None = None
     log_dir: Path | None = None
+    spaces_dir: Path | None = None  # search_spaces/ override (the YAML files)
+    cost_model: str = "auto"  # xgb where xgboost imports, else random (the GPU box has no xgboost)
 
 
 @dataclass
@@ -58,6 +60,8 @@ class KernelResult:
     best_s: float | None = None
     status: str = "pending"  # tuned | resumed | exhausted | skipped-spent | skipped-budget | failed
     message: str = ""
+    space: dict | None = None  # kernel class, space source, space version, fallback notes
+    curve: list = field(default_factory=list)  # [trials, best seconds] after each measured batch
 
     def to_json(self) -> dict:
         return {
@@ -65,7 +69,8 @@ class KernelResult:
             "trials_before": self.trials_before, "trials_run": self.trials_run,
             "best_before_ms": None if self.best_before_s is None else self.best_before_s * 1e3,
             "best_ms": None if self.best_s is None else self.best_s * 1e3,
-            "status": self.status, "message": self.message,
+            "status": self.status, "message": self.message, "space": self.space,
+            "curve": [[n, None if b is None else b * 1e3] for n, b in self.curve],
         }
 
 
@@ -99,6 +104,7 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
             if res.error_msg is None and secs and max(secs) < _FAILED_SECS:
                 mean = sum(secs) / len(secs)
                 st.best = mean if st.best is None else min(st.best, mean)
+            st.history.append((st.trials, st.best))
         if st.progress is not None:
             st.progress.on_batch(st.index, st.trials, st.best)
 
@@ -139,7 +145,12 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
 
     Returns one :class:`KernelResult` per kernel, in the order given.
     """
+    from tvmfuse.tune.spaces import load_spaces
+
     ensure_tensor_intrinsics(target.kind)
+    spaces = load_spaces(target.kind, config.spaces_dir)
+    if getattr(database, "space_version", "unset") is None:
+        database.space_version = spaces.version  # stamped on every record this run commits
     for k in kernels:
         database.set_task_name(k.mod, k.name, model=model)
     spent = [database.trials_spent(k.mod) for k in kernels]
@@ -150,7 +161,8 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     if progress is not None:
         progress.on_start(kernels, budgets)
     workers = config.max_workers or max(1, min(4, _cores(target)))
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers, timeout_sec=config.builder_timeout_s)
+    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers,
+                                      timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
     runner = ms.runner.LocalRunner(timeout_sec=config.runner_timeout_s,
                                    evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
     log_root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="tvmfuse-tune-"))
@@ -163,8 +175,13 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
             continue
         state = _BatchState(index=i, progress=progress)
         try:
+            from tvmfuse.tune.spaces import select_space
+
+            choice = select_space(kernel.mod, target.target, spaces)
+            result.space = choice.to_json()
             _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
-                      runner=runner, work_dir=log_root / f"{i:03d}_{kernel.name[:60]}", state=state)
+                      runner=runner, work_dir=log_root / f"{i:03d}_{kernel.name[:60]}", state=state,
+                      space=choice.generator)
             result.trials_run = state.trials
             if state.trials == 0 and spent[i]:
                 result.status = "exhausted"  # the design space had no unmeasured candidate left
@@ -179,10 +196,21 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
             else:
                 result.status, result.message = "failed", message
                 log.warning("tuning %s failed: %s", kernel.name, message, exc_info=log.isEnabledFor(logging.DEBUG))
+        result.curve = list(state.history)
         result.best_s = database.best_run_secs(kernel.mod)
         if progress is not None:
             progress.on_kernel_done(i, result)
     return results
+
+
+def _cost_model(config: TuneConfig) -> str:
+    if config.cost_model != "auto":
+        return config.cost_model
+    try:
+        import xgboost  # noqa: F401
+    except ImportError:
+        return "random"
+    return "xgb"
 
 
 def _cores(target: TargetInfo) -> int:
@@ -192,7 +220,7 @@ def _cores(target: TargetInfo) -> int:
 
 
 def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, config: TuneConfig,
-              builder, runner, work_dir: Path, state: _BatchState) -> None:
+              builder, runner, work_dir: Path, state: _BatchState, space="post-order-apply") -> None:
     work_dir.mkdir(parents=True, exist_ok=True)
     per_round = max(1, min(config.trials_per_round, budget))
     strategy = ms.search_strategy.EvolutionarySearch(
@@ -201,13 +229,13 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
     )
     _quiet_ms_console()
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        [kernel.extracted], str(work_dir), strategy=strategy, seed=config.seed,
+        [kernel.extracted], str(work_dir), space=space, strategy=strategy, seed=config.seed,
     )
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_ProgressCallback(state)]
     ms.tune_tasks(
         tasks=ctxs, task_weights=[float(kernel.weight)], work_dir=str(work_dir),
         max_trials_global=budget, max_trials_per_task=budget, num_trials_per_iter=per_round,
-        builder=builder, runner=runner, database=database.ms_database, cost_model="xgb",
+        builder=builder, runner=runner, database=database.ms_database, cost_model=_cost_model(config),
         measure_callbacks=callbacks, task_scheduler="round-robin",
     )
     _quiet_ms_console()

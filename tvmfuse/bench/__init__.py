@@ -1,0 +1,229 @@
+"""``tvmfuse bench``: the tuned build side by side with onnxruntime, stock TVM and PyTorch, in one run.
+
+Every backend runs the same random inputs; each backend's outputs are compared with onnxruntime's (CPU)
+where onnxruntime can run the model. Latency: ``median_ms`` and ``p90_ms`` over ``repeat`` timed
+samples (TVM: ``time_evaluator`` samples of ``number`` calls each; others: one synchronised call each).
+Torch baselines rebuild the ONNX graph with :mod:`tvmfuse.bench.torch_onnx` (no onnx2torch there);
+an unsupported graph or a missing torch gives an entry with ``available: false`` and the reason.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+BACKENDS = ("tvmfuse", "onnxruntime", "tvm-default", "torch-eager", "torch-compile")
+
+
+@dataclass
+class BenchConfig:
+    model: Path
+    target: str = "auto"
+    db: Path | None = Path("tuning_logs") / "tvmfuse.db"
+    against: tuple[str, ...] = ("onnxruntime", "tvm-default", "torch")
+    planner: str | None = None
+    input_shapes: dict | None = None
+    repeat: int = 30
+    number: int = 5
+    seed: int = 0
+    verify: bool = True
+
+
+def _stats(samples_s: list[float]) -> dict:
+    arr = np.asarray(samples_s, dtype=np.float64) * 1e3
+    return {"median_ms": float(np.median(arr)), "p90_ms": float(np.percentile(arr, 90)), "samples": int(arr.size)}
+
+
+def time_vm(vm, args, dev, *, repeat: int, number: int) -> list[float]:
+    vm["main"](*args)
+    dev.sync()
+    te = vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=0)
+    return [float(x) for x in te(*args).results]
+
+
+def _tvm_run(exe, target, feeds: list[np.ndarray], params: list, cfg: BenchConfig):
+    from tvmfuse._tvm import relax, tvm
+
+    dev = target.tvm_device()
+    vm = relax.VirtualMachine(exe, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in feeds] + [p.copyto(dev) if hasattr(p, "copyto") else
+                                                         tvm.runtime.tensor(np.asarray(p), dev) for p in params]
+    out = vm["main"](*args)
+    from tvmfuse.runtime.loaded import _flatten
+
+    outs = [t.numpy() for t in _flatten(out)]
+    return outs, time_vm(vm, args, dev, repeat=cfg.repeat, number=cfg.number)
+
+
+def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    providers = ["CPUExecutionProvider"]
+    if gpu and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    sess = ort.InferenceSession(model_path, sess_options=opts, providers=providers)
+    on_gpu = providers[0] == "CUDAExecutionProvider"
+    if on_gpu:  # inputs and outputs stay on the device: time the model, not host copies
+        binding = sess.io_binding()
+        for name, arr in feeds.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0))
+        for o in sess.get_outputs():
+            binding.bind_output(o.name, "cuda")
+
+        def call():
+            sess.run_with_iobinding(binding)
+            binding.synchronize_outputs()
+        call()
+        outs = [np.asarray(v) for v in binding.copy_outputs_to_cpu()]
+    else:
+        def call():
+            return sess.run(None, feeds)
+        outs = [np.asarray(v) for v in call()]
+    for _ in range(2):
+        call()
+    samples = []
+    for _ in range(cfg.repeat):
+        t0 = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t0)
+    return outs, samples, providers[0]
+
+
+def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled: bool):
+    import torch
+
+    from tvmfuse.bench.torch_onnx import build_fn
+
+    device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+    fn = build_fn(model, device)
+    if compiled:
+        fn = torch.compile(fn)
+    args = [torch.from_numpy(a).to(device) for a in feeds]
+    with torch.no_grad():
+        outs = [o.detach().cpu().numpy() for o in fn(*args)]
+        for _ in range(3):
+            fn(*args)
+        samples = []
+        for _ in range(cfg.repeat):
+            if device == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn(*args)
+                e.record()
+                e.synchronize()
+                samples.append(s.elapsed_time(e) * 1e-3)
+            else:
+                t0 = time.perf_counter()
+                fn(*args)
+                samples.append(time.perf_counter() - t0)
+    return outs, samples
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    """Build and time every requested backend on one set of random inputs; see module docstring."""
+    from tvmfuse import verify
+    from tvmfuse._tvm import tvm
+    from tvmfuse.compile import build
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.plan.partition import DEFAULT_PLANNER
+    from tvmfuse.target import resolve_target
+
+    against = set()
+    for a in cfg.against:
+        a = a.strip()
+        if not a:
+            continue
+        if a == "torch":
+            against.update({"torch-eager", "torch-compile"})
+        elif a in BACKENDS:
+            against.add(a)
+        else:
+            from tvmfuse.errors import TvmfuseError
+
+            raise TvmfuseError(f"unknown backend '{a}'", hint="choose from onnxruntime, tvm-default, torch, "
+                               "torch-eager, torch-compile")
+    target = resolve_target(cfg.target)
+    loaded = load_model(cfg.model, input_shapes=cfg.input_shapes or {})
+    feeds_d = verify.random_inputs(loaded.inputs, seed=cfg.seed)
+    names = [s["name"] if isinstance(s, dict) else s.name for s in loaded.inputs]
+    feeds = [feeds_d[n] for n in names]
+    results: list[dict] = []
+    outputs: dict[str, list] = {}
+    report: dict = {"model": str(cfg.model), "target": target.canonical, "device": target.device, "results": results}
+
+    mod = import_model(loaded)
+    t0 = time.perf_counter()
+    fused, plan = partition(mod, target=target, planner=cfg.planner or DEFAULT_PLANNER)
+    db = None
+    if cfg.db is not None and Path(cfg.db).exists():
+        db = open_database(cfg.db, target=target, create=False)
+    try:
+        built = build(fused, target=target, database=db)
+    finally:
+        if db is not None:
+            db.close()
+    report["tvmfuse_build"] = {"seconds": round(time.perf_counter() - t0, 2), "planner": plan.planner,
+                               "kernels": [k.to_json() for k in built.kernels], "untuned": built.untuned,
+                               "db": str(cfg.db) if db is not None else None}
+    outs, samples = _tvm_run(built.executable, target, feeds, list(built.lifted_params), cfg)
+    outputs["tvmfuse"] = outs
+    results.append({"backend": "tvmfuse", **_stats(samples), "untuned_kernels": len(built.untuned)})
+
+    if "tvm-default" in against:
+        t0 = time.perf_counter()
+        try:
+            with target.target:
+                exe = tvm.compile(mod, target.target)
+            outs, samples = _tvm_run(exe, target, feeds, [], cfg)
+            outputs["tvm-default"] = outs
+            results.append({"backend": "tvm-default", **_stats(samples),
+                            "build_s": round(time.perf_counter() - t0, 2)})
+        except Exception as err:  # noqa: BLE001 - a baseline that fails is reported, not fatal
+            results.append(_unavailable("tvm-default", err))
+    if "onnxruntime" in against:
+        try:
+            outs, samples, provider = _ort(loaded.proto.SerializeToString(), feeds_d, target.is_gpu, cfg)
+            outputs["onnxruntime"] = outs
+            results.append({"backend": "onnxruntime", **_stats(samples), "provider": provider})
+        except Exception as err:  # noqa: BLE001
+            results.append(_unavailable("onnxruntime", err))
+    for name, compiled in (("torch-eager", False), ("torch-compile", True)):
+        if name not in against:
+            continue
+        try:
+            outs, samples = _torch(loaded.proto, feeds, target.is_gpu, cfg, compiled)
+            outputs[name] = outs
+            results.append({"backend": name, **_stats(samples)})
+        except ImportError:
+            results.append({"backend": name, "median_ms": None, "p90_ms": None, "available": False,
+                            "reason": "torch is not importable here"})
+        except Exception as err:  # noqa: BLE001
+            results.append(_unavailable(name, err))
+
+    if cfg.verify:
+        try:
+            refs = verify.run_onnxruntime(loaded.path, feeds_d)
+        except Exception as err:  # noqa: BLE001
+            refs = None
+            report["verification"] = {"reference": None, "reason": str(err)[:200]}
+        if refs is not None:
+            out_names = [s["name"] if isinstance(s, dict) else s.name for s in loaded.outputs]
+            for r in results:
+                got = outputs.get(r["backend"])
+                if got is None:
+                    continue
+                checks = verify.compare(got, refs, out_names)
+                r["rel_error"] = max(c.rel_error for c in checks)
+                r["ok"] = all(c.ok for c in checks)
+    return report
+
+
+def _unavailable(backend: str, err: Exception) -> dict:
+    msg = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return {"backend": backend, "median_ms": None, "p90_ms": None, "available": False, "reason": msg}

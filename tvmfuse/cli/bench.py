@@ -1,0 +1,51 @@
+"""``tvmfuse bench MODEL.onnx``: the tuned build side by side with onnxruntime, stock TVM and PyTorch."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tvmfuse.cli.common import JsonOpt, VerboseOpt, emit_json, handle_errors, out, table
+
+
+def bench_command(
+    model: Path = typer.Argument(..., help="The ONNX model."),
+    target: str = typer.Option("auto", "--target", help="auto | llvm | cuda | a TVM target JSON object."),
+    db: Path = typer.Option(Path("tuning_logs/tvmfuse.db"), "--db", help="Tuning database (its records are applied; "
+                            "a missing file means an untuned build)."),
+    against: str = typer.Option("onnxruntime,tvm-default,torch", "--against",
+                                help="Comma-separated baselines: onnxruntime, tvm-default, torch (= torch-eager + "
+                                     "torch-compile), torch-eager, torch-compile; empty for none."),
+    repeat: int = typer.Option(30, "--repeat", min=1, help="Timed samples per backend."),
+    planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops."),
+    input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (repeatable)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    as_json: bool = JsonOpt,
+    verbose: bool = VerboseOpt,
+) -> None:
+    """Time the tuned build and the baselines on the same inputs; check every output against onnxruntime."""
+    with handle_errors(verbose):
+        from tvmfuse.bench import BenchConfig, run_bench
+        from tvmfuse.frontend import parse_input_shapes
+
+        cfg = BenchConfig(model=model, target=target, db=db, against=tuple(against.split(",")) if against else (),
+                          planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat, seed=seed)
+        report = run_bench(cfg)
+        if as_json:
+            emit_json(report)
+            return
+        fast = min((r["median_ms"] for r in report["results"] if r.get("median_ms")), default=None)
+        rows = []
+        for r in report["results"]:
+            if r.get("median_ms") is None:
+                rows.append([r["backend"], "-", "-", "-", "-", "not available: " + r.get("reason", "")])
+                continue
+            check = "-" if "ok" not in r else ("ok" if r["ok"] else "WRONG") + f" ({r['rel_error']:.1e})"
+            note = r.get("provider", "")
+            if r["backend"] == "tvmfuse":
+                note = f"{r['untuned_kernels']} untuned kernel(s)"
+            rows.append([r["backend"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
+                         f"{r['median_ms'] / fast:.2f}x" if fast else "-", check, note])
+        out.print(table(f"{model.name} on {report['device']}",
+                        ["backend", "median ms", "p90 ms", "vs fastest", "vs onnxruntime", "note"], rows))

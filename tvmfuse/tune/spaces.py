@@ -1,0 +1,474 @@
+"""Search spaces from ``search_spaces/<target>.yaml``: classify each fused kernel, build its MetaSchedule space.
+
+A space file names, per kernel class, a *template* (a schedule function below, whose numeric knobs are
+``sample_categorical`` decisions MetaSchedule searches over and whose structural choices are separate
+sketches) or ``stock`` (MetaSchedule's post-order-apply space with a named rule set). Every space is
+tried once on the CPU before tuning (:func:`select_space`): a template that cannot schedule a kernel,
+or a stock rule set that yields no schedule (the tensor-core rule on some shapes), falls back to the
+next space, and the choice and the reason are reported.
+
+Kernel classes: ``pointwise`` (injective blocks only), ``row_reduction`` (reductions over the last axis
+with prologue/epilogue: add+LayerNorm, RMSNorm, softmax), ``gemm`` and ``conv`` (a multiply-accumulate
+reduction with an epilogue), ``attention`` (the planner's online-softmax kernel, ``tvmfuse.kernel``
+attribute), ``other``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from tvmfuse._tvm import ms, tvm
+from tvmfuse.errors import TvmfuseError
+
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+CLASSES = ("pointwise", "row_reduction", "gemm", "conv", "attention", "other")
+_DATA_PAR, _REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
+
+
+# ----------------------------------------------------------------------------------------- loading
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    values: tuple
+    probs: tuple
+
+    def filtered(self, keep: Callable[[object], bool]) -> "Knob":
+        pairs = [(v, p) for v, p in zip(self.values, self.probs) if keep(v)]
+        if not pairs:
+            pairs = [(self.values[-1], 1.0)]
+        total = sum(p for _, p in pairs) or 1.0
+        return Knob(self.name, tuple(v for v, _ in pairs), tuple(p / total for _, p in pairs))
+
+
+@dataclass(frozen=True)
+class ClassSpace:
+    name: str
+    template: str
+    knobs: dict = field(default_factory=dict)
+    stock_rules: str | None = None
+    fallback_rules: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpaceFile:
+    version: str
+    target: str
+    classes: dict
+    builder_timeout_s: float
+    path: Path
+    digest: str
+
+    def for_class(self, name: str) -> ClassSpace:
+        return self.classes.get(name) or self.classes["other"]
+
+
+class SpaceError(TvmfuseError):
+    exit_code = 2
+
+
+def _parse_knob(name: str, spec) -> Knob:
+    if isinstance(spec, list):
+        spec = {"values": spec}
+    if not isinstance(spec, dict) or not spec.get("values"):
+        raise SpaceError(f"knob '{name}' needs a non-empty 'values' list")
+    values = tuple(spec["values"])
+    probs = tuple(float(p) for p in spec.get("probs", [1.0 / len(values)] * len(values)))
+    if len(probs) != len(values) or any(p < 0 for p in probs) or sum(probs) <= 0:
+        raise SpaceError(f"knob '{name}': 'probs' must be as many non-negative weights as 'values'")
+    total = sum(probs)
+    return Knob(name, values, tuple(p / total for p in probs))
+
+
+def load_space_file(path: str | Path) -> SpaceFile:
+    """Parse and validate one space file."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SpaceError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(doc, dict) or "version" not in doc or "classes" not in doc:
+        raise SpaceError(f"{path}: a space file needs 'version' and 'classes'")
+    classes = {}
+    for cname, spec in (doc["classes"] or {}).items():
+        if cname not in CLASSES:
+            raise SpaceError(f"{path}: unknown kernel class '{cname}'", hint="classes: " + ", ".join(CLASSES))
+        spec = dict(spec or {})
+        template = spec.pop("template", "stock")
+        if template != "stock" and template not in TEMPLATES:
+            raise SpaceError(f"{path}: class '{cname}': unknown template '{template}'",
+                             hint="templates: stock, " + ", ".join(sorted(TEMPLATES)))
+        knobs = {k: _parse_knob(k, v) for k, v in (spec.pop("knobs", None) or {}).items()}
+        classes[cname] = ClassSpace(cname, template, knobs, spec.pop("stock_rules", None),
+                                    spec.pop("fallback_rules", None), spec)
+    classes.setdefault("other", ClassSpace("other", "stock", {}, None))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return SpaceFile(version=str(doc["version"]), target=str(doc.get("target", path.stem)), classes=classes,
+                     builder_timeout_s=float(doc.get("builder_timeout_s", 60)), path=path, digest=digest)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str, mtime: float) -> SpaceFile:
+    return load_space_file(path)
+
+
+def load_spaces(target_kind: str, directory: str | Path | None = None) -> SpaceFile:
+    """The space file for a target kind (``cuda`` or ``llvm``)."""
+    path = Path(directory or SPACES_DIR) / f"{target_kind}.yaml"
+    if not path.exists():
+        raise SpaceError(f"no search-space file {path}")
+    return _load_cached(str(path), path.stat().st_mtime)
+
+
+# ----------------------------------------------------------------------------------- classification
+def _blocks(func) -> list:
+    """The blocks under the root block (fused kernels here are flat: one level of blocks)."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def _names_in(expr) -> set[str]:
+    return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", str(expr)))
+
+
+def classify(func) -> str:
+    """The kernel class of a fused PrimFunc (see module docstring)."""
+    attrs = func.attrs
+    if attrs is not None and "tvmfuse.kernel" in attrs and str(attrs["tvmfuse.kernel"]) == "attention":
+        return "attention"
+    blocks = _blocks(func)
+    if not blocks:
+        return "other"
+    reductions = [b for b in blocks if any(int(iv.iter_type) == _REDUCE for iv in b.iter_vars)]
+    if not reductions:
+        if all(all(int(iv.iter_type) == _DATA_PAR for iv in b.iter_vars) for b in blocks):
+            return "pointwise"
+        return "other"
+    names = " ".join(b.name_hint.lower() for b in reductions)
+    if "conv" in names:
+        return "conv"
+    if any(w in names for w in ("matmul", "dense", "einsum")):
+        return "gemm"
+    # a reduction reading two different tensors both indexed by the reduction var is a contraction
+    for b in reductions:
+        rvars = {str(iv.var.name) for iv in b.iter_vars if int(iv.iter_type) == _REDUCE}
+        with_r = {r.source.name for r in b.reads if any(_names_in(rg.min) & rvars for rg in r.region)}
+        if len(with_r) >= 2:
+            return "gemm"
+    return "row_reduction"
+
+
+# ------------------------------------------------------------------------------------------ templates
+def _sample(sch, knob: Knob):
+    return sch.sample_categorical(candidates=list(knob.values), probs=list(knob.probs))
+
+
+def _dtype_bytes(dtype) -> int:
+    return max(1, tvm.runtime.DataType(str(dtype)).bits // 8)
+
+
+def _inline_all_but_outputs(sch, keep=()) -> None:
+    """Inline every non-output block (producers first, then trailing consumers), keeping ``keep``."""
+    root = sch.get_sblock("root")
+    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
+    changed = True
+    while changed:
+        changed = False
+        for b in sch.get_child_blocks(root):
+            name = sch.get(b).name_hint
+            if name in outputs or name in keep:
+                continue
+            try:
+                sch.compute_inline(b)
+                changed = True
+            except Exception:  # noqa: BLE001 - not inlinable (a reduction): leave it
+                continue
+
+
+def _vector_knob(knob: Knob, inner: int, dtype_bytes: int) -> Knob:
+    return knob.filtered(lambda v: inner % int(v) == 0 and int(v) * dtype_bytes <= 16)
+
+
+def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
+    """Injective kernels: inline the chain, fuse, split [rows, vectors_per_thread, threads, lanes]."""
+    _inline_all_but_outputs(sch)
+    root = sch.get_sblock("root")
+    outs = sch.get_output_blocks(root)
+    if len(outs) != 1 or len(sch.get_child_blocks(root)) != 1:
+        raise ValueError("pointwise template: needs one fused block")
+    block = outs[0]
+    buf = sch.get(block).writes[0].source
+    shape = [int(d) for d in buf.shape]
+    total, inner = 1, shape[-1]
+    for d in shape:
+        total *= d
+    ebytes = _dtype_bytes(buf.dtype)
+    vec_k = _vector_knob(space.knobs["vector_lanes"], inner, ebytes)
+    thr_k = space.knobs["threads"].filtered(lambda t: int(t) <= max(32, total))
+    per_k = space.knobs["vectors_per_thread"]
+    sketches = []
+    for mode in space.knobs.get("loop", Knob("loop", ("one-shot",), (1.0,))).values:
+        s = sch.copy()
+        blk = s.get_sblock(s.get(block).name_hint)
+        loops = s.get_loops(blk)
+        fused = s.fuse(*loops) if len(loops) > 1 else loops[0]
+        vec = _sample(s, vec_k)
+        outer, lanes = s.split(fused, [None, vec])
+        threads = _sample(s, thr_k)
+        if mode == "grid-stride":
+            # grid = waves x SMs blocks; each thread strides over the whole tensor
+            sms = int(info.get("sm_count", 132))
+            wv = _sample(s, space.knobs["grid_stride_waves"])
+            it_bx, tx = s.split(outer, [None, threads])
+            it, bx = s.split(it_bx, [None, wv * sms])
+            s.reorder(bx, tx, it, lanes)
+            s.bind(bx, "blockIdx.x")
+            s.bind(tx, "threadIdx.x")
+        else:
+            per = _sample(s, per_k)
+            bx, p, tx = s.split(outer, [None, per, threads])
+            s.reorder(bx, tx, p, lanes)
+            s.bind(bx, "blockIdx.x")
+            s.bind(tx, "threadIdx.x")
+        s.vectorize(lanes)
+        if "unroll" in space.knobs:
+            s.annotate(s.get_sblock("root"), "meta_schedule.unroll_explicit", _sample(s, space.knobs["unroll"]))
+        sketches.append(s)
+    return sketches
+
+
+def _iter_types(sch, block) -> list[int]:
+    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+
+
+def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
+    """Reductions over the last axis: one row per thread block (a row per warp at 32 threads).
+
+    Sketch ``shared``: the row (the prologue's result, or the input the reductions read) is staged in
+    shared memory with vectorized loads, the reductions read it from there (cross-thread reductions
+    lower to warp shuffles), the epilogue writes with vectorized stores. Sketch ``recompute``: no
+    staging, each pass re-reads the inputs.
+    """
+    root = sch.get_sblock("root")
+    outs = sch.get_output_blocks(root)
+    if len(outs) != 1:
+        raise ValueError("row_reduction template: needs one output block")
+    out_name = sch.get(outs[0]).name_hint
+    out_buf = sch.get(outs[0]).writes[0].source
+    shape = [int(d) for d in out_buf.shape]
+    if len(shape) < 2 or any(t != _DATA_PAR for t in _iter_types(sch, outs[0])):
+        raise ValueError("row_reduction template: output must be a spatial block with >= 2 dims")
+    cols = shape[-1]
+    ebytes = _dtype_bytes(out_buf.dtype)
+    # full-row spatial blocks read by a reduction: candidates for staging (the prologue, e.g. x + r)
+    prologue = []
+    for b in sch.get_child_blocks(root):
+        name = sch.get(b).name_hint
+        if name == out_name or _REDUCE in _iter_types(sch, b):
+            continue
+        wbuf = sch.get(b).writes[0].source
+        if [int(d) for d in wbuf.shape] == shape and any(_REDUCE in _iter_types(sch, c) for c in sch.get_consumers(b)):
+            prologue.append((name, wbuf))
+    max_shared = int(space.extra.get("max_shared_bytes", 49152))
+    storages = list(space.knobs.get("row_storage", Knob("row_storage", ("shared", "recompute"), (0.5, 0.5))).values)
+    sketches = []
+    for storage in storages:
+        s = sch.copy()
+        keep = {n for n, _ in prologue} if storage == "shared" else set()
+        _inline_all_but_outputs(s, keep=keep)
+        root_s = s.get_sblock("root")
+        blocks = s.get_child_blocks(root_s)
+        out = s.get_sblock(out_name)
+        reds = [b for b in blocks if _REDUCE in _iter_types(s, b)]
+        if not reds:
+            raise ValueError("row_reduction template: no reduction left")
+        staged_bytes = 0
+        staged = []
+        if storage == "shared":
+            for b in blocks:
+                if s.get(b).name_hint in keep:
+                    s.set_scope(b, 0, "shared")
+                    staged.append(b)
+                    staged_bytes += cols * _dtype_bytes(s.get(b).writes[0].source.dtype)
+            if not staged:  # stage the inputs the reductions read (softmax's x)
+                first = reds[0]
+                for i, region in enumerate(s.get(first).reads):
+                    if [int(d) for d in region.source.shape] == shape:
+                        cb = s.cache_read(first, i, "shared")
+                        staged.append(cb)
+                        staged_bytes += cols * _dtype_bytes(region.source.dtype)
+            if not staged or staged_bytes > max_shared:
+                continue
+        # the row loop: fuse the output's leading loops
+        loops = s.get_loops(out)
+        row = s.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        col = s.get_loops(out)[-1]
+        threads_k = space.knobs["threads"].filtered(lambda t: int(t) <= cols)
+        vec_k = _vector_knob(space.knobs["vector_lanes"], cols, max(ebytes, 2))
+        threads = _sample(s, threads_k)
+        vec = _sample(s, vec_k)
+        co, lanes = s.split(col, [None, vec])
+        _, tx = s.split(co, [None, threads])
+        s.bind(row, "blockIdx.x")
+        s.bind(tx, "threadIdx.x")
+        s.vectorize(lanes)
+        for b in reversed([b for b in s.get_child_blocks(root_s) if s.get(b).name_hint != out_name]):
+            s.compute_at(b, row, preserve_unit_loops=True)
+        for b in s.get_child_blocks(root_s):
+            name = s.get(b).name_hint
+            if name == out_name:
+                continue
+            types = _iter_types(s, b)
+            inner = s.get_loops(b)[-1]
+            if _REDUCE in types:
+                s.set_scope(b, 0, "local")
+                _, rtx = s.split(inner, [None, threads])
+                s.bind(rtx, "threadIdx.x")
+            else:
+                bo, bl = s.split(inner, [None, vec])
+                _, btx = s.split(bo, [None, threads])
+                s.bind(btx, "threadIdx.x")
+                s.vectorize(bl)
+        if "unroll" in space.knobs:
+            s.annotate(root_s, "meta_schedule.unroll_explicit", _sample(s, space.knobs["unroll"]))
+        sketches.append(s)
+    if not sketches:
+        raise ValueError("row_reduction template: no sketch fits")
+    return sketches
+
+
+def template_attention(sch, space: ClassSpace, info: dict) -> list:
+    """The planner's online-softmax attention: one query row per thread, its accumulator in registers."""
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
+    if len(blocks) != 1:
+        raise ValueError("attention template: needs the planner's single attention block")
+    loops = sch.get_loops(blocks[0])
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    threads = _sample(sch, space.knobs["threads"])
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    if "unroll" in space.knobs:
+        sch.annotate(root, "meta_schedule.unroll_explicit", _sample(sch, space.knobs["unroll"]))
+    return [sch]
+
+
+TEMPLATES: dict[str, Callable] = {
+    "pointwise": template_pointwise,
+    "row_reduction": template_row_reduction,
+    "attention": template_attention,
+}
+
+
+# ------------------------------------------------------------------------------------ space selection
+@dataclass(frozen=True)
+class SpaceChoice:
+    """What a kernel is tuned in: ``generator`` for ``extracted_tasks_to_tune_contexts(space=...)``."""
+
+    kernel_class: str
+    source: str            # template:<name> | stock:<rules> | stock:<fallback> (after <reason>)
+    generator: object      # ms SpaceGenerator, or the string "post-order-apply"
+    version: str
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"class": self.kernel_class, "space": self.source, "version": self.version, "note": self.note}
+
+
+def _schedule_fn(template: Callable, space: ClassSpace, info: dict, target_kind: str):
+    def fn(sch):
+        return template(sch, space, info)
+
+    rules_kind = target_kind
+    return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=rules_kind, mutator_probs=rules_kind)
+
+
+def _stock(rules: str | None, target_kind: str):
+    kind = rules or target_kind
+    return ms.space_generator.PostOrderApply(sch_rules=kind, postprocs=kind, mutator_probs=kind)
+
+
+def _dry_run(generator, mod, target, source: str = "") -> int:
+    """Generate the design space once on the CPU; the number of sketches (raises if it fails)."""
+    from tvmfuse._tvm import ensure_tensor_intrinsics
+
+    ensure_tensor_intrinsics(target.kind.name, tensor_cores="tensorcore" in source)
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="dry-run")
+    return len(ctx.generate_design_space())
+
+
+def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
+    """Classify the kernel ``mod`` (``main`` = the fused PrimFunc) and build its space, falling back cleanly."""
+    kind = target.kind.name
+    spaces = spaces or load_spaces(kind)
+    func = mod["main"]
+    cls = classify(func)
+    space = spaces.for_class(cls)
+    info = {"sm_count": int(space.extra.get("sm_count", 132))}
+    attempts: list[tuple[str, Callable]] = []
+    if space.template != "stock":
+        tmpl = TEMPLATES[space.template]
+        attempts.append((f"template:{space.template}", lambda: _schedule_fn(tmpl, space, info, kind)))
+    else:
+        attempts.append((f"stock:{space.stock_rules or kind}", lambda: _stock(space.stock_rules, kind)))
+    if space.fallback_rules:
+        attempts.append((f"stock:{space.fallback_rules}", lambda: _stock(space.fallback_rules, kind)))
+    if not any(src == f"stock:{kind}" for src, _ in attempts):
+        attempts.append((f"stock:{kind}", lambda: _stock(kind, kind)))
+    notes = []
+    for source, make in attempts:
+        try:
+            if "tensorcore" in source:
+                from tvmfuse._tvm import ensure_tensor_intrinsics
+
+                ensure_tensor_intrinsics(kind, tensor_cores=True)
+            gen = make()
+            if source == f"stock:{kind}":  # the target's own space: the last resort, not dry-run
+                return SpaceChoice(cls, source, gen, spaces.version, "; ".join(notes))
+            n = _dry_run(gen, mod, target, source)
+        except Exception as err:  # noqa: BLE001 - a space that cannot schedule this kernel: try the next
+            notes.append(f"{source} failed: {(str(err).strip().splitlines() or [type(err).__name__])[-1][:160]}")
+            continue
+        if n == 0:
+            notes.append(f"{source} yielded no schedule")
+            continue
+        return SpaceChoice(cls, source, gen, spaces.version, "; ".join(notes))
+    # nothing worked: MetaSchedule's target default (the tuner reports what happens)
+    return SpaceChoice(cls, "post-order-apply", "post-order-apply", spaces.version, "; ".join(notes))
+
+
+def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0) -> list:
+    """``n`` random points of a kernel's space, post-processed as MetaSchedule would build them.
+
+    Returns scheduled IRModules (the ones whose post-processing rejected them, e.g. too many threads,
+    are skipped, as MetaSchedule skips them).
+    """
+    gen = choice.generator
+    if isinstance(gen, str):
+        gen = _stock(None, target.kind.name)
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=gen,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="sample", rand_state=seed)
+    sketches = ctx.generate_design_space()
+    postprocs = list(ctx.space_generator.postprocs)
+    for p in postprocs:
+        p._initialize_with_tune_context(ctx)
+    out = []
+    tries = 0
+    while len(out) < n and tries < 8 * n:
+        sketch = sketches[tries % len(sketches)]
+        tries += 1
+        sch = tvm.s_tir.Schedule(mod, seed=seed + tries)
+        tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        if all(p.apply(sch) for p in postprocs):
+            out.append(sch.mod)
+    return out
