@@ -15,24 +15,26 @@ SETUP = '''\
 import os
 from pathlib import Path
 
+ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
+DB = Path(os.environ.get("TVMFUSE_DB", ROOT / "tuning_logs" / "sample" / "tvmfuse.db"))
+if not DB.exists():
+    raise FileNotFoundError(f"no tuning database at {DB}: run `python scripts/make_sample_db.py` "
+                            "or set TVMFUSE_DB")
+
 import matplotlib
 matplotlib.use("Agg")  # files, not windows: the plots are saved as PNG
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from tvmfuse.api import EXAMPLE_MODEL
+import tvmfuse
 from tvmfuse.inspect import InspectConfig, curves_frame, inspect_database, kernels_frame
 
-ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
-DB = Path(os.environ.get("TVMFUSE_DB", ROOT / "tuning_logs" / "sample" / "tvmfuse.db"))
-MODEL = os.environ.get("TVMFUSE_MODEL", str(EXAMPLE_MODEL))  # ONNX file: patterns, calls and plan bytes
+# the ONNX file that was tuned: gives the planner's patterns, calls per kernel and plan bytes
+MODEL = os.environ.get("TVMFUSE_MODEL", str(Path(tvmfuse.__file__).parent / "data" / "example.onnx"))
 ARTIFACT = os.environ.get("TVMFUSE_ARTIFACT") or (DB.parent / "example.artifact")
-ARTIFACT = Path(ARTIFACT) if Path(ARTIFACT).exists() else None
+ARTIFACT = Path(ARTIFACT) if Path(ARTIFACT).exists() else None  # run for the end-to-end time
 PLOTS = Path(os.environ.get("TVMFUSE_PLOTS", ROOT / "notebooks" / "plots"))
 PLOTS.mkdir(parents=True, exist_ok=True)
-if not DB.exists():
-    raise FileNotFoundError(f"no tuning database at {DB}: run `python scripts/make_sample_db.py` "
-                            "or set TVMFUSE_DB")
 print("database:", DB, "| model:", MODEL, "| artifact:", ARTIFACT, "| plots ->", PLOTS)
 '''
 
