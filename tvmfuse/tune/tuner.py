@@ -223,9 +223,12 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
               builder, runner, work_dir: Path, state: _BatchState, space="post-order-apply") -> None:
     work_dir.mkdir(parents=True, exist_ok=True)
     per_round = max(1, min(config.trials_per_round, budget))
+    # A kernel with a few trials left gains nothing from a large population, and on 2 cores sampling and
+    # evolving it dominates the time per kernel: scale it with the budget.
+    population = max(16, min(config.population, 8 * budget))
     strategy = ms.search_strategy.EvolutionarySearch(
-        population_size=config.population,
-        init_min_unmeasured=min(50, config.population),
+        population_size=population,
+        init_min_unmeasured=min(50, population),
     )
     _quiet_ms_console()
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
