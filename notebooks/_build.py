@@ -116,7 +116,7 @@ import numpy as np
 
 ceil = report["ceilings"]
 df = kernels.dropna(subset=["flops_per_byte", "achieved_flops_per_s"])
-fig, ax = plt.subplots(figsize=(9, 5.5))
+fig, (ax, key_ax) = plt.subplots(1, 2, figsize=(12, 6), gridspec_kw={"width_ratios": [2.6, 1]})
 lo = min(df["flops_per_byte"].min(), 0.1) / 2 if len(df) else 0.05
 hi = max(df["flops_per_byte"].max(), 10) * 4 if len(df) else 100
 xs = np.logspace(np.log10(lo), np.log10(hi), 200)
@@ -131,17 +131,19 @@ for pattern, g in df.groupby("pattern"):
         ax.annotate(f"#{r['workload_id']}", (r["flops_per_byte"], r["achieved_flops_per_s"] / 1e9), fontsize=8,
                     xytext=(5, 3), textcoords="offset points")
 ax.set_xscale("log"); ax.set_yscale("log")
-ax.set_xlabel("arithmetic intensity (FLOP per HBM byte; bytes = inputs read once + outputs written once)")
+ax.set_xlabel("arithmetic intensity (FLOP per byte of memory traffic)")
 ax.set_ylabel("achieved GFLOP/s (best record)")
 ax.set_title(f"Roofline of the fused kernels on {device}")
 ax.legend(fontsize=8, loc="upper left")
 ax.grid(True, which="both", alpha=0.3)
 key = "\\n".join(f"#{r.workload_id} {r.name[:28]}: {r.achieved_gbs:.2f} GB/s, {r.best_us:.0f} µs"
                 for r in df.itertuples())
-ax.text(1.02, 1.0, key, transform=ax.transAxes, fontsize=7, va="top", family="monospace")
-fig.text(0.01, 0.01, f"bandwidth: {ceil['bandwidth_source']}\\ncompute: {ceil['flops_source']}", fontsize=7)
-fig.set_size_inches(13, 6)
-fig.tight_layout(rect=(0, 0.05, 0.74, 1))
+key_ax.axis("off")
+key_ax.text(0.0, 1.0, "kernel: achieved bandwidth, best latency\\n" + key, transform=key_ax.transAxes,
+            fontsize=7, va="top", family="monospace")
+fig.text(0.01, 0.01, "traffic = inputs read once + outputs written once; "
+         f"bandwidth ceiling: {ceil['bandwidth_source']}\\ncompute ceiling: {ceil['flops_source']}", fontsize=7)
+fig.tight_layout(rect=(0, 0.05, 1, 1))
 fig.savefig(PLOTS / "roofline.png", dpi=110)
 '''),
     new_code_cell('''\

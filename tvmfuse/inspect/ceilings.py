@@ -3,7 +3,7 @@
 GPU figures are the measured anchors of ``shared/ANCHORS.md`` (one H200: device-to-device copy 4275 GB/s,
 bytes read + written; cuBLAS fp16 GEMM 656 TFLOP/s). Another GPU has no figure unless the caller gives one.
 A CPU is measured once per process on this machine, with numpy: a 64 MiB ``copyto`` (bytes read +
-written, best of 5, one thread) and a 1024³ fp32 matmul through numpy's BLAS (best of 3). They are only
+written, best of 10, one thread) and a 1024³ fp32 matmul through numpy's BLAS (best of 3). They are only
 used when the records were measured on this machine's CPU model; otherwise the ceiling is unknown.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Ceilings:
 
 
 @lru_cache(maxsize=1)
-def measure_memcpy_gbs(*, nbytes: int = 64 << 20, repeat: int = 5) -> float:
+def measure_memcpy_gbs(*, nbytes: int = 64 << 20, repeat: int = 10) -> float:
     """This machine's memcpy bandwidth in GB/s (bytes read + written), numpy ``copyto``, best of ``repeat``."""
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
