@@ -138,3 +138,27 @@ def test_end_to_end_from_the_artifact(tuned_example, example_artifact):
     assert m["artifact_kernels"] == len(r["kernels"])
     assert m["kernel_share"] == pytest.approx(m["kernel_sum_ms"] / m["e2e_ms"])
     assert m["why"]
+
+
+def test_records_of_another_device_are_read_with_their_own_identity(tuned_example, tmp_path):
+    """A database tuned elsewhere: inspect binds to the (target, device) the file holds, and has no ceiling for it."""
+    import sqlite3
+
+    cfg, _ = tuned_example
+    db_path = tmp_path / "elsewhere.db"
+    shutil.copy(cfg.db, db_path)
+    con = sqlite3.connect(db_path)
+    with con:
+        for table in ("records", "workload_targets"):
+            con.execute(f"UPDATE {table} SET device='cpu:Some Other CPU x2'")
+    r = inspect_database(InspectConfig(db=db_path))
+    assert r["device"] == "cpu:Some Other CPU x2" and r["summary"]["trials"] > 0
+    assert r["ceilings"]["bandwidth_gbs"] is None and all(k["bandwidth_share"] is None for k in r["kernels"])
+    r = inspect_database(InspectConfig(db=db_path, bandwidth_gbs=10.0))
+    assert all(k["bandwidth_share"] == pytest.approx(k["achieved_gbs"] / 10.0) for k in r["kernels"])
+    with con:  # a second device in the same file: the caller must choose
+        con.execute("INSERT INTO workload_targets(workload_id, target, device, task_name, model, created) "
+                    "SELECT workload_id, target, 'cpu:Third CPU x2', task_name, model, created FROM workload_targets")
+    con.close()
+    with pytest.raises(DatabaseError, match="several targets"):
+        inspect_database(InspectConfig(db=db_path))
