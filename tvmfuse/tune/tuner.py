@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,7 +166,18 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
                                       timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
     runner = ms.runner.LocalRunner(timeout_sec=config.runner_timeout_s,
                                    evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
+    # MetaSchedule's per-task logs: kept under config.log_dir when given, else in a temporary folder removed at the end
     log_root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="tvmfuse-tune-"))
+    try:
+        return _tune_all(kernels, budgets, spent, results, target=target, database=database, config=config,
+                         spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress)
+    finally:
+        if not config.log_dir:
+            shutil.rmtree(log_root, ignore_errors=True)
+
+
+def _tune_all(kernels, budgets, spent, results, *, target, database, config, spaces, builder, runner, log_root,
+              progress) -> list[KernelResult]:
     for i, (kernel, budget, result) in enumerate(zip(kernels, budgets, results)):
         if budget <= 0:
             result.status = "skipped-spent" if spent[i] >= config.trials_per_kernel and not config.retune else "skipped-budget"
