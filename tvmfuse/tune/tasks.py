@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvmfuse._tvm import ms, structural_hash, tvm
+from tvmfuse._tvm import estimate_flops, ms, structural_hash, tvm
 from tvmfuse.target import TargetInfo
 
 
@@ -12,7 +12,7 @@ class Kernel:
     """A fused kernel to tune.
 
     ``mod`` is MetaSchedule's normalized workload (the PrimFunc as ``main``); ``weight`` is how many
-    times the model calls it; ``flops`` is MetaSchedule's estimate.
+    times the model calls it; ``flops`` is TVM's static estimate.
     """
 
     name: str
@@ -32,8 +32,8 @@ def extract_kernels(fused_mod: tvm.IRModule, *, target: TargetInfo) -> list[Kern
     kernels = []
     for task in tasks:
         try:
-            flops = float(ms.utils.get_flops(task.dispatched[0]))  # may be absent or fail on odd kernels
-        except Exception:  # noqa: BLE001
+            flops = estimate_flops(task.dispatched[0])
+        except Exception:  # noqa: BLE001 - TVM's estimator rejects some loop nests; weigh those as 0
             flops = 0.0
         kernels.append(Kernel(name=str(task.task_name), mod=task.dispatched[0], weight=int(task.weight),
                               flops=flops, extracted=task))
