@@ -107,3 +107,17 @@ SMALL = {
     "softmax": dict(M=64, N=256), "gemm_bias_relu": dict(M=64, K=64, N=64), "conv_bn_relu": dict(B=1, C=16, H=8, W=8),
     "attention": dict(B=1, H=2, S=64, D=32),
 }
+
+
+def attention_kernel(B=4, H=32, S=4096, D=128):
+    """The planner's attention PrimFunc (online softmax, no N×N scores) as a MetaSchedule workload.
+
+    Used when the planner does not form the attention group from the ONNX graph, so the attention
+    template is still tuned and timed as a kernel. Parameters: q, k (rows, [B,H,S,D]), v, out.
+    """
+    from tvmfuse._tvm import tvm
+    from tvmfuse.plan.attention import AttentionSpec, attention_primfunc
+
+    spec = AttentionSpec(batch=(B, H), seq_q=S, seq_k=S, head_dim=D, head_dim_v=D, dtype="float16",
+                         scale=float(np.float16(D ** -0.5)), mask_shape=None, k_rows=True)
+    return tvm.IRModule({"main": attention_primfunc(spec).with_attr("global_symbol", "main")})

@@ -32,13 +32,19 @@ def check_supported(model: onnx.ModelProto) -> None:
         raise Unsupported("ops not in tvmfuse's torch interpreter: " + ", ".join(bad))
 
 
-def build_fn(model: onnx.ModelProto, device):
-    """A function ``f(*inputs) -> outputs`` (torch tensors) computing the ONNX graph with torch ops."""
+def build_fn(model: onnx.ModelProto, device, float_dtype=None):
+    """A function ``f(*inputs) -> outputs`` (torch tensors) computing the ONNX graph with torch ops.
+
+    ``float_dtype`` (e.g. ``torch.float32``) casts the floating-point weights, for a higher-precision
+    reference run on upcast inputs.
+    """
     import torch
     import torch.nn.functional as F
 
     check_supported(model)
     inits = {t.name: torch.from_numpy(np.array(numpy_helper.to_array(t))).to(device) for t in model.graph.initializer}
+    if float_dtype is not None:
+        inits = {k: v.to(float_dtype) if v.is_floating_point() else v for k, v in inits.items()}
     init_names = set(inits)
     in_names = [i.name for i in model.graph.input if i.name not in init_names]
     out_names = [o.name for o in model.graph.output]
@@ -117,6 +123,8 @@ def build_fn(model: onnx.ModelProto, device):
                 y = torch.mean(x[0], dim=tuple(axes), keepdim=bool(a.get("keepdims", 1)))
             elif op == "Constant":
                 y = torch.from_numpy(np.array(numpy_helper.to_array(a["value"]))).to(device)
+                if float_dtype is not None and y.is_floating_point():
+                    y = y.to(float_dtype)
             elif op == "MaxPool":
                 pads = a.get("pads", [0, 0, 0, 0])
                 y = F.max_pool2d(x[0], tuple(a["kernel_shape"]), tuple(a.get("strides", a["kernel_shape"])), tuple(pads[:2]))

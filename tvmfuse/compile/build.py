@@ -67,7 +67,8 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
-    mod = fused_mod
+    # a new module: dlight's ApplyDefaultSchedule below updates the module it is given in place
+    mod = tvm.IRModule(dict(fused_mod.functions.items()), attrs=fused_mod.attrs)
     for gv, func in updates.items():
         mod = _with_function(mod, gv, func)
     if target.is_gpu:

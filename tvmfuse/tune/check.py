@@ -31,8 +31,12 @@ class KernelCheck:
 
 
 def _params(func) -> list[tuple[str, tuple, str]]:
-    return [(str(func.buffer_map[p].name), tuple(int(d) for d in func.buffer_map[p].shape), str(func.buffer_map[p].dtype))
-            for p in func.params]
+    """(name, shape, dtype) of each parameter (TVM 0.27: parameters are typed buffer vars; earlier: buffer_map)."""
+    out = []
+    for p in func.params:
+        buf = func.buffer_map[p] if hasattr(func, "buffer_map") else p
+        out.append((str(buf.name), tuple(int(d) for d in buf.shape), str(buf.dtype)))
+    return out
 
 
 def output_names(func) -> set[str]:
@@ -50,6 +54,9 @@ def reference_module(mod, target_info):
     """``mod`` under the reference schedule for the target."""
     if not target_info.is_gpu:
         return mod
+    # dlight's ApplyDefaultSchedule updates the module it is given in place: give it a copy, or the
+    # caller's workload (the database's key) would change under it
+    mod = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
     with target_info.target:
         return dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
                                            dlight.gpu.GeneralReduction(), dlight.gpu.Fallback())(mod)

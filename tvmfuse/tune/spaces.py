@@ -225,9 +225,10 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
         if mode == "grid-stride":
             # grid = waves x SMs blocks; each thread strides over the whole tensor
             sms = int(info.get("sm_count", 132))
-            wv = _sample(s, space.knobs["grid_stride_waves"])
+            wk = space.knobs["grid_stride_waves"]
+            blocks = _sample(s, Knob("grid_blocks", tuple(int(w) * sms for w in wk.values), wk.probs))
             it_bx, tx = s.split(outer, [None, threads])
-            it, bx = s.split(it_bx, [None, wv * sms])
+            it, bx = s.split(it_bx, [None, blocks])
             s.reorder(bx, tx, it, lanes)
             s.bind(bx, "blockIdx.x")
             s.bind(tx, "threadIdx.x")
@@ -237,11 +238,46 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
             s.reorder(bx, tx, p, lanes)
             s.bind(bx, "blockIdx.x")
             s.bind(tx, "threadIdx.x")
-        s.vectorize(lanes)
+            it = p
+        _stage_through_registers(s, blk, it, lanes)
         if "unroll" in space.knobs:
             s.annotate(s.get_sblock("root"), "meta_schedule.unroll_explicit", _sample(s, space.knobs["unroll"]))
         sketches.append(s)
     return sketches
+
+
+def _vectorize_under(s, block, anchor) -> None:
+    """Fuse and vectorize the loops of ``block`` that lie under ``anchor``."""
+    loops = s.get_loops(block)
+    anchor_sref = s.get_sref(anchor)
+    idx = next(i for i, lp in enumerate(loops) if s.get_sref(lp).same_as(anchor_sref))
+    inner = loops[idx + 1:]
+    if not inner:
+        return
+    lp = s.fuse(*inner) if len(inner) > 1 else inner[0]
+    s.vectorize(lp)
+
+
+def _stage_through_registers(s, block, anchor, lanes, *, reads=True) -> None:
+    """Vector loads into registers, scalar math, one vector store.
+
+    TVM's vectorizer scalarizes a whole loop when its body calls something it cannot vectorize (erf,
+    exp, sigmoid): the loads and stores then go out 2 bytes at a time. Staging each input's lanes in a
+    local buffer (a vectorized copy), computing in an unrolled loop and writing through a local buffer
+    (a vectorized copy) keeps the 16-byte accesses whatever the arithmetic.
+    """
+    if reads is True:
+        names = [str(r.source.name) for r in s.get(block).reads]
+    else:
+        names = list(reads or [])
+    for name in names:
+        cr = s.cache_read(block, name, "local", consumer_blocks=[block])
+        s.compute_at(cr, anchor, preserve_unit_loops=True)
+        _vectorize_under(s, cr, anchor)
+    cw = s.cache_write(block, 0, "local")
+    s.reverse_compute_at(cw, anchor, preserve_unit_loops=True)
+    _vectorize_under(s, cw, anchor)
+    s.unroll(lanes)
 
 
 def _iter_types(sch, block) -> list[int]:
@@ -306,9 +342,10 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                         staged_bytes += cols * _dtype_bytes(region.source.dtype)
             if not staged or staged_bytes > max_shared:
                 continue
-        # the row loop: fuse the output's leading loops
+        # the row loop: fuse the output's leading loops; rows_per_block rows share a block (threadIdx.y)
         loops = s.get_loops(out)
         row = s.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        n_rows = int(s.get(row).extent)
         col = s.get_loops(out)[-1]
         threads_k = space.knobs["threads"].filtered(lambda t: int(t) <= cols)
         vec_k = _vector_knob(space.knobs["vector_lanes"], cols, max(ebytes, 2))
@@ -316,11 +353,20 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         vec = _sample(s, vec_k)
         co, lanes = s.split(col, [None, vec])
         _, tx = s.split(co, [None, threads])
+        rows_k = space.knobs.get("rows_per_block")
+        if rows_k is not None:
+            per_row = max(1, staged_bytes)
+            rows_k = rows_k.filtered(lambda r: n_rows % int(r) == 0 and int(r) * per_row <= max_shared)
+            rpb = _sample(s, rows_k)
+            row, ty = s.split(row, [None, rpb])
+            s.bind(ty, "threadIdx.y")
+            anchor = ty
+        else:
+            anchor = row
         s.bind(row, "blockIdx.x")
         s.bind(tx, "threadIdx.x")
-        s.vectorize(lanes)
         for b in reversed([b for b in s.get_child_blocks(root_s) if s.get(b).name_hint != out_name]):
-            s.compute_at(b, row, preserve_unit_loops=True)
+            s.compute_at(b, anchor, preserve_unit_loops=True)
         for b in s.get_child_blocks(root_s):
             name = s.get(b).name_hint
             if name == out_name:
@@ -336,6 +382,13 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                 _, btx = s.split(bo, [None, threads])
                 s.bind(btx, "threadIdx.x")
                 s.vectorize(bl)
+        # the epilogue: vector loads of its row operands into registers, scalar math, one vector store
+        red_out = {str(s.get(b).writes[0].source.name) for b in s.get_child_blocks(root_s)
+                   if _REDUCE in _iter_types(s, b)}
+        row_reads = [str(r.source.name) for r in s.get(out).reads
+                     if str(r.source.name) not in red_out and len(r.source.shape) >= 1
+                     and int(r.source.shape[-1]) == cols]
+        _stage_through_registers(s, out, tx, lanes, reads=row_reads)
         if "unroll" in space.knobs:
             s.annotate(root_s, "meta_schedule.unroll_explicit", _sample(s, space.knobs["unroll"]))
         sketches.append(s)

@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""The ANCHORS.md GPU cases side by side in one run: PyTorch eager, torch.compile, stock TVM, tvmfuse tuned.
+
+Each case is a small ONNX model (tvmfuse/bench/cases.py, fp16). Stages (``--stages``):
+  torch    PyTorch eager and torch.compile (plus cuBLAS GEMM alone and SDPA-flash where they apply),
+           and the device-to-device copy ceiling (bytes read + written), measured in the same run;
+  stock    TVM 0.27's default CUDA pipeline (FuseOps + FuseTIR + dlight);
+  tvmfuse  tvmfuse's planner, each fused kernel tuned in tvmfuse's search space (``--trials`` per kernel,
+           records in ``--db``, resumed when carried back in), every tuned kernel checked against its
+           reference schedule on fresh random inputs with NaN-poisoned outputs, the whole case checked
+           against an fp32 PyTorch run of the same ONNX graph, then timed.
+Prints µs, GB/s (fewest bytes: inputs once, output once) or TFLOP/s, the share of the copy ceiling, and
+each kernel's tuning curve (trials to reach 90% of its final speed). Writes ``$OUT/bench_gpu.json``.
+
+``--small`` runs tiny sizes (a CPU smoke test of the script needs ``--stages tvmfuse --target llvm``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tvmfuse.bench.cases import CASES, SMALL  # noqa: E402
+
+OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="bench_gpu-"))
+OUT.mkdir(parents=True, exist_ok=True)
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+# ------------------------------------------------------------------------------------------- torch
+def _bench_torch(fn):
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    try:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+    except ImportError:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(30):
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) * 1e-3)
+        return float(np.median(ts))
+
+
+def copy_ceiling() -> float:
+    import torch
+
+    a = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    t = _bench_torch(lambda: b.copy_(a))
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * 2 * 1024**3 / t / 1e9
+
+
+def torch_case(name: str, size: dict) -> dict:
+    """Eager and torch.compile times (seconds) of the case, written the way a PyTorch user writes it."""
+    import torch
+    import torch.nn.functional as F
+
+    dev, h = "cuda", torch.float16
+    torch.manual_seed(0)
+    r: dict = {}
+    extra: dict = {}
+    if name == "pointwise":
+        M, N = size.get("M", 16384), size.get("N", 8192)
+        x, res = torch.randn(M, N, device=dev, dtype=h), torch.randn(M, N, device=dev, dtype=h)
+        b, s = torch.randn(N, device=dev, dtype=h), torch.randn(N, device=dev, dtype=h)
+        f, args = (lambda x, res: F.gelu(x + b) * s + res), (x, res)
+    elif name == "add_layernorm":
+        M, N = size.get("M", 16384), size.get("N", 8192)
+        x, res = torch.randn(M, N, device=dev, dtype=h), torch.randn(M, N, device=dev, dtype=h)
+        w, bb = torch.randn(N, device=dev, dtype=h), torch.randn(N, device=dev, dtype=h)
+        f, args = (lambda x, res: F.layer_norm(x + res, (N,), w, bb)), (x, res)
+    elif name == "swiglu":
+        M, N = size.get("M", 16384), size.get("N", 8192)
+        a, g = torch.randn(M, N, device=dev, dtype=h), torch.randn(M, N, device=dev, dtype=h)
+        f, args = (lambda a, g: F.silu(a) * g), (a, g)
+    elif name == "softmax":
+        M, N = size.get("M", 65536), size.get("N", 2048)
+        f, args = (lambda z: torch.softmax(z, dim=-1)), (torch.randn(M, N, device=dev, dtype=h),)
+    elif name == "gemm_bias_relu":
+        M, K, N = size.get("M", 8192), size.get("K", 8192), size.get("N", 8192)
+        A, W = torch.randn(M, K, device=dev, dtype=h), torch.randn(K, N, device=dev, dtype=h) * 0.02
+        bg = torch.randn(N, device=dev, dtype=h)
+        f, args = (lambda A: torch.relu(A @ W + bg)), (A,)
+        extra["cublas_gemm_alone_s"] = _bench_torch(lambda: A @ W)
+    elif name == "conv_bn_relu":
+        B, C, H, W_ = size.get("B", 64), size.get("C", 256), size.get("H", 56), size.get("W", 56)
+        xc = torch.randn(B, C, H, W_, device=dev, dtype=h).to(memory_format=torch.channels_last)
+        conv = torch.nn.Conv2d(C, C, 3, padding=1, bias=False).to(dev, h).to(memory_format=torch.channels_last)
+        bn = torch.nn.BatchNorm2d(C).to(dev, h).eval()
+        f, args = (lambda z: torch.relu(bn(conv(z)))), (xc,)
+        extra["layout"] = "channels_last (NHWC) for torch; tvmfuse runs the ONNX NCHW graph"
+    elif name == "attention":
+        B, H, S, D = size.get("B", 4), size.get("H", 32), size.get("S", 4096), size.get("D", 128)
+        q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=h) for _ in range(3))
+        f, args = (lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * D**-0.5, dim=-1) @ v), (q, k, v)
+        extra["sdpa_flash_s"] = _bench_torch(lambda: F.scaled_dot_product_attention(q, k, v))
+    else:
+        raise KeyError(name)
+    with torch.no_grad():
+        r["eager_s"] = _bench_torch(lambda: f(*args))
+        c = torch.compile(f)
+        t0 = time.time()
+        c(*args)
+        torch.cuda.synchronize()
+        r["compile_build_s"] = time.time() - t0
+        r["compile_s"] = _bench_torch(lambda: c(*args))
+    r.update(extra)
+    del args
+    torch.cuda.empty_cache()
+    return r
+
+
+# --------------------------------------------------------------------------------------------- TVM
+def _inputs(loaded, target, seed):
+    """Fresh random inputs: numpy arrays and the device tensors made from them."""
+    from tvmfuse._tvm import tvm
+
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(tuple(s.shape), dtype=np.float32).astype(s.dtype) for s in loaded.inputs]
+    dev = target.tvm_device()
+    return arrays, [tvm.runtime.tensor(a, dev) for a in arrays]
+
+
+def _time_vm(exe, target, args, params=()):
+    from tvmfuse._tvm import relax, tvm
+
+    dev = target.tvm_device()
+    vm = relax.VirtualMachine(exe, dev)
+    full = list(args) + [tvm.runtime.tensor(p.numpy(), dev) for p in params]
+    out = vm["main"](*full)
+    dev.sync()
+    te = vm.time_evaluator("main", dev, number=10, repeat=10, min_repeat_ms=30)
+    return float(np.median(te(*full).results)), out
+
+
+def reference(model, arrays, target):
+    """fp32 run of the same ONNX graph (PyTorch on the GPU, onnxruntime on the CPU)."""
+    if target.is_gpu:
+        import torch
+
+        from tvmfuse.bench.torch_onnx import build_fn
+
+        fn = build_fn(model, "cuda", float_dtype=torch.float32)
+        with torch.no_grad():
+            outs = fn(*[torch.from_numpy(a).cuda().float() for a in arrays])
+        res = [o.double().cpu().numpy() for o in outs]
+        del outs
+        torch.cuda.empty_cache()
+        return res
+    from tvmfuse.verify import run_onnxruntime
+
+    names = [i.name for i in model.graph.input]
+    return run_onnxruntime_proto(model, dict(zip(names, arrays)))
+
+
+def run_onnxruntime_proto(model, feeds):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(x) for x in sess.run(None, feeds)]
+
+
+def _first(out):
+    from tvmfuse.runtime.loaded import _flatten
+
+    return [t.numpy() for t in _flatten(out)]
+
+
+def stock_case(path, loaded, target, args, ref) -> dict:
+    from tvmfuse._tvm import from_onnx, tvm
+    from tvmfuse.verify import relative_error
+
+    t0 = time.time()
+    mod = from_onnx(loaded.proto, keep_params_in_input=False)
+    with target.target:
+        exe = tvm.compile(mod, target.target)
+    build_s = time.time() - t0
+    t, out = _time_vm(exe, target, args)
+    return {"s": t, "build_s": build_s, "rel_error": relative_error(_first(out)[0], ref[0])}
+
+
+def trials_to_90(curve):
+    """Trials after which the best latency is within 1/0.9 of the final best (None if no curve)."""
+    pts = [(n, b) for n, b in curve if b is not None]
+    if not pts:
+        return None
+    final = pts[-1][1]
+    for n, b in pts:
+        if b <= final / 0.9:
+            return n
+    return pts[-1][0]
+
+
+def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, deadline_s) -> dict:
+    from tvmfuse.compile import build
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import TuneConfig, extract_kernels, tune_kernels
+    from tvmfuse.tune.check import check_kernel
+    from tvmfuse.verify import relative_error
+
+    rec: dict = {}
+    t0 = time.time()
+    mod = import_model(loaded)
+    fused, plan = partition(mod, target=target)
+    kernels = extract_kernels(fused, target=target)
+    rec["kernels_planned"] = [k.name for k in kernels]
+    db = open_database(db_path, target=target)
+    try:
+        left = deadline_s - (time.time() - T0)
+        budget = trials if left > 60 else 0
+        if budget == 0:
+            log(f"{name}: no time left to tune (deadline); building from the database as it is")
+        cfg = TuneConfig(trials=budget * len(kernels), trials_per_kernel=budget, trials_per_round=8,
+                         population=32, max_workers=min(16, os.cpu_count() or 4), builder_timeout_s=120,
+                         runner_timeout_s=60, log_dir=OUT / "mslogs" / name)
+        res = tune_kernels(kernels, target=target, database=db, config=cfg, model=name)
+        rec["tune_s"] = time.time() - t0
+        rec["tuning"] = [r.to_json() for r in res]
+        for r in rec["tuning"]:
+            r["trials_to_90pct"] = trials_to_90([(n, b) for n, b in r["curve"]])
+        # every tuned kernel against its reference schedule, poisoned outputs, fresh inputs
+        checks = []
+        for k in kernels:
+            with target.target:
+                sch = db.query_schedule(k.mod, target.target, k.name)
+            if sch is None:
+                checks.append({"name": k.name, "ok": None, "note": "no record"})
+                continue
+            try:
+                checks.append(check_kernel(k.mod, sch.mod, target, name=k.name, seed=int(time.time()) % 10000).to_json())
+            except Exception as err:  # noqa: BLE001
+                checks.append({"name": k.name, "ok": False, "note": f"check failed: {str(err).splitlines()[0][:200]}"})
+        rec["kernel_checks"] = checks
+        t1 = time.time()
+        built = build(fused, target=target, database=db)
+        rec["build_s"] = time.time() - t1
+        rec["schedules"] = [k.to_json() for k in built.kernels]
+        rec["untuned"] = built.untuned
+    finally:
+        db.close()
+    t, out = _time_vm(built.executable, target, args, built.lifted_params)
+    rec["s"] = t
+    rec["rel_error"] = relative_error(_first(out)[0], ref[0])
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------- main
+def fmt_us(s):
+    return "-" if s is None else f"{s * 1e6:.0f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--stages", default="torch,stock,tvmfuse")
+    ap.add_argument("--trials", type=int, default=24, help="tuning trials per fused kernel")
+    ap.add_argument("--db", default=None, help="tuning database (default $OUT/tvmfuse_gpu.db)")
+    ap.add_argument("--target", default="cuda")
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--deadline-s", type=float, default=520.0, help="stop starting new tuning after this")
+    ap.add_argument("--merge", nargs="*", default=[], help="earlier bench_gpu.json files to show beside")
+    a = ap.parse_args()
+    stages = set(a.stages.split(","))
+    cases = [c for c in a.cases.split(",") if c]
+    rows: dict = {}
+    for m in a.merge:
+        try:
+            prev = json.loads(Path(m).read_text())
+            for c, r in prev.get("cases", {}).items():
+                rows.setdefault(c, {}).update(r)
+            if prev.get("copy_GBps") and "torch" not in stages:
+                rows.setdefault("_meta", {})["copy_GBps_merged"] = prev["copy_GBps"]
+        except Exception as err:  # noqa: BLE001
+            log("merge", m, "failed:", err)
+    meta = rows.pop("_meta", {})
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": rows}
+    copy = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            result["device"] = torch.cuda.get_device_name()
+            result["torch"] = torch.__version__
+            copy = copy_ceiling()
+            log(f"copy ceiling {copy:.0f} GB/s")
+    except ImportError:
+        pass
+    copy = copy or meta.get("copy_GBps_merged")
+    result["copy_GBps"] = copy
+
+    def save():
+        (OUT / "bench_gpu.json").write_text(json.dumps(result, indent=1, default=str))
+
+    target = None
+    if stages & {"stock", "tvmfuse"}:
+        from tvmfuse.frontend import load_model
+        from tvmfuse.target import resolve_target
+
+        target = resolve_target(a.target)
+        result["tvm_target"] = target.canonical
+        import shutil
+
+        db_path = OUT / "tvmfuse_gpu.db"
+        if a.db and Path(a.db).resolve() != db_path.resolve():
+            shutil.copy(a.db, db_path)
+    tmp = Path(tempfile.mkdtemp(prefix="cases-"))
+    for name in cases:
+        size = SMALL[name] if a.small else {}
+        model, bytes_min, flops = CASES[name](**size)
+        row = rows.setdefault(name, {})
+        row.update(bytes_min=bytes_min, flops=flops, size=size or "anchors")
+        if "torch" in stages and copy:
+            try:
+                log(name, "torch")
+                row["torch"] = torch_case(name, size)
+            except Exception as err:  # noqa: BLE001
+                row["torch"] = {"error": str(err).splitlines()[0][:300]}
+            save()
+        if target is None:
+            continue
+        import onnx
+
+        path = tmp / f"{name}.onnx"
+        onnx.save(model, path)
+        loaded = load_model(path)
+        arrays, args = _inputs(loaded, target, seed=int(time.time()) % 100000)
+        ref = reference(loaded.proto, arrays, target)
+        if "stock" in stages:
+            try:
+                log(name, "stock TVM")
+                row["stock"] = stock_case(path, loaded, target, args, ref)
+            except Exception as err:  # noqa: BLE001
+                row["stock"] = {"error": str(err).strip().splitlines()[-1][:300]}
+            save()
+        if "tvmfuse" in stages:
+            try:
+                log(name, "tvmfuse")
+                row["tvmfuse"] = tvmfuse_case(name, path, loaded, target, args, ref, db_path=db_path,
+                                              trials=a.trials, deadline_s=a.deadline_s)
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                row["tvmfuse"] = {"error": str(err).strip().splitlines()[-1][:300]}
+            save()
+        del args
+    save()
+    # ---- the table
+    print()
+    print(f"copy ceiling: {copy:.0f} GB/s" if copy else "copy ceiling: not measured")
+    hdr = ("case", "eager us", "compile us", "stock TVM us", "tvmfuse us", "tvmfuse BW/TFLOPs", "%copy",
+           "vs compile", "check", "trials->90%")
+    print("%-15s %9s %10s %12s %10s %17s %6s %10s %12s %11s" % hdr)
+    for name in cases:
+        r = rows.get(name, {})
+        tr, st, tf = r.get("torch", {}), r.get("stock", {}), r.get("tvmfuse", {})
+        t = tf.get("s")
+        perf, share = "-", "-"
+        if t:
+            if r.get("flops"):
+                perf = f"{r['flops'] / t / 1e12:.0f} TFLOP/s"
+            else:
+                gbs = r["bytes_min"] / t / 1e9
+                perf = f"{gbs:.0f} GB/s"
+                share = f"{100 * gbs / copy:.0f}%" if copy else "-"
+        vs = f"{tr['compile_s'] / t:.2f}x" if t and tr.get("compile_s") else "-"
+        ok = "-"
+        if "rel_error" in tf:
+            kc = tf.get("kernel_checks", [])
+            good = tf["rel_error"] <= 1e-2 and all(c.get("ok") is not False for c in kc)
+            ok = ("ok" if good else "WRONG") + f" {tf['rel_error']:.0e}"
+        t90 = ",".join(str(k.get("trials_to_90pct")) for k in tf.get("tuning", []))
+        print("%-15s %9s %10s %12s %10s %17s %6s %10s %12s %11s" % (
+            name, fmt_us(tr.get("eager_s")), fmt_us(tr.get("compile_s")), fmt_us(st.get("s")), fmt_us(t), perf,
+            share, vs, ok, t90 or "-"))
+        for k in ("cublas_gemm_alone_s", "sdpa_flash_s"):
+            if tr.get(k):
+                print(f"{'':15s}   {k}: {tr[k] * 1e6:.0f} us")
+        if tf.get("error") or st.get("error"):
+            print(f"{'':15s}   errors: tvmfuse={tf.get('error')} stock={st.get('error')}")
+        if tf.get("untuned"):
+            print(f"{'':15s}   untuned kernels: {tf['untuned']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Search spaces: the YAML files load, each kernel class gets its space, templates yield CUDA code that
+nvcc builds (not run here), the fallback is clean, and a tiny llvm tuning run improves on its first try."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+import pytest
+
+from tvmfuse._tvm import tvm
+from tvmfuse.bench.cases import CASES, SMALL
+from tvmfuse.frontend import import_model, load_model
+from tvmfuse.plan import partition
+from tvmfuse.target import resolve_target
+from tvmfuse.tune import extract_kernels
+from tvmfuse.tune.spaces import (CLASSES, SpaceError, classify, load_space_file, load_spaces, sample_schedules,
+                                 select_space)
+
+EXPECTED_CLASS = {"pointwise": "pointwise", "swiglu": "pointwise", "add_layernorm": "row_reduction",
+                  "softmax": "row_reduction", "gemm_bias_relu": "gemm", "conv_bn_relu": "conv", "attention": "attention"}
+
+
+class _AttentionKernel:
+    """The planner's attention PrimFunc as a workload (its ONNX pattern match is the planner's business)."""
+
+    def __init__(self):
+        from tvmfuse.bench.cases import attention_kernel
+
+        self.mod = attention_kernel(B=1, H=2, S=64, D=32)
+
+
+def _kernels(case: str, target):
+    if case == "attention":
+        return [_AttentionKernel()]
+    model, _, _ = CASES[case](**SMALL[case])
+    path = Path(tempfile.mkdtemp()) / f"{case}.onnx"
+    onnx.save(model, path)
+    fused, _ = partition(import_model(load_model(path)), target=target)
+    return extract_kernels(fused, target=target)
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return resolve_target("cuda")
+
+
+@pytest.fixture(scope="module")
+def llvm():
+    return resolve_target("llvm")
+
+
+def test_space_files_load_with_versions_and_every_class():
+    for kind in ("cuda", "llvm"):
+        sf = load_spaces(kind)
+        assert sf.version.startswith(kind + "-") and sf.target == kind
+        assert set(sf.classes) == set(CLASSES)
+        for cls in sf.classes.values():
+            for knob in cls.knobs.values():
+                assert len(knob.values) == len(knob.probs) and abs(sum(knob.probs) - 1) < 1e-9
+    assert load_spaces("cuda").builder_timeout_s > 30  # nvcc needs more than MetaSchedule's 30 s
+
+
+def test_bad_space_file_is_refused(tmp_path):
+    bad = tmp_path / "cuda.yaml"
+    bad.write_text("version: x\nclasses:\n  pointwise: {template: no_such_template}\n")
+    with pytest.raises(SpaceError, match="unknown template"):
+        load_space_file(bad)
+    bad.write_text("version: x\nclasses:\n  pointwise:\n    template: pointwise\n    knobs:\n"
+                   "      threads: {values: [1, 2], probs: [1.0]}\n")
+    with pytest.raises(SpaceError, match="probs"):
+        load_space_file(bad)
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_CLASS))
+def test_each_kernel_is_classified(case, cuda):
+    kernels = _kernels(case, cuda)
+    assert kernels
+    assert classify(kernels[0].mod["main"]) == EXPECTED_CLASS[case]
+
+
+@pytest.mark.parametrize("case,features", [
+    ("pointwise", ["threadIdx.x", "blockIdx.x"]),
+    ("swiglu", ["threadIdx.x"]),
+    ("add_layernorm", ["__shfl_down_sync", "__shared__"]),   # warp-shuffle reductions, row in shared memory
+    ("softmax", ["__shfl_down_sync"]),
+    ("attention", ["threadIdx.x"]),
+])
+def test_cuda_templates_yield_schedules_that_build(case, features, cuda):
+    (kernel,) = _kernels(case, cuda)
+    choice = select_space(kernel.mod, cuda.target)
+    assert choice.source.startswith("template:"), choice
+    assert choice.version == load_spaces("cuda").version
+    mods = sample_schedules(kernel.mod, cuda.target, choice, n=4, seed=3)
+    assert len(mods) >= 2
+    sources = []
+    for m in mods:
+        lib = tvm.compile(m, target=cuda.target)  # CUDA C built by the CUDA compiler; not run here
+        sources.append(lib.mod.imports[0].inspect_source())
+    for feat in features:
+        assert any(feat in s for s in sources), feat
+
+
+def test_pointwise_space_reaches_16_byte_vectors(cuda):
+    (kernel,) = _kernels("pointwise", cuda)
+    choice = select_space(kernel.mod, cuda.target)
+    sources = [tvm.compile(m, target=cuda.target).mod.imports[0].inspect_source()
+               for m in sample_schedules(kernel.mod, cuda.target, choice, n=8, seed=1)]
+    assert any("uint4" in s for s in sources)  # 8 fp16 lanes = one 16-byte load/store
+
+
+def test_failing_template_falls_back_cleanly(tmp_path, cuda):
+    (tmp_path / "cuda.yaml").write_text(
+        "version: test-1\nclasses:\n  pointwise: {template: row_reduction, fallback_rules: cuda,\n"
+        "    knobs: {threads: [128], vector_lanes: [1], row_storage: [shared]}}\n")
+    (kernel,) = _kernels("pointwise", cuda)
+    choice = select_space(kernel.mod, cuda.target, load_space_file(tmp_path / "cuda.yaml"))
+    assert choice.source == "stock:cuda"
+    assert "template:row_reduction failed" in choice.note
+    assert sample_schedules(kernel.mod, cuda.target, choice, n=1)
+
+
+def test_llvm_keeps_the_stock_space(llvm):
+    for case in ("pointwise", "gemm_bias_relu"):
+        (kernel, *_) = _kernels(case, llvm)
+        assert select_space(kernel.mod, llvm.target).source == "stock:llvm"
+
+
+def test_tiny_llvm_tuning_improves_on_its_first_candidate(tmp_path, llvm):
+    from tvmfuse.db import open_database
+    from tvmfuse.tune import TuneConfig, tune_kernels
+
+    model, _, _ = CASES["gemm_bias_relu"](M=128, K=128, N=128)
+    path = tmp_path / "mm.onnx"
+    onnx.save(model, path)
+    fused, _ = partition(import_model(load_model(path)), target=llvm)
+    kernels = extract_kernels(fused, target=llvm)
+    db = open_database(tmp_path / "t.db", target=llvm)
+    try:
+        (res,) = tune_kernels(kernels[:1], target=llvm, database=db,
+                              config=TuneConfig(trials=12, trials_per_kernel=12, trials_per_round=4, population=16))
+        records = db.records(db.workload_id(kernels[0].mod))
+        assert {r.space_version for r in records} == {load_spaces("llvm").version}
+    finally:
+        db.close()
+    assert res.status == "tuned" and res.space["space"] == "stock:llvm"
+    curve = [b for _, b in res.curve if b is not None]
+    assert len(res.curve) == 12 and curve
+    first = next(r.mean_secs for r in records if not r.failed)
+    assert min(curve) < first  # the search found something faster than its first candidate
