@@ -159,3 +159,33 @@ def estimate_flops(mod_or_func) -> float:
 
 
 __all__ += ["estimate_flops"]
+
+
+def _guard_ms_logging() -> None:
+    """Let MetaSchedule configure its loggers when foreign handlers sit on them.
+
+    MetaSchedule's ``create_loggers`` lists the names of the handlers already on its logger in a
+    ``dictConfig`` template and formats each name; a handler without a name (pytest attaches its capture
+    handler to every non-propagating logger; a user's notebook may add one) makes it raise
+    ``'NoneType' object has no attribute 'format'``. ``dictConfig`` replaces the logger's handlers anyway,
+    so unnamed ones are dropped first.
+    """
+    import logging
+
+    from tvm.s_tir.meta_schedule import logging as ms_logging
+
+    original = ms_logging.create_loggers
+    if getattr(original, "_tvmfuse_guarded", False):
+        return
+
+    def create_loggers(*args, **kwargs):
+        logger = logging.getLogger("tvm.s_tir.meta_schedule")
+        for handler in [h for h in logger.handlers if h.get_name() is None]:
+            logger.removeHandler(handler)
+        return original(*args, **kwargs)
+
+    create_loggers._tvmfuse_guarded = True
+    ms_logging.create_loggers = create_loggers
+
+
+_guard_ms_logging()
