@@ -197,6 +197,10 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
             result.trials_run = state.trials
             if state.trials == 0 and spent[i]:
                 result.status = "exhausted"  # the design space had no unmeasured candidate left
+            elif state.trials == 0:
+                # e.g. the tensor-core space on a shape where every sampled candidate fails verification
+                result.status = "failed"
+                result.message = "the search space yielded no valid candidate to measure"
             else:
                 result.status = "resumed" if spent[i] else "tuned"
         except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records

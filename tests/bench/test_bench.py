@@ -1,0 +1,91 @@
+"""tvmfuse bench: the tuned build beside the baselines on one set of inputs, checked against onnxruntime;
+and the kernel check: fresh inputs, outputs poisoned, an unwritten output fails."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from tvmfuse._tvm import tvm
+from tvmfuse.bench import BenchConfig, run_bench
+from tvmfuse.bench.torch_onnx import Unsupported, check_supported
+
+
+@pytest.fixture(scope="module")
+def bench_report(example_model):
+    return run_bench(BenchConfig(model=example_model, target="llvm", db=None, repeat=3, number=1,
+                                 against=("onnxruntime", "tvm-default", "torch")))
+
+
+def test_bench_reports_every_backend_with_latency_and_a_check(bench_report):
+    results = {r["backend"]: r for r in bench_report["results"]}
+    assert list(results) == ["tvmfuse", "tvm-default", "onnxruntime", "torch-eager", "torch-compile"]
+    for name in ("tvmfuse", "tvm-default", "onnxruntime"):
+        r = results[name]
+        assert 0 < r["median_ms"] <= r["p90_ms"], r
+        assert r["ok"] and r["rel_error"] < 1e-4, r  # same inputs, checked against onnxruntime
+    assert results["tvmfuse"]["untuned_kernels"] == len(bench_report["tvmfuse_build"]["untuned"])
+    for name in ("torch-eager", "torch-compile"):
+        r = results[name]
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            assert r["available"] is False and "torch" in r["reason"] and r["median_ms"] is None
+        else:
+            assert r.get("median_ms") is not None or r.get("available") is False
+
+
+def test_bench_cli_json(example_model, tmp_path):
+    from tvmfuse.cli.main import app
+
+    res = CliRunner().invoke(app, ["bench", str(example_model), "--target", "llvm", "--db", str(tmp_path / "none.db"),
+                                   "--against", "onnxruntime", "--repeat", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [r["backend"] for r in doc["results"]] == ["tvmfuse", "onnxruntime"]
+    for r in doc["results"]:
+        assert {"backend", "median_ms", "p90_ms"} <= set(r)
+
+
+def test_bench_cli_refuses_an_unknown_backend(example_model):
+    from tvmfuse.cli.main import app
+
+    res = CliRunner().invoke(app, ["bench", str(example_model), "--target", "llvm", "--against", "tensorrt"])
+    assert res.exit_code == 2
+    assert "unknown backend 'tensorrt'" in res.output
+
+
+def test_torch_interpreter_refuses_ops_it_lacks():
+    g = onnx.helper.make_graph([onnx.helper.make_node("Resize", ["x"], ["y"])], "g",
+                               [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    with pytest.raises(Unsupported, match="Resize"):
+        check_supported(onnx.helper.make_model(g))
+
+
+def _scale_kernel(rows_written: int):
+    """y = x * 2 over 8x16, but only the first ``rows_written`` rows are written."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def main(x: T.Buffer((8, 16), "float32"), y: T.Buffer((8, 16), "float32")):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        for i, j in T.grid(rows_written, 16):
+            with T.sblock("y"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                y[vi, vj] = x[vi, vj] * T.float32(2)
+
+    return tvm.IRModule({"main": main})
+
+
+def test_kernel_check_catches_unwritten_outputs(llvm_target):
+    from tvmfuse.tune.check import check_kernel
+
+    ref = _scale_kernel(8)
+    good = check_kernel(ref, _scale_kernel(8), llvm_target, seed=np.random.randint(1 << 30))
+    assert good.ok and good.unwritten == 0 and good.rel_error == 0.0
+    bad = check_kernel(ref, _scale_kernel(4), llvm_target, seed=1)
+    assert not bad.ok and bad.unwritten == 4 * 16
