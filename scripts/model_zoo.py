@@ -8,7 +8,7 @@ Two steps in two environments, because torch is not a tvmfuse dependency:
 ``export`` writes ``<model>.<dtype>.onnx`` (+ external data where the exporter chooses it) and
 ``<model>.inputs.npz`` for every architecture below, with random weights (seed 0) at small sizes so
 each compiles in minutes on 2 CPU cores; fp16 is the same fp32 weights ``.half()``-ed.
-``verify`` runs load -> import -> plan.partition(planner="fuseops") -> tvm.compile (untuned, llvm) ->
+``verify`` runs load -> import -> plan.partition (the default tvmfuse planner) -> tvmfuse.compile.build (untuned, llvm) ->
 Relax VM and compares with onnxruntime: relative error ||a-b||/||b|| < 1e-4 (fp32), < 1e-2 (fp16).
 When onnxruntime's CPU EP cannot run the fp16 model, the fp16 result is compared with the fp32
 model's onnxruntime output at the fp16 tolerance ("ref fp32" in the table).
@@ -169,7 +169,8 @@ def verify_one(path: Path, feeds: dict, ref32: Path | None) -> dict:
     from tvmfuse._tvm import relax, tvm
     from tvmfuse.errors import TvmfuseError
     from tvmfuse.frontend import import_model, load_model
-    from tvmfuse.plan.partition import fused_functions, partition
+    from tvmfuse.compile import build
+    from tvmfuse.plan.partition import DEFAULT_PLANNER, fused_functions, partition
     from tvmfuse.target import resolve_target
 
     name, dtype = path.name.split(".")[:2]
@@ -183,12 +184,12 @@ def verify_one(path: Path, feeds: dict, ref32: Path | None) -> dict:
         mod = import_model(loaded)
         row["import"] = "yes"
         target = resolve_target("llvm")
-        fused, _plan = partition(mod, target=target, planner="fuseops")
+        fused, _plan = partition(mod, target=target, planner=DEFAULT_PLANNER)
         row["kernels"] = len(fused_functions(fused))
-        exe = tvm.compile(fused, target.target, relax_pipeline="default")
-        vm = relax.VirtualMachine(exe, tvm.cpu(0))
+        built = build(fused, target=target, database=None)  # tvmfuse's own (untuned) build path
+        vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
         args = [tvm.runtime.tensor(feeds[s.name].astype(s.dtype)) for s in loaded.inputs]
-        out = vm["main"](*args)
+        out = vm["main"](*args, *built.lifted_params)
         got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
     except TvmfuseError as err:
         row["status"] = f"FAIL: {err}"[:160]
@@ -271,7 +272,7 @@ def verify(zoo: Path, names: list[str], benchmarks: Path | None) -> int:
         n_ok = sum(r["status"].startswith("ok") for r in rows)
         body = (f"Measured {datetime.date.today().isoformat()} on {_machine()} with `scripts/model_zoo.py` "
                 f"(random weights, batch 1, images {IMG}x{IMG} (ViT 32x32), sequence {SEQ}; import -> "
-                f"`plan.partition(planner=\"fuseops\")` -> untuned `tvm.compile` on llvm -> onnxruntime). "
+                f"`plan.partition` (tvmfuse planner) -> untuned `tvmfuse.compile.build` on llvm -> onnxruntime). "
                 f"ops = ONNX nodes, kernels = fused PrimFuncs, rel err = ||tvm - ort|| / ||ort||; tolerance "
                 f"1e-4 fp32, 1e-2 fp16. {n_ok}/{len(rows)} ok.\n\n" + table)
         fuzz_note = benchmarks.with_name(".fuzz_frontend.md")

@@ -141,3 +141,32 @@ def test_attention_one_kernel_without_scores_in_memory(llvm, mask):
     assert all(s[-2:] != (seq, seq) for s in shapes + allocs)
     assert all(int(np.prod(s)) <= 16 for s in allocs)  # the scratch: m, l, s, p and one Dv accumulator
     assert base.totals["kernels_fused"] > 1 and plan.totals["bytes_fused"] < base.totals["bytes_fused"]
+
+
+def test_fp16_attention_through_the_frontend_is_still_one_kernel(llvm, tmp_path):
+    """The frontend makes fp16 matmuls accumulate in fp32 (astype(matmul(.., f32), f16)); the attention
+    pattern must look through those casts, or fp16 transformers lose their attention kernel."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    from tvmfuse.frontend import import_model, load_model
+
+    model = models.attention(mask=True)
+    for vi in list(model.graph.input) + list(model.graph.output):
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for i, init in enumerate(model.graph.initializer):
+        model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+    path = tmp_path / "attention16.onnx"
+    onnx.save(model, path)
+    loaded = load_model(path)
+    mod = import_model(loaded)
+    assert "out_dtype=\"float32\"" in mod.script()  # the fp32-accumulation fix-up ran: its casts are in the graph
+    fused, plan = partition(mod, target=llvm)
+    assert _launches(fused) == 1
+    assert plan.groups[0].pattern == "attention"
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s.shape).astype(np.float16) for s in loaded.inputs]
+    (got,) = build_and_run(fused, llvm, inputs)
+    (ref,) = ort_run(model, [x.astype(np.float16) for x in inputs])
+    assert got.dtype == np.float16
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2

@@ -222,16 +222,26 @@ class FuseAttention:
         def single(var):
             return isinstance(var, relax.DataflowVar) and len(users.get(var, [])) == 1
 
-        if _op(b.value) != "relax.matmul":
+        dropped = []
+        pv = b.value
+        if _op(pv) == "relax.astype":
+            # fp16 models: the frontend accumulates matmuls in fp32 and casts back (astype(matmul(..., f32)));
+            # the attention kernel accumulates in fp32 itself, so look through the cast
+            inner = defs.get(pv.args[0])
+            if inner is None or _op(inner.value) != "relax.matmul" or not single(inner.var):
+                return None
+            dropped.append(inner.var)
+            pv = inner.value
+        if _op(pv) != "relax.matmul":
             return None
-        probs, v = b.value.args
+        probs, v = pv.args
         pb = defs.get(probs)
         if pb is None or _op(pb.value) != "relax.nn.softmax" or not single(probs):
             return None
         rank = len(tensor_shape(probs.ty) or ())
         if int(pb.value.attrs.axis) not in (-1, rank - 1):
             return None
-        dropped = [pb.var]
+        dropped.append(pb.var)
         cur = pb.value.args[0]
         scale, mask, order = None, None, []
         while True:
@@ -241,6 +251,11 @@ class FuseAttention:
             op = _op(cb.value)
             if op == "relax.matmul":
                 break
+            if op == "relax.astype":
+                # a cast of the scores (the fp32-accumulated Q·Kᵀ cast back to fp16): the kernel works in fp32
+                dropped.append(cb.var)
+                cur = cb.value.args[0]
+                continue
             if op in ("relax.multiply", "relax.divide") and scale is None:
                 lhs, rhs = cb.value.args
                 other, prev = (rhs, lhs) if isinstance(rhs, RelaxConstant) else (lhs, rhs)
