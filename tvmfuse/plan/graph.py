@@ -186,3 +186,16 @@ def build_graph(mod: tvm.IRModule, *, func_name: str = "main") -> Graph:
                 p.users.append(node)
     out_vars = {b.var for b in blocks[0].bindings if not isinstance(b.var, relax.DataflowVar)}
     return Graph(mod=mod, nodes=nodes, producer=producer, outputs=out_vars)
+
+
+def substitute(expr, vmap: dict):
+    """Replace variables by ``vmap`` in the small expressions a dataflow binding holds."""
+    if isinstance(expr, (relax.Var, RelaxConstant)):
+        return vmap.get(expr, expr)
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [substitute(a, vmap) for a in expr.args], expr.attrs, ty_args=expr.ty_args)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([substitute(f, vmap) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(substitute(expr.tuple_value, vmap), expr.index)
+    return expr

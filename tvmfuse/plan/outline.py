@@ -7,20 +7,7 @@ outside and whose result is every tensor used outside the group (a tuple when se
 from __future__ import annotations
 
 from tvmfuse._tvm import RelaxConstant, TupleType, relax, tvm
-from tvmfuse.plan.graph import Graph, Node
-
-
-def _bind(expr, vmap: dict):
-    """Replace variables by ``vmap`` in the small expressions a dataflow binding holds."""
-    if isinstance(expr, (relax.Var, RelaxConstant)):
-        return vmap.get(expr, expr)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_bind(a, vmap) for a in expr.args], expr.attrs, ty_args=expr.ty_args)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_bind(f, vmap) for f in expr.fields])
-    if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(_bind(expr.tuple_value, vmap), expr.index)
-    return expr
+from tvmfuse.plan.graph import Graph, Node, substitute
 
 
 def _group_outputs(graph: Graph, members: list[Node]) -> list[Node]:
@@ -94,7 +81,7 @@ def outline_groups(graph: Graph, groups: list[list[Node]], names: list[str]) -> 
             for members in steps:
                 if len(members) == 1 and id(members[0]) not in name_of:
                     n = members[0]
-                    value = _bind(n.value, vmap)
+                    value = substitute(n.value, vmap)
                     new = bb.emit_output(value, name_hint=n.var.name) if n.var in graph.outputs \
                         else bb.emit(value, name_hint=n.var.name)
                     vmap[n.var] = new
@@ -107,7 +94,7 @@ def outline_groups(graph: Graph, groups: list[list[Node]], names: list[str]) -> 
                 inner_map = {v: p for v, p in zip(ins, params)}
                 bindings = []
                 for n in members:
-                    value = _bind(n.value, inner_map)
+                    value = substitute(n.value, inner_map)
                     dv = relax.DataflowVar(n.var.name, n.var.ty)
                     inner_map[n.var] = dv
                     bindings.append(relax.VarBinding(dv, value))
@@ -136,5 +123,5 @@ def outline_groups(graph: Graph, groups: list[list[Node]], names: list[str]) -> 
                         new = bb.emit_output(item, name_hint=o.var.name) if o.var in graph.outputs \
                             else bb.emit(item, name_hint=o.var.name)
                         vmap[o.var] = new
-        bb.emit_func_output(_bind(main.body.body, vmap))
+        bb.emit_func_output(substitute(main.body.body, vmap))
     return bb.finalize()

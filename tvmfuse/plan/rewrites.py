@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
-from tvmfuse.plan.graph import tensor_bytes, tensor_shape
+from tvmfuse.plan.graph import substitute, tensor_bytes, tensor_shape
 from tvmfuse.plan.tags import RewriteLog, Tag
 
 _CLEAN = [relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(),
@@ -41,18 +41,6 @@ def _users(bindings) -> dict:
     return users
 
 
-def _subst(expr, vmap):
-    if isinstance(expr, relax.Var):
-        return vmap.get(expr, expr)
-    if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_subst(a, vmap) for a in expr.args], expr.attrs, ty_args=expr.ty_args)
-    if isinstance(expr, relax.Tuple):
-        return relax.Tuple([_subst(f, vmap) for f in expr.fields])
-    if isinstance(expr, relax.TupleGetItem):
-        return relax.TupleGetItem(_subst(expr.tuple_value, vmap), expr.index)
-    return expr
-
-
 def rebuild_main(mod, plan: dict, skip: set, names: dict | None = None, pre: dict | None = None) -> tvm.IRModule:
     """Re-emit ``main``: ``plan[var] = fn(bb, vmap) -> value`` replaces that binding's value (named
     ``names[var]`` when given); bindings whose var is in ``skip`` are dropped."""
@@ -72,10 +60,10 @@ def rebuild_main(mod, plan: dict, skip: set, names: dict | None = None, pre: dic
                 if b.var in plan:
                     value, name = plan[b.var](bb, vmap), names.get(b.var, str(b.var.name))
                 else:
-                    value, name = _subst(b.value, vmap), str(b.var.name)
+                    value, name = substitute(b.value, vmap), str(b.var.name)
                 new = bb.emit_output(value, name_hint=name) if is_out else bb.emit(value, name_hint=name)
                 vmap[b.var] = new
-        bb.emit_func_output(_subst(main.body.body, vmap))
+        bb.emit_func_output(substitute(main.body.body, vmap))
     return bb.finalize()
 
 
@@ -176,7 +164,7 @@ class FoldBatchNorm:
             conv_call, last = b.value, chain[-1]
 
             def emit_conv(bb, vmap, conv_call=conv_call, new_w=new_w):
-                return relax.Call(conv_call.op, [_subst(conv_call.args[0], vmap), relax.const(new_w)], conv_call.attrs,
+                return relax.Call(conv_call.op, [substitute(conv_call.args[0], vmap), relax.const(new_w)], conv_call.attrs,
                                   ty_args=conv_call.ty_args)
 
             def emit_bias(bb, vmap, conv_var=b.var, new_b=new_b):
