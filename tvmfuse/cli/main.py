@@ -126,6 +126,8 @@ def compile_command(
         rows = [[k["name"][:56], k["schedule"], fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3)]
                 for k in report["kernels"]]
         out.print(table(f"artifact {report['artifact']} ({report['seconds']} s)", ["kernel", "schedule", "tuned latency"], rows))
+        if report["db"] is None and not untuned:
+            err.print(f"note: no tuning database at {db}: every kernel keeps TVM's default schedule (run `tvmfuse tune` first)")
         n_untuned = len(report["untuned"])
         out.print(f"{len(rows) - n_untuned}/{len(rows)} kernels run a tuned schedule"
                   + (f"; untuned: {', '.join(report['untuned'][:5])}{' ...' if n_untuned > 5 else ''}" if n_untuned else ""))
