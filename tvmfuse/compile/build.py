@@ -55,22 +55,18 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
         if is_scheduled(func):
             statuses.append(KernelStatus(name, "prescheduled"))
             continue
-        sch = None
+        sch, workload = None, _normalized(func)
         if ms_db is not None:
-            mod = _normalized(func)
             with target.target:
-                sch = ms_db.query_schedule(mod, target.target, name)
+                sch = ms_db.query_schedule(workload, target.target, name)
         if sch is not None:
-            new = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
-            updates[gv] = new
-            best = database.best_run_secs(_normalized(func)) if hasattr(database, "best_run_secs") else None
+            updates[gv] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+            best = database.best_run_secs(workload)
             statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
-    # a new module: dlight's ApplyDefaultSchedule below updates the module it is given in place
-    mod = tvm.IRModule(dict(fused_mod.functions.items()), attrs=fused_mod.attrs)
-    for gv, func in updates.items():
-        mod = _with_function(mod, gv, func)
+    # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)
+    mod = tvm.IRModule({gv: updates.get(gv, f) for gv, f in fused_mod.functions.items()}, attrs=fused_mod.attrs)
     if target.is_gpu:
         with target.target:
             mod = dlight.ApplyDefaultSchedule(
