@@ -177,22 +177,18 @@ def _ref_of(tensor: TensorProto) -> tuple[str, int | None, int | None]:
     return location, offset, length
 
 
-def check_external_data(model: onnx.ModelProto, folder: Path) -> list[ExternalRef]:
-    """Check every external reference of ``model`` (files opened, never read); return them."""
-    refs = []
-    sizes: dict[str, int] = {}
+def _checked_refs(model: onnx.ModelProto, folder: Path, fds: dict[str, int]):
+    """Yield ``(tensor, ref, fd)`` for every external tensor, each file opened once (into ``fds``) with the
+    location checks, and each reference's offset and length checked against the file and the tensor's shape."""
     for tensor in iter_tensors(model):
         if not is_external(tensor):
             continue
         location, offset, length = _ref_of(tensor)
         parts = _check_location(location, tensor.name)
-        if location not in sizes:
-            fd = _open_inside(folder, parts, tensor.name)
-            try:
-                sizes[location] = os.fstat(fd).st_size
-            finally:
-                os.close(fd)
-        size = sizes[location]
+        if location not in fds:
+            fds[location] = _open_inside(folder, parts, tensor.name)
+        fd = fds[location]
+        size = os.fstat(fd).st_size
         offset = offset or 0
         need = tensor_nbytes(tensor)
         if length is None:
@@ -202,8 +198,21 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> list[ExternalRe
         if offset + length > size:
             raise ModelError(f"external data of tensor '{tensor.name}' ends at byte {offset + length}, "
                              f"past the end of '{location}' ({size} bytes)", hint="the file is truncated")
-        refs.append(ExternalRef(tensor.name, location, offset, length))
-    return refs
+        yield tensor, ExternalRef(tensor.name, location, offset, length), fd
+
+
+def _close_all(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+
+
+def check_external_data(model: onnx.ModelProto, folder: Path) -> list[ExternalRef]:
+    """Check every external reference of ``model`` (files opened, never read); return them."""
+    fds: dict[str, int] = {}
+    try:
+        return [ref for _, ref, _ in _checked_refs(model, folder, fds)]
+    finally:
+        _close_all(fds)
 
 
 def load_external_data(model: onnx.ModelProto, folder: Path) -> int:
@@ -214,21 +223,8 @@ def load_external_data(model: onnx.ModelProto, folder: Path) -> int:
     total = 0
     fds: dict[str, int] = {}
     try:
-        for tensor in iter_tensors(model):
-            if not is_external(tensor):
-                continue
-            location, offset, length = _ref_of(tensor)
-            parts = _check_location(location, tensor.name)
-            if location not in fds:
-                fds[location] = _open_inside(folder, parts, tensor.name)
-            fd = fds[location]
-            size = os.fstat(fd).st_size
-            offset = offset or 0
-            need = tensor_nbytes(tensor)
-            if length is None:
-                length = size - offset
-            if length != need or offset + length > size:
-                raise ModelError(f"external data of tensor '{tensor.name}' changed or does not fit '{location}'")
+        for tensor, ref, fd in _checked_refs(model, folder, fds):
+            offset, length, location = ref.offset, ref.length, ref.location
             buf = bytearray(length)
             view = memoryview(buf)
             pos = 0
@@ -242,6 +238,5 @@ def load_external_data(model: onnx.ModelProto, folder: Path) -> int:
             tensor.data_location = TensorProto.DEFAULT
             total += length
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        _close_all(fds)
     return total
