@@ -71,6 +71,18 @@ def _module_pass(name: str, fn: Callable) -> tvm.transform.Pass:
     return tvm.transform.module_pass(lambda mod, _ctx: fn(mod), opt_level=0, name=name)
 
 
+def _cleaned_dataflow(mod, prepare: Callable | None = None):
+    """``mod`` cleaned (and ``prepare``d), ``main``'s dataflow bindings and each variable's users.
+
+    Bindings (and users) are ``None`` when ``main`` has no single dataflow block to rewrite.
+    """
+    mod = tvm.transform.Sequential(_CLEAN)(mod)
+    if prepare is not None:
+        mod = prepare(mod)
+    bindings = _bindings(mod)
+    return mod, bindings, (None if bindings is None else _users(bindings))
+
+
 # ---------------------------------------------------------------------------------------------- identities
 def drop_inference_identities(mod) -> tvm.IRModule:
     """Dropout is the identity at inference: ``dropout(x)`` -> ``(x, x)`` (CanonicalizeBindings removes it)."""
@@ -114,11 +126,9 @@ class FoldBatchNorm:
         return _module_pass("FoldBatchNorm", self.transform_module)
 
     def transform_module(self, mod):
-        mod = drop_inference_identities(tvm.transform.Sequential(_CLEAN)(mod))
-        bindings = _bindings(mod)
+        mod, bindings, users = _cleaned_dataflow(mod, drop_inference_identities)
         if bindings is None:
             return mod
-        users = _users(bindings)
         plan, skip, names = {}, set(), {}
         for b in bindings:
             if _op(b.value) != "relax.nn.conv2d" or not isinstance(b.value.args[1], RelaxConstant):
@@ -316,11 +326,9 @@ class FuseAttention:
     def transform_module(self, mod):
         from tvmfuse.plan.attention import attention_primfunc
 
-        mod = tvm.transform.Sequential(_CLEAN)(mod)
-        bindings = _bindings(mod)
+        mod, bindings, users = _cleaned_dataflow(mod)
         if bindings is None:
             return mod
-        users = _users(bindings)
         defs = {b.var: b for b in bindings}
         plan, skip, names, gvs = {}, set(), {}, {}
         for b in bindings:
@@ -372,11 +380,9 @@ class HorizontalGemm:
     def transform_module(self, mod):
         from tvmfuse.plan.report import Rejection
 
-        mod = tvm.transform.Sequential(_CLEAN)(mod)
-        bindings = _bindings(mod)
+        mod, bindings, users = _cleaned_dataflow(mod)
         if bindings is None:
             return mod
-        users = _users(bindings)
         by_input: dict = {}
         for b in bindings:
             if _op(b.value) != "relax.matmul":
