@@ -205,13 +205,11 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
                 result.status = "resumed" if spent[i] else "tuned"
         except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records
             result.trials_run = state.trials
+            # an exception is a failure, never "exhausted": the one seen here that looked like an exhausted space
+            # was MetaSchedule's logger setup crashing (fixed in tvmfuse._tvm), and relabelling hid it
             message = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
-            if spent[i] and not state.trials:
-                # MetaSchedule raises when a small design space has no unmeasured candidate left
-                result.status, result.message = "exhausted", f"no new candidates ({message})"
-            else:
-                result.status, result.message = "failed", message
-                log.warning("tuning %s failed: %s", kernel.name, message, exc_info=log.isEnabledFor(logging.DEBUG))
+            result.status, result.message = "failed", message
+            log.warning("tuning %s failed: %s", kernel.name, message, exc_info=log.isEnabledFor(logging.DEBUG))
         result.curve = list(state.history)
         result.best_s = database.best_run_secs(kernel.mod)
         if progress is not None:
