@@ -126,7 +126,9 @@ def test_llvm_keeps_the_stock_space(llvm):
         assert select_space(kernel.mod, llvm.target).source == "stock:llvm"
 
 
-def test_tiny_llvm_tuning_improves_on_its_first_candidate(tmp_path, llvm):
+def test_tiny_llvm_tuning_searches_and_keeps_its_best(tmp_path, llvm):
+    import json
+
     from tvmfuse.db import open_database
     from tvmfuse.tune import TuneConfig, tune_kernels
 
@@ -144,7 +146,12 @@ def test_tiny_llvm_tuning_improves_on_its_first_candidate(tmp_path, llvm):
     finally:
         db.close()
     assert res.status == "tuned" and res.space["space"] == "stock:llvm"
+    assert len(res.curve) == 12
+    # The search measured many different schedules, not one schedule twelve times.  (Whether one of them beats
+    # the first is up to the hardware and the noise: on a busy 2-core box the first one is sometimes the best.)
+    ok = [r for r in records if not r.failed]
+    assert len({json.dumps(r.trace, sort_keys=True) for r in ok}) >= 6
+    # The curve is the running best of what was measured, and it ends on the database's best.
     curve = [b for _, b in res.curve if b is not None]
-    assert len(res.curve) == 12 and curve
-    first = next(r.mean_secs for r in records if not r.failed)
-    assert min(curve) < first  # the search found something faster than its first candidate
+    assert curve and all(b <= a for a, b in zip(curve, curve[1:]))
+    assert curve[-1] == pytest.approx(min(r.mean_secs for r in ok))
