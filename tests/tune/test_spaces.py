@@ -2,6 +2,7 @@
 nvcc builds (not run here), the fallback is clean, and a tiny llvm tuning run improves on its first try."""
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -99,6 +100,22 @@ def test_cuda_templates_yield_schedules_that_build(case, features, cuda):
         sources.append(lib.mod.imports[0].inspect_source())
     for feat in features:
         assert any(feat in s for s in sources), feat
+
+
+@pytest.mark.parametrize("case", ["gemm_bias_relu", "conv_bn_relu"])
+def test_tensorcore_template_builds_tensor_core_kernels_with_the_epilogue_fused(case, cuda):
+    (kernel,) = _kernels(case, cuda)
+    choice = select_space(kernel.mod, cuda.target)
+    assert choice.source == "template:gemm_tensorcore", choice
+    mods = sample_schedules(kernel.mod, cuda.target, choice, n=4, seed=2)
+    assert len(mods) >= 3  # the verifier keeps nearly every sample (the stock tensor-core space kept none)
+    for m in mods:
+        src = tvm.compile(m, target=cuda.target).mod.imports[0].inspect_source()
+        assert "wmma::mma_sync" in src and "buf_dyn_shmem" in src
+        # GEMM and epilogue in one kernel (one definition; the source also declares it): one store of the result
+        assert len(re.findall(r"__global__[^;{]*\{", src)) == 1
+    if case == "gemm_bias_relu":  # B is [K, N]: loaded in its global order, 16-byte vectors, no gathers
+        assert "make_half4(c1_ptr" not in src
 
 
 def test_pointwise_space_reaches_16_byte_vectors(cuda):

@@ -414,10 +414,17 @@ def template_attention(sch, space: ClassSpace, info: dict) -> list:
     return [sch]
 
 
+def _template_gemm_tensorcore(sch, space: ClassSpace, info: dict) -> list:
+    from tvmfuse.tune.tensorcore import template_gemm_tensorcore
+
+    return template_gemm_tensorcore(sch, space, info)
+
+
 TEMPLATES: dict[str, Callable] = {
     "pointwise": template_pointwise,
     "row_reduction": template_row_reduction,
     "attention": template_attention,
+    "gemm_tensorcore": _template_gemm_tensorcore,
 }
 
 
@@ -440,8 +447,12 @@ def _schedule_fn(template: Callable, space: ClassSpace, info: dict, target_kind:
     def fn(sch):
         return template(sch, space, info)
 
-    rules_kind = target_kind
-    return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=rules_kind, mutator_probs=rules_kind)
+    postprocs = target_kind
+    if template is _template_gemm_tensorcore:
+        from tvmfuse.tune.tensorcore import tensorcore_postprocs
+
+        postprocs = tensorcore_postprocs(int(space.extra.get("max_dynamic_shared_bytes", 49152)))
+    return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=postprocs, mutator_probs=target_kind)
 
 
 def _stock(rules: str | None, target_kind: str):

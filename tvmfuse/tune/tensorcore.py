@@ -1,0 +1,216 @@
+"""The tensor-core template for GEMM and conv kernels with a fused epilogue (fp16 in, fp32 accumulate).
+
+MetaSchedule's stock tensor-core rule gave no usable candidate for our fp16 kernels in TVM 0.27: its
+sketches either staged a whole K panel in shared memory (over any limit) or merged fp16 and fp32
+dynamic shared buffers, which ``LowerIntrin`` rejects ("tvm_access_ptr element type must match").
+This template builds the kernel the way CUTLASS-style kernels are built, with every size a
+MetaSchedule decision:
+
+1. Normalize the multiply-accumulate block to ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` (``reindex`` +
+   ``transform_layout``; a conv becomes an implicit GEMM over its im2col indices) and pad I, J, K to
+   whole tiles.
+2. Tile: a thread block computes ``(warps_m * frags_m * 16) x (warps_n * frags_n * 16)`` outputs; each
+   warp ``frags_m x frags_n`` 16x16 accumulator fragments; the K loop advances ``k_frags * 16`` per step.
+3. A and B tiles go through dynamic shared memory with vectorized 16-byte loads, software-pipelined
+   against the tensor-core work (the next tile is fetched while the current one is multiplied).
+4. The wmma 16x16x16 fp16 -> fp32 intrinsics do the multiply-accumulate; the accumulators are staged
+   per warp and the whole epilogue (cast, bias, activation, residual) is inlined into the one store.
+"""
+from __future__ import annotations
+
+from tvmfuse._tvm import tvm
+
+_MICRO = 16
+_WARP = 32
+
+
+def _next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _pad_multiple(extent: int, cap: int) -> int:
+    """Pad an axis to a multiple of 16 x (the largest power-of-two tile product that fits it, <= cap)."""
+    return _MICRO * min(cap, max(1, _next_pow2(-(-extent // _MICRO))))
+
+
+def template_gemm_tensorcore(sch, space, info: dict) -> list:
+    """Schedule ``sch`` (one fused GEMM/conv kernel) on tensor cores; raises if the kernel does not fit."""
+    from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, get_index_map,
+                                             get_reduction_blocks)
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+
+    from tvmfuse.tune.spaces import Knob, _names_in, _sample
+
+    root = sch.get_sblock("root")
+    reductions = get_reduction_blocks(sch, sch.get_child_blocks(root))
+    if not reductions:
+        raise ValueError("gemm template: no single multiply-accumulate block")
+    main = reductions[0]
+    stmt = sch.get(main)
+    in_dtypes = {str(r.source.dtype) for r in stmt.reads}
+    out_dtype = str(stmt.writes[0].source.dtype)
+    if in_dtypes != {"float16"} or out_dtype not in ("float32", "float16"):
+        raise ValueError(f"gemm template: needs fp16 inputs (got {sorted(in_dtypes)} -> {out_dtype})")
+
+    # B as stored: contiguous along K (weights [N, K], conv filters) or along N (x @ W with W [K, N]). Shared
+    # memory keeps B's global order so the global loads are coalesced 16-byte vectors, not gathers.
+    reduce_vars = {str(iv.var.name) for iv in stmt.iter_vars if int(iv.iter_type) == 2}
+    b_last = stmt.reads[1].region[-1].min
+    b_k_contiguous = bool(_names_in(b_last) & reduce_vars)
+
+    knobs = space.knobs
+    warps_m_k, warps_n_k = knobs["warps_m"], knobs["warps_n"]
+    frags_m_k, frags_n_k = knobs["frags_m"], knobs["frags_n"]
+    k_frags_k, vec_k = knobs["k_frags"], knobs["vector_lanes"]
+
+    # 1. normalize to C[S, I, J] += A[S, I, K] * B[S, J, K]
+    reindex_a = sch.reindex(main, ("read", 0))
+    reindex_b = sch.reindex(main, ("read", 1))
+    reindex_c = sch.reindex(main, ("write", 0))
+    maps = get_index_map(sch.get(main))
+    if maps is None:
+        raise ValueError("gemm template: not a matmul-like access pattern")
+    mm_map, a_map, b_map, c_map = maps
+    sch.transform_layout(reindex_a, ("write", 0), a_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_map)
+    if not b_k_contiguous:
+        sch.transform_layout(reindex_b, ("write", 0), lambda b, j, k: (b, k, j))
+    sch.transform_layout(reindex_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, mm_map)
+    _, i, j, k = sch.get_loops(main)
+    extents = [int(sch.get(lp).extent) for lp in (i, j, k)]
+    # tile products are powers of two up to 16 fragments (4 warps x 4 fragments); padding to those keeps
+    # every split perfect, so tensorize never sees a predicate
+    cap_ij = max(int(w) for w in warps_m_k.values) * max(int(f) for f in frags_m_k.values)
+    cap_k = max(int(v) for v in k_frags_k.values)
+    pads = [_pad_multiple(extents[0], cap_ij), _pad_multiple(extents[1], cap_ij), _pad_multiple(extents[2], cap_k)]
+    sch.pad_einsum(main, [1, *pads])
+    fit_i, fit_j, fit_k = (p // _MICRO for p in pads)
+
+    def fitting(knob: Knob, limit: int) -> Knob:
+        return knob.filtered(lambda v: int(v) <= limit)
+
+    warps_m_k = fitting(warps_m_k, fit_i)
+    frags_m_k = fitting(frags_m_k, fit_i // max(int(v) for v in warps_m_k.values))
+    warps_n_k = fitting(warps_n_k, fit_j)
+    frags_n_k = fitting(frags_n_k, fit_j // max(int(v) for v in warps_n_k.values))
+    k_frags_k = fitting(k_frags_k, fit_k)
+
+    batch, i, j, k = sch.get_loops(main)
+    i, i_in = sch.split(i, [None, _MICRO])
+    j, j_in = sch.split(j, [None, _MICRO])
+    k, k_in = sch.split(k, [None, _MICRO])
+    sch.reorder(i, j, k, i_in, j_in, k_in)
+    inner = main
+    outer = sch.blockize(i_in)
+
+    # 2. tiles: [grid, warps, fragments per warp] on I and J, [steps, fragments per step] on K
+    wm, fm = _sample(sch, warps_m_k), _sample(sch, frags_m_k)
+    wn, fn = _sample(sch, warps_n_k), _sample(sch, frags_n_k)
+    kf = _sample(sch, k_frags_k)
+    i0, i1, i2 = sch.split(i, [None, wm, fm])
+    j0, j1, j2 = sch.split(j, [None, wn, fn])
+    k0, k1 = sch.split(k, [None, kf])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(batch, "blockIdx.z")
+    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    warp = sch.fuse(i1, j1)
+    sch.bind(warp, "threadIdx.y")
+
+    # 3. A and B through dynamic shared memory, vectorized, pipelined against the mma loop
+    vec = _sample(sch, vec_k)
+
+    def to_shared(index: int):
+        cache = sch.cache_read(outer, index, "shared.dyn")
+        sch.compute_at(cache, k0)
+        fused = sch.fuse(*sch.get_loops(cache)[-2:])
+        # the same decisions as the warp grid, so the copy's threadIdx.y matches the block's (wm * wn warps)
+        _, ty_m, ty_n, tx, lanes = sch.split(fused, [None, wm, wn, _WARP, vec])
+        sch.bind(sch.fuse(ty_m, ty_n), "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(lanes)
+        sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)  # pad rows: no bank conflicts on fragment loads
+        sch.annotate(cache, "tirx.manifest_shared_memory_local_stage", 1)
+        sch.annotate(cache, "double_buffer_scope", 0)
+        return cache
+
+    a_s = to_shared(0)
+    b_s = to_shared(1)
+    auto_inline_producers(sch, a_s)  # the im2col / reindex / padding copies read straight from global memory
+    auto_inline_producers(sch, b_s)
+
+    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
+    b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+    sch.compute_at(a_frag, k1)
+    sch.compute_at(b_frag, k1)
+
+    # 4. accumulators -> shared staging, one 16x16 fragment per warp at a time -> the epilogue, applied
+    #    once, at the only global store. The staging buffer is static "shared": TVM 0.27's StorageRewrite
+    #    would otherwise reuse the dead fp16 A/B tiles for it and break the wmma access pointers.
+    acc_shared = sch.cache_write(outer, 0, "shared")
+    sch.storage_align(acc_shared, 0, -2, 16, 4)
+    acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(acc, warp)
+    si, sj = sch.get_loops(acc)[-2:]
+    si0, si1 = sch.split(si, [None, _MICRO])
+    sj0, sj1 = sch.split(sj, [None, _MICRO])
+    sch.reorder(si0, sj0, si1, sj1)
+    sch.reverse_compute_at(acc_shared, sj0)
+    init = sch.decompose_reduction(outer, k0)
+    init_inner = sch.get_child_blocks(init)[0]
+
+    sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+    sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+    sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+    sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+
+    group = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
+                                  out_dtype=out_dtype, trans_b=b_k_contiguous)
+    for frag, intrin in ((a_frag, group["load_a"]), (b_frag, group["load_b"])):
+        fi, fj = sch.get_loops(frag)[-2:]
+        fi0, fi1 = sch.split(fi, [None, _MICRO])
+        fj0, fj1 = sch.split(fj, [None, _MICRO])
+        sch.reorder(fi0, fj0, fi1, fj1)
+        sch.unroll(fi0)
+        sch.unroll(fj0)
+        sch.tensorize(fi1, intrin)
+    sch.tensorize(sch.get_loops(init_inner)[-2], group["init"])
+    sch.tensorize(sch.get_loops(acc)[-2], group["store"])
+    sch.tensorize(sch.get_loops(inner)[-3], group["compute"])
+
+    auto_inline_consumer_chain(sch, acc_shared)
+    fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
+    _, tx, lanes = sch.split(fused, [None, _WARP, _sample(sch, knobs["store_lanes"])])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(lanes)
+    return [sch]
+
+
+def tensorcore_postprocs(max_shared_bytes: int) -> list:
+    """MetaSchedule's CUDA postprocs with ``VerifyGPUCode`` replaced by :func:`verify_gpu_kernel`."""
+    from tvmfuse._tvm import derived_object, ms, verify_gpu_kernel
+
+    @derived_object
+    class VerifyTensorCoreKernel(ms.postproc.PyPostproc):
+        def __init__(self):
+            super().__init__()
+            self.target = None
+
+        def _initialize_with_tune_context(self, context) -> None:
+            self.target = context.target
+
+        def apply(self, sch) -> bool:
+            return all(verify_gpu_kernel(f, self.target, max_shared_bytes=max_shared_bytes)
+                       for f in sch.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+        def clone(self):
+            other = VerifyTensorCoreKernel()
+            other.target = self.target
+            return other
+
+    return [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteCooperativeFetch(),
+            ms.postproc.RewriteUnboundBlock(), ms.postproc.RewriteParallelVectorizeUnroll(),
+            ms.postproc.RewriteReductionBlock(), VerifyTensorCoreKernel()]
