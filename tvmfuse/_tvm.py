@@ -224,3 +224,32 @@ def verify_gpu_kernel(func, target, *, max_shared_bytes: int, max_static_shared_
         return False
     static = int(dict(calculate_allocated_bytes(lowered)["main"]).get("shared", 0))
     return static <= max_static_shared_bytes
+
+
+def _to_plain(obj):
+    """A trace's JSON value (Array/Map/IntImm/str) as plain Python. Other objects (the IndexMap argument of
+    ``transform_layout``) become their TVM JSON-graph text, the form ``Trace`` parses back."""
+    from tvm_ffi import Array, Map
+
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, tvm.tirx.IntImm | tvm.tirx.FloatImm):
+        return obj.value
+    if isinstance(obj, Array | list | tuple):
+        return [_to_plain(x) for x in obj]
+    if isinstance(obj, Map | dict):
+        return {str(_to_plain(k)): _to_plain(v) for k, v in obj.items()}
+    text = tvm.ir.save_json(obj).strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        raise TypeError(f"cannot store a {type(obj).__name__} in a tuning record")
+    return text
+
+
+def record_to_json(record) -> list:
+    """``TuningRecord.as_json()`` that also carries traces with ``transform_layout`` (TVM 0.27's converter
+    raises on their IndexMap arguments, which the trace parser expects as JSON-graph text)."""
+    return _to_plain(ms._ffi_api.TuningRecordAsJSON(record))
+
+
+def record_from_json(obj, workload):
+    return ms.database.TuningRecord.from_json(obj, workload)

@@ -172,3 +172,30 @@ def test_tiny_llvm_tuning_searches_and_keeps_its_best(tmp_path, llvm):
     curve = [b for _, b in res.curve if b is not None]
     assert curve and all(b <= a for a, b in zip(curve, curve[1:]))
     assert curve[-1] == pytest.approx(min(r.mean_secs for r in ok))
+
+
+def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
+    """Its traces hold transform_layout IndexMaps, which TVM 0.27's own record JSON converter rejects."""
+    from tvmfuse._tvm import ms
+    from tvmfuse.db import open_database
+
+    (kernel,) = _kernels("conv_bn_relu", cuda)
+    choice = select_space(kernel.mod, cuda.target)
+    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=3)
+    (sketch,) = ctx.generate_design_space()
+    db = open_database(tmp_path / "t.db", target=cuda)
+    try:
+        workload = db.ms_database.commit_workload(kernel.mod)
+        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
+            sketch.trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
+    finally:
+        db.close()
+    db = open_database(tmp_path / "t.db", target=cuda)
+    try:
+        with cuda.target:
+            sch = db.ms_database.query_schedule(kernel.mod, cuda.target, "t")
+    finally:
+        db.close()
+    assert sch is not None
+    assert "wmma::mma_sync" in tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import tvmfuse
-from tvmfuse._tvm import derived_object, ms, tvm_version
+from tvmfuse._tvm import derived_object, ms, record_from_json, record_to_json, tvm_version
 from tvmfuse.db.store import Store
 from tvmfuse.errors import DatabaseError
 from tvmfuse.target import TargetInfo
@@ -260,7 +260,7 @@ class TuningDatabase(ms.database.PyDatabase):
             raise DatabaseError(f"a {rec_target.kind.name} record was committed to a database bound to "
                                 f"{self.target_info.kind} ({self.store.path})")
         secs, failed, mean = split_run_secs(record.run_secs)
-        rec_json = record.as_json()
+        rec_json = record_to_json(record)
         mod = record.workload.mod
         with self.store.transaction() as c:
             wid = self._commit(mod)
@@ -274,7 +274,7 @@ class TuningDatabase(ms.database.PyDatabase):
                  tvmfuse.__version__, tvm_version(), self.space_version, time.time()))
 
     def _to_record(self, rec_json: str, workload) -> ms.database.TuningRecord:
-        return ms.database.TuningRecord.from_json(json.loads(rec_json), workload)
+        return record_from_json(json.loads(rec_json), workload)
 
     def get_top_k(self, workload, top_k: int) -> list:
         if top_k <= 0:

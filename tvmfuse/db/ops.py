@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tvmfuse._tvm import load_json, ms, structural_hash
+from tvmfuse._tvm import load_json, ms, record_from_json, structural_hash
 from tvmfuse.db.database import record_key, split_run_secs
 from tvmfuse.db.store import SQLITE_MAGIC, Store
 from tvmfuse.errors import DatabaseError
@@ -200,7 +200,7 @@ def import_json(*, path: str | Path, src_dir: str | Path, target: TargetInfo) ->
                     workload = workloads[idx]
                     if workload is None:
                         raise IndexError(idx)
-                    rec = ms.database.TuningRecord.from_json(body, workload)
+                    rec = record_from_json(body, workload)
                 except Exception:  # noqa: BLE001
                     skipped += 1
                     continue
