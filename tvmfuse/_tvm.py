@@ -252,4 +252,9 @@ def record_to_json(record) -> list:
 
 
 def record_from_json(obj, workload):
+    """``TuningRecord.from_json`` that first registers the tensor intrinsics a tensorized trace names."""
+    insts = obj[0][0] if obj and obj[0] else []
+    if any(isinstance(i, list) and i and i[0] == "Tensorize" for i in insts):
+        kind = obj[2].get("kind", "cuda") if len(obj) > 2 and isinstance(obj[2], dict) else "cuda"
+        ensure_tensor_intrinsics(str(kind), tensor_cores=True)
     return ms.database.TuningRecord.from_json(obj, workload)

@@ -3,6 +3,8 @@ nvcc builds (not run here), the fallback is clean, and a tiny llvm tuning run im
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -191,11 +193,22 @@ def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
             sketch.trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
     finally:
         db.close()
-    db = open_database(tmp_path / "t.db", target=cuda)
-    try:
-        with cuda.target:
-            sch = db.ms_database.query_schedule(kernel.mod, cuda.target, "t")
-    finally:
-        db.close()
-    assert sch is not None
-    assert "wmma::mma_sync" in tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
+    # read back in a fresh process, where nothing has registered the wmma intrinsics the trace names
+    # (a build from a carried-in database on the GPU machine failed that way before the fix)
+    script = (
+        "import sys\n"
+        "from tvmfuse._tvm import tvm\n"
+        "from tvmfuse.db import open_database\n"
+        "from tvmfuse.target import resolve_target\n"
+        "cuda = resolve_target('cuda')\n"
+        "mod = tvm.ir.load_json(open(sys.argv[2]).read())\n"
+        "db = open_database(sys.argv[1], target=cuda)\n"
+        "with cuda.target:\n"
+        "    sch = db.ms_database.query_schedule(mod, cuda.target, 't')\n"
+        "src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()\n"
+        "print('wmma::mma_sync' in src)\n")
+    (tmp_path / "mod.json").write_text(tvm.ir.save_json(kernel.mod))
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "t.db"), str(tmp_path / "mod.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("True")

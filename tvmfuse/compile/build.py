@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import PrimFunc, const_value, dlight, ensure_tensor_intrinsics, is_scheduled, relax, tvm
+from tvmfuse._tvm import PrimFunc, const_value, dlight, is_scheduled, relax, tvm
 from tvmfuse.target import TargetInfo
 
 
@@ -48,8 +48,6 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
     updates: dict = {}
     statuses: list[KernelStatus] = []
     ms_db = database.ms_database if database is not None else None
-    if ms_db is not None and target.is_gpu:
-        ensure_tensor_intrinsics("cuda", tensor_cores=True)  # tensor-core records replay `tensorize` by name
     for gv, func in fused_mod.functions.items():
         if not isinstance(func, PrimFunc):
             continue
