@@ -258,3 +258,28 @@ def record_from_json(obj, workload):
         kind = obj[2].get("kind", "cuda") if len(obj) > 2 and isinstance(obj[2], dict) else "cuda"
         ensure_tensor_intrinsics(str(kind), tensor_cores=True)
     return ms.database.TuningRecord.from_json(obj, workload)
+
+
+def default_gpu_rules() -> tuple:
+    """dlight's default GPU schedule rules, in the order an untuned build applies them."""
+    return (dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(), dlight.gpu.GeneralReduction(),
+            dlight.gpu.Fallback())
+
+
+def default_schedule(mod, target, *, is_gpu: bool):
+    """The traced schedule an untuned build gives ``mod`` (dlight's first applicable rule on GPUs, TVM's
+    plain lowering, an empty trace, on CPUs), or None when no rule applies."""
+    if not is_gpu:
+        return tvm.s_tir.Schedule(mod)
+    func = mod["main"]
+    with target:
+        for rule in default_gpu_rules():
+            try:
+                sch = rule.apply(func, target, False)
+            except Exception:  # noqa: BLE001 - a rule that cannot take this kernel: the next one
+                continue
+            if isinstance(sch, list):
+                sch = sch[0] if sch else None
+            if sch is not None:
+                return sch
+    return None

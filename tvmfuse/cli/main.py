@@ -98,9 +98,11 @@ def tune_command(
             emit_json(report)
             return
         rows = [[k["name"][:48], k["status"], k["trials_before"], k["trials_run"],
-                 fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3)] for k in report["kernels"]]
+                 fmt_ms(None if k["baseline_ms"] is None else k["baseline_ms"] / 1e3),
+                 fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3),
+                 "-" if not k["speedup_vs_default"] else f"{k['speedup_vs_default']:.2f}x"] for k in report["kernels"]]
         out.print(table(f"tuned {Path(report['model']).name} on {report['device']} ({report['seconds']} s)",
-                        ["kernel", "status", "trials before", "trials run", "best"], rows))
+                        ["kernel", "status", "trials before", "trials run", "default", "best", "vs default"], rows))
         out.print(f"database: {report['db']}")
         if report["failed"]:
             raise typer.Exit(1)

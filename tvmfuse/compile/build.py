@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import PrimFunc, const_value, dlight, is_scheduled, relax, tvm
+from tvmfuse._tvm import PrimFunc, const_value, default_gpu_rules, dlight, is_scheduled, relax, tvm
 from tvmfuse.target import TargetInfo
 
 
@@ -69,10 +69,7 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
     mod = tvm.IRModule({gv: updates.get(gv, f) for gv, f in fused_mod.functions.items()}, attrs=fused_mod.attrs)
     if target.is_gpu:
         with target.target:
-            mod = dlight.ApplyDefaultSchedule(
-                dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
-                dlight.gpu.GeneralReduction(), dlight.gpu.Fallback(),
-            )(mod)
+            mod = dlight.ApplyDefaultSchedule(*default_gpu_rules())(mod)
     return mod, statuses
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import dlight, tvm
+from tvmfuse._tvm import default_gpu_rules, dlight, tvm
 from tvmfuse.verify import relative_error, tolerance
 
 
@@ -58,8 +58,7 @@ def reference_module(mod, target_info):
     # caller's workload (the database's key) would change under it
     mod = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
     with target_info.target:
-        return dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
-                                           dlight.gpu.GeneralReduction(), dlight.gpu.Fallback())(mod)
+        return dlight.ApplyDefaultSchedule(*default_gpu_rules())(mod)
 
 
 def random_args(func, rng) -> tuple[list[np.ndarray], list[int]]:

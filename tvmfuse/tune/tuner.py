@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from tvmfuse._tvm import derived_object, ensure_tensor_intrinsics, fast_build, ms
+from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, fast_build, ms
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.tasks import Kernel
 
@@ -48,6 +48,7 @@ class TuneConfig:
     log_dir: Path | None = None
     spaces_dir: Path | None = None  # search_spaces/ override (the YAML files)
     cost_model: str = "auto"  # xgb where xgboost imports, else random (the GPU box has no xgboost)
+    baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class KernelResult:
     message: str = ""
     space: dict | None = None  # kernel class, space source, space version, fallback notes
     curve: list = field(default_factory=list)  # [trials, best seconds] after each measured batch
+    baseline_s: float | None = None  # the default schedule (dlight / plain lowering), measured the same way
 
     def to_json(self) -> dict:
         return {
@@ -72,6 +74,8 @@ class KernelResult:
             "best_ms": None if self.best_s is None else self.best_s * 1e3,
             "status": self.status, "message": self.message, "space": self.space,
             "curve": [[n, None if b is None else b * 1e3] for n, b in self.curve],
+            "baseline_ms": None if self.baseline_s is None else self.baseline_s * 1e3,
+            "speedup_vs_default": (self.baseline_s / self.best_s if self.baseline_s and self.best_s else None),
         }
 
 
@@ -88,6 +92,7 @@ class _BatchState:
     best: float | None = None
     progress: TuneProgress | None = None
     history: list = field(default_factory=list)
+    extra: int = 0  # records committed outside the search (the default schedule's)
 
 
 @derived_object
@@ -191,10 +196,13 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
 
             choice = select_space(kernel.mod, target.target, spaces)
             result.space = choice.to_json()
+            if config.baseline and spent[i] == 0:
+                state.extra, result.baseline_s = _measure_baseline(kernel, target=target, database=database,
+                                                                   builder=builder, runner=runner)
             _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
                       runner=runner, work_dir=log_root / f"{i:03d}_{kernel.name[:60]}", state=state,
                       space=choice.generator)
-            result.trials_run = state.trials
+            result.trials_run = state.trials + state.extra
             if state.trials == 0 and spent[i]:
                 result.status = "exhausted"  # the design space had no unmeasured candidate left
             elif state.trials == 0:
@@ -204,7 +212,7 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
             else:
                 result.status = "resumed" if spent[i] else "tuned"
         except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records
-            result.trials_run = state.trials
+            result.trials_run = state.trials + state.extra
             # an exception is a failure, never "exhausted": the one seen here that looked like an exhausted space
             # was MetaSchedule's logger setup crashing (fixed in tvmfuse._tvm), and relabelling hid it
             message = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
@@ -231,6 +239,34 @@ def _cores(target: TargetInfo) -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, runner) -> tuple[int, float | None]:
+    """Measure the schedule an untuned build would give ``kernel`` and commit it as a record.
+
+    With it in the database the best record, which is what a build applies, is never slower than the
+    default: a search space that loses to dlight on some kernel (the tensor-core template on an NCHW conv,
+    whose im2col reads are gathers) costs nothing. Its trace also seeds the evolutionary search.
+    Returns (records committed: 0 or 1, mean seconds or None when it did not build or run).
+    """
+    sch = default_schedule(kernel.mod, target.target, is_gpu=target.is_gpu)
+    if sch is None:
+        return 0, None
+    args = ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])
+    (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target.target)])
+    if built.error_msg is not None:
+        log.warning("%s: the default schedule did not build: %s", kernel.name, built.error_msg.strip()[-200:])
+        return 0, None
+    (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda" if target.is_gpu else "cpu", args)])
+    measured = future.result()
+    failed = measured.error_msg is not None or not measured.run_secs
+    if failed:
+        log.warning("%s: the default schedule did not run: %s", kernel.name,
+                    (measured.error_msg or "no time").strip().splitlines()[-1][:200])
+    secs = [_FAILED_SECS * 10] if failed else [float(x) for x in measured.run_secs]
+    workload = database.ms_database.commit_workload(kernel.mod)
+    database.ms_database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, secs, target.target, args))
+    return 1, None if failed else sum(secs) / len(secs)
 
 
 def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, config: TuneConfig,
