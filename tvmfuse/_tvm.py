@@ -19,7 +19,7 @@ from tvm.tirx import PrimFunc
 
 __all__ = [
     "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx",
-    "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "fast_build",
+    "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "fast_build", "build_context",
     "tvm_version", "is_scheduled",
 ]
 
@@ -61,6 +61,16 @@ def ensure_tensor_intrinsics(target_kind: str, *, tensor_cores: bool = False) ->
         importlib.import_module(_TENSOR_INTRIN + ".x86")
 
 
+# Pass options for every CUDA build tvmfuse makes (tuning candidates, kernel checks, the final build):
+# shared-memory copies a schedule marks asynchronous (``software_pipeline_async_stages``) become cp.async.
+BUILD_CONFIG = {"tirx.use_async_copy": True}
+
+
+def build_context():
+    """The PassContext tvmfuse builds under (see BUILD_CONFIG)."""
+    return tvm.transform.PassContext(config=BUILD_CONFIG)
+
+
 def fast_build(mod, target, _params):
     """MetaSchedule builder function without the 42 s tensor-intrinsic import of the stock one.
 
@@ -71,7 +81,8 @@ def fast_build(mod, target, _params):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target)
+    with build_context():
+        return tvm_build(mod, target=target)
 
 
 def structural_hash(node) -> int:

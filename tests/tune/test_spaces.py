@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tvmfuse._tvm import tvm
+from tvmfuse._tvm import build_context, tvm
 from tvmfuse.bench.cases import CASES, SMALL
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.plan import partition
@@ -109,15 +109,21 @@ def test_tensorcore_template_builds_tensor_core_kernels_with_the_epilogue_fused(
     (kernel,) = _kernels(case, cuda)
     choice = select_space(kernel.mod, cuda.target)
     assert choice.source == "template:gemm_tensorcore", choice
-    mods = sample_schedules(kernel.mod, cuda.target, choice, n=4, seed=2)
-    assert len(mods) >= 3  # the verifier keeps nearly every sample (the stock tensor-core space kept none)
+    mods = sample_schedules(kernel.mod, cuda.target, choice, n=6, seed=2)
+    assert len(mods) >= 5  # the verifier keeps nearly every sample (the stock tensor-core space kept none)
+    sources = []
     for m in mods:
-        src = tvm.compile(m, target=cuda.target).mod.imports[0].inspect_source()
+        with build_context():
+            src = tvm.compile(m, target=cuda.target).mod.imports[0].inspect_source()
+        sources.append(src)
         assert "wmma::mma_sync" in src and "buf_dyn_shmem" in src
         # GEMM and epilogue in one kernel (one definition; the source also declares it): one store of the result
         assert len(re.findall(r"__global__[^;{]*\{", src)) == 1
+    # the pipeline sketches: registers (double buffering) and cp.async multistage
+    assert any("cp.async.cg.shared.global" in s and "cp.async.wait_group" in s for s in sources)
+    assert any("cp.async" not in s for s in sources)
     if case == "gemm_bias_relu":  # B is [K, N]: loaded in its global order, 16-byte vectors, no gathers
-        assert "make_half4(c1_ptr" not in src
+        assert not any("make_half4(c1_ptr" in s for s in sources)
 
 
 def test_pointwise_space_reaches_16_byte_vectors(cuda):
@@ -187,7 +193,7 @@ def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
     choice = select_space(kernel.mod, cuda.target)
     ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=3)
-    (sketch,) = ctx.generate_design_space()
+    sketch = ctx.generate_design_space()[-1]  # the cp.async sketch
     db = open_database(tmp_path / "t.db", target=cuda)
     try:
         workload = db.ms_database.commit_workload(kernel.mod)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import PrimFunc, const_value, default_gpu_rules, dlight, is_scheduled, relax, tvm
+from tvmfuse._tvm import PrimFunc, build_context, const_value, default_gpu_rules, dlight, is_scheduled, relax, tvm
 from tvmfuse.target import TargetInfo
 
 
@@ -126,6 +126,6 @@ def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_pa
     params: list = []
     if lift_params:
         mod, params = lift_constants(mod)
-    with target.target:
+    with target.target, build_context():
         exe = tvm.compile(mod, target.target, relax_pipeline=finish_pipeline(target))
     return BuildResult(executable=exe, kernels=tuple(statuses), lifted_params=tuple(params))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import default_gpu_rules, dlight, tvm
+from tvmfuse._tvm import build_context, default_gpu_rules, dlight, tvm
 from tvmfuse.verify import relative_error, tolerance
 
 
@@ -89,10 +89,11 @@ def check_kernel(mod, tuned_mod, target_info, *, name: str = "main", seed: int =
     """Build (unless given) and compare ``tuned_mod`` with the reference schedule of ``mod``."""
     func = mod["main"]
     dev = target_info.tvm_device()
-    if ref_lib is None:
-        ref_lib = tvm.compile(reference_module(mod, target_info), target=target_info.target)
-    if tuned_lib is None:
-        tuned_lib = tvm.compile(tuned_mod, target=target_info.target)
+    with build_context():
+        if ref_lib is None:
+            ref_lib = tvm.compile(reference_module(mod, target_info), target=target_info.target)
+        if tuned_lib is None:
+            tuned_lib = tvm.compile(tuned_mod, target=target_info.target)
     rng = np.random.default_rng(seed)
     arrays, out_idx = random_args(func, rng)
     ref = run_kernel(ref_lib, arrays, out_idx, dev)

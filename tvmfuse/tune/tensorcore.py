@@ -37,7 +37,28 @@ def _pad_multiple(extent: int, cap: int) -> int:
 
 
 def template_gemm_tensorcore(sch, space, info: dict) -> list:
-    """Schedule ``sch`` (one fused GEMM/conv kernel) on tensor cores; raises if the kernel does not fit."""
+    """Schedule ``sch`` (one fused GEMM/conv kernel) on tensor cores; raises if the kernel does not fit.
+
+    One sketch per value of the ``pipeline_stages`` knob (a structural choice, not a sampled number):
+    2 = double buffering through registers; 3 or more = that many shared-memory stages filled by
+    ``cp.async`` (asynchronous global->shared copies, Ampere and later).
+    """
+    stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
+    sketches, error = [], None
+    for n in stages:
+        s = sch.copy()
+        try:
+            _schedule(s, space, n)
+        except Exception as err:  # noqa: BLE001 - a pipeline depth this kernel cannot take: the others may
+            error = err
+            continue
+        sketches.append(s)
+    if not sketches:
+        raise error
+    return sketches
+
+
+def _schedule(sch, space, stages: int) -> None:
     from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, get_index_map,
                                              get_reduction_blocks)
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
@@ -133,8 +154,9 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(lanes)
         sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)  # pad rows: no bank conflicts on fragment loads
-        sch.annotate(cache, "tirx.manifest_shared_memory_local_stage", 1)
-        sch.annotate(cache, "double_buffer_scope", 0)
+        if stages == 2:  # global -> registers -> shared, the next tile's loads in flight during the mma loop
+            sch.annotate(cache, "tirx.manifest_shared_memory_local_stage", 1)
+            sch.annotate(cache, "double_buffer_scope", 0)
         return cache
 
     a_s = to_shared(0)
@@ -162,8 +184,16 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     init = sch.decompose_reduction(outer, k0)
     init_inner = sch.get_child_blocks(init)[0]
 
-    sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
-    sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+    if stages == 2:
+        sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+    else:  # `stages - 1` tiles in flight through cp.async while the oldest one is multiplied
+        # the K-step body, once the inner (fragment) pipeline is expanded: copy A, copy B, then the inner
+        # prologue, steady loop and epilogue, which all read the tile the copies filled `stages - 1` steps ago
+        last = stages - 1
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2, 3, 4])
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, last, last, last])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
     sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
     sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
 
@@ -186,7 +216,6 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     _, tx, lanes = sch.split(fused, [None, _WARP, _sample(sch, knobs["store_lanes"])])
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(lanes)
-    return [sch]
 
 
 def tensorcore_postprocs(max_shared_bytes: int) -> list:
