@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The ANCHORS.md GPU cases side by side in one run: PyTorch eager, torch.compile, stock TVM, tvmfuse tuned.
 
-Each case is a small ONNX model (tvmfuse/bench/cases.py, fp16). Stages (``--stages``):
+Each case is a small ONNX model (tvmfuse/bench/cases.py, fp16); ``resnet50`` (batch 32, 224x224) and
+``bert_base`` (batch 8 x 512) are whole models built on the spot with random weights
+(tvmfuse/bench/models.py; run them with ``--cases resnet50,bert_base``). Stages (``--stages``):
   torch    PyTorch eager and torch.compile (plus cuBLAS GEMM alone and SDPA-flash where they apply),
            and the device-to-device copy ceiling (bytes read + written), measured in the same run;
   stock    TVM 0.27's default CUDA pipeline (FuseOps + FuseTIR + dlight);
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tvmfuse.bench.cases import CASES, SMALL  # noqa: E402
+from tvmfuse.bench.models import MODELS, SMALL_MODELS  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="bench_gpu-"))
 OUT.mkdir(parents=True, exist_ok=True)
@@ -74,8 +77,12 @@ def copy_ceiling() -> float:
     return 2 * 2 * 1024**3 / t / 1e9
 
 
-def torch_case(name: str, size: dict) -> dict:
-    """Eager and torch.compile times (seconds) of the case, written the way a PyTorch user writes it."""
+def torch_case(name: str, size: dict, model=None) -> dict:
+    """Eager and torch.compile times (seconds) of the case, written the way a PyTorch user writes it.
+
+    Whole models (``MODELS``) run their ONNX graph through tvmfuse.bench.torch_onnx, op by op in eager
+    mode and as one graph under torch.compile.
+    """
     import torch
     import torch.nn.functional as F
 
@@ -83,7 +90,12 @@ def torch_case(name: str, size: dict) -> dict:
     torch.manual_seed(0)
     r: dict = {}
     extra: dict = {}
-    if name == "pointwise":
+    if name in MODELS:
+        from tvmfuse.bench.torch_onnx import build_fn
+
+        shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+        f, args = build_fn(model, dev), (torch.randn(*shape, device=dev, dtype=h),)
+    elif name == "pointwise":
         M, N = size.get("M", 16384), size.get("N", 8192)
         x, res = torch.randn(M, N, device=dev, dtype=h), torch.randn(M, N, device=dev, dtype=h)
         b, s = torch.randn(N, device=dev, dtype=h), torch.randn(N, device=dev, dtype=h)
@@ -386,14 +398,17 @@ def main() -> int:
             shutil.copy(a.db, db_path)
     tmp = Path(tempfile.mkdtemp(prefix="cases-"))
     for name in cases:
-        size = SMALL[name] if a.small else {}
-        model, bytes_min, flops = CASES[name](**size)
+        if name not in CASES and name not in MODELS:
+            log(name, "unknown case; cases:", ", ".join([*CASES, *MODELS]))
+            continue
+        size = ({**SMALL, **SMALL_MODELS}[name] if a.small else {})
+        model, bytes_min, flops = {**CASES, **MODELS}[name](**size)
         row = rows.setdefault(name, {})
         row.update(bytes_min=bytes_min, flops=flops, size=size or "anchors")
         if "torch" in stages and copy:
             try:
                 log(name, "torch")
-                row["torch"] = torch_case(name, size)
+                row["torch"] = torch_case(name, size, model)
             except Exception as err:  # noqa: BLE001
                 row["torch"] = {"error": str(err).splitlines()[0][:300]}
             save()
