@@ -51,3 +51,50 @@ def test_second_tune_resumes_and_spends_nothing_on_tuned_kernels(tuned_example):
     # a kernel whose tiny design space ran out before its budget is tried again and reported "exhausted"
     assert {k["status"] for k in again["kernels"]} <= {"skipped-spent", "exhausted"}
     assert [k["trials_before"] for k in again["kernels"]] == [k["trials_run"] for k in first["kernels"]]
+
+
+@pytest.mark.slow
+def test_every_tuned_kernel_was_checked_against_its_reference(tuned_example):
+    _, report = tuned_example
+    for k in report["kernels"]:
+        assert k["check"]["ok"] is True and k["check"]["unwritten"] == 0, k
+        assert k["check"]["rel_error"] <= k["check"]["tolerance"]
+
+
+def test_a_best_record_that_computes_wrong_results_is_rejected(tmp_path):
+    """A fast schedule with a wrong answer must never be applied: the check rejects it, the next best stays."""
+    import onnx
+
+    from tvmfuse._tvm import ms, tvm
+    from tvmfuse.bench.cases import CASES
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.target import resolve_target
+    from tvmfuse.tune import extract_kernels
+    from tvmfuse.tune.tuner import check_best
+
+    llvm = resolve_target("llvm")
+    model, _, _ = CASES["gemm_bias_relu"](M=32, K=256, N=32)
+    onnx.save(model, tmp_path / "mm.onnx")
+    fused, _ = partition(import_model(load_model(tmp_path / "mm.onnx")), target=llvm)
+    (kernel,) = extract_kernels(fused, target=llvm)
+    # a real schedule that is wrong: the fp32 accumulator silently narrowed to int8
+    wrong = tvm.s_tir.Schedule(kernel.mod)
+    mm = next(b for b in wrong.get_child_blocks(wrong.get_sblock("root")) if "matmul" in wrong.get(b).name_hint)
+    wrong.unsafe_set_dtype(mm, 0, "int8")
+    right = tvm.s_tir.Schedule(kernel.mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])
+    db = open_database(tmp_path / "t.db", target=llvm)
+    try:
+        wl = db.ms_database.commit_workload(kernel.mod)
+        for sch, secs in ((right, 2e-3), (wrong, 1e-6)):  # the wrong one measured fastest
+            db.ms_database.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, [secs], llvm.target, args))
+        result = check_best(kernel, target=llvm, database=db)
+        assert result["ok"] is True and result["rejected"] == 1
+        assert db.best_run_secs(kernel.mod) == pytest.approx(2e-3)
+        assert db.trials_spent(kernel.mod) == 2  # the rejected trial still counts as spent
+        rows = db.records(db.workload_id(kernel.mod))
+        assert [r.failed for r in rows] == [False, True]
+    finally:
+        db.close()

@@ -28,6 +28,16 @@ def _planner_default() -> str:
 PlannerOpt = typer.Option(None, "--planner", help="Fusion planner: tvmfuse (default) or fuseops (TVM's stock FuseOps, for comparison).")
 
 
+def _check_cell(check: dict | None) -> str:
+    """The tune table's cell for a kernel's check of its best schedule against the reference."""
+    if not check:
+        return "-"
+    rejected = f", {check['rejected']} rejected" if check.get("rejected") else ""
+    if check.get("ok") is None:
+        return "not run" + rejected
+    return ("ok" if check["ok"] else "WRONG") + rejected
+
+
 def _model_config(model: Path, target: str, db: Path, planner: Optional[str], input_shape: Optional[List[str]]):
     from tvmfuse.api import ModelConfig
     from tvmfuse.frontend import parse_input_shapes
@@ -100,9 +110,11 @@ def tune_command(
         rows = [[k["name"][:48], k["status"], k["trials_before"], k["trials_run"],
                  fmt_ms(None if k["baseline_ms"] is None else k["baseline_ms"] / 1e3),
                  fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3),
-                 "-" if not k["speedup_vs_default"] else f"{k['speedup_vs_default']:.2f}x"] for k in report["kernels"]]
+                 "-" if not k["speedup_vs_default"] else f"{k['speedup_vs_default']:.2f}x",
+                 _check_cell(k["check"])] for k in report["kernels"]]
         out.print(table(f"tuned {Path(report['model']).name} on {report['device']} ({report['seconds']} s)",
-                        ["kernel", "status", "trials before", "trials run", "default", "best", "vs default"], rows))
+                        ["kernel", "status", "trials before", "trials run", "default", "best", "vs default",
+                         "check"], rows))
         out.print(f"database: {report['db']}")
         if report["failed"]:
             raise typer.Exit(1)

@@ -158,6 +158,19 @@ class TuningDatabase(ms.database.PyDatabase):
             (wid, *self._key))
         return None if best is None else float(best)
 
+    def reject_record(self, record_id: int) -> None:
+        """Mark a record invalid: its schedule computed wrong results. Its run times become MetaSchedule's
+        failure value in the record itself, so merge, import and recover keep it invalid; it still counts
+        as a spent trial and is never applied."""
+        with self.store.transaction() as c:
+            row = c.execute("SELECT record_json FROM records WHERE id=?", (record_id,)).fetchone()
+            if row is None:
+                raise DatabaseError(f"no record {record_id} in {self.store.path}")
+            body = json.loads(row[0])
+            body[1] = [FAILED_SECS * 10]
+            c.execute("UPDATE records SET failed=1, mean_secs=NULL, run_secs=?, record_json=? WHERE id=?",
+                      (json.dumps(body[1]), json.dumps(body, separators=(",", ":")), record_id))
+
     def set_task_name(self, mod, name: str, *, model: str | None = None) -> None:
         """Record the MetaSchedule task name (and a model label) of ``mod`` for the bound target."""
         wid = self._commit(mod)

@@ -49,6 +49,7 @@ class TuneConfig:
     spaces_dir: Path | None = None  # search_spaces/ override (the YAML files)
     cost_model: str = "auto"  # xgb where xgboost imports, else random (the GPU box has no xgboost)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
+    check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class KernelResult:
     space: dict | None = None  # kernel class, space source, space version, fallback notes
     curve: list = field(default_factory=list)  # [trials, best seconds] after each measured batch
     baseline_s: float | None = None  # the default schedule (dlight / plain lowering), measured the same way
+    check: dict | None = None  # the best schedule against the reference: rel_error, unwritten, ok, rejected
 
     def to_json(self) -> dict:
         return {
@@ -75,6 +77,7 @@ class KernelResult:
             "status": self.status, "message": self.message, "space": self.space,
             "curve": [[n, None if b is None else b * 1e3] for n, b in self.curve],
             "baseline_ms": None if self.baseline_s is None else self.baseline_s * 1e3,
+            "check": self.check,
             "speedup_vs_default": (self.baseline_s / self.best_s if self.baseline_s and self.best_s else None),
         }
 
@@ -219,6 +222,11 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
             result.status, result.message = "failed", message
             log.warning("tuning %s failed: %s", kernel.name, message, exc_info=log.isEnabledFor(logging.DEBUG))
         result.curve = list(state.history)
+        if config.check and state.trials + state.extra > 0:
+            try:
+                result.check = check_best(kernel, target=target, database=database)
+            except Exception as err:  # noqa: BLE001 - a check that cannot run is reported, not fatal
+                result.check = {"ok": None, "note": f"check did not run: {str(err).strip().splitlines()[-1][:200]}"}
         result.best_s = database.best_run_secs(kernel.mod)
         if progress is not None:
             progress.on_kernel_done(i, result)
@@ -239,6 +247,34 @@ def _cores(target: TargetInfo) -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 4, seed: int = 0) -> dict | None:
+    """Run the kernel's best record against its reference schedule on random inputs, outputs poisoned (NaN).
+
+    A best record that computes wrong results (or leaves outputs unwritten) is rejected in the database and
+    the next best is checked, up to ``attempts`` times: a build never applies a schedule that failed.
+    Returns the check of the record that stays best, with ``rejected`` (how many were rejected).
+    """
+    from tvmfuse.tune.check import check_kernel
+
+    rejected = 0
+    for _ in range(attempts):
+        wid = database.workload_id(kernel.mod)
+        rows = database.records(wid, include_failed=False) if wid is not None else []
+        if not rows:
+            return {"ok": None, "rejected": rejected, "note": "no valid record"}
+        best = min(rows, key=lambda r: (r.mean_secs, r.id))  # the order a build's query uses
+        with target.target:
+            sch = database.ms_database.query_schedule(kernel.mod, target.target, kernel.name)
+        result = check_kernel(kernel.mod, sch.mod, target, name=kernel.name, seed=seed).to_json()
+        if result["ok"]:
+            return {**result, "rejected": rejected}
+        log.warning("%s: the best schedule computes wrong results (relative error %.3g, %d unwritten); rejected",
+                    kernel.name, result["rel_error"], result["unwritten"])
+        database.reject_record(best.id)
+        rejected += 1
+    return {**result, "ok": False, "rejected": rejected, "note": f"{rejected} best records rejected; stopped"}
 
 
 def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, runner) -> tuple[int, float | None]:
