@@ -10,6 +10,7 @@ import models
 from conftest import build_and_run, import_proto, ort_run, plan_and_run, rel_err
 from tvmfuse._tvm import PrimFunc, relax, tvm
 from tvmfuse.plan import partition
+from tvmfuse.target import resolve_target
 
 
 def _inputs(model, seed=0):
@@ -170,3 +171,14 @@ def test_fp16_attention_through_the_frontend_is_still_one_kernel(llvm, tmp_path)
     (ref,) = ort_run(model, [x.astype(np.float16) for x in inputs])
     assert got.dtype == np.float16
     assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+
+
+def test_gpu_plans_leave_attention_unfused_until_a_tiled_kernel_exists(tmp_path):
+    """On the H200 the fused (scalar) attention kernel was 60x slower than the unfused tensor-core ops, so
+    on GPU targets the planner reports the fusion as not taken, with the reason, and keeps the ops."""
+    cuda = resolve_target("cuda")
+    fused, plan = partition(import_proto(models.attention(mask=True)), target=cuda)
+    assert not plan.by_pattern("attention")
+    assert any(r.reason.startswith("attention not fused: on GPUs") and r.ops[-2:] == ("softmax", "matmul")
+               for r in plan.rejected)
+    assert _launches(fused) >= 2

@@ -50,6 +50,7 @@ class CostModel:
     shared_memory_bytes : for a normalization with a prologue, one row of every full-size input is staged
         on chip; it must fit
     min_parallel_units : parallel units (rows, output tiles) the target needs to be busy
+    attention_decline : why the fused attention kernel is not formed on this target (None: it is)
     """
 
     launch_bytes: int = 1 << 20
@@ -57,13 +58,20 @@ class CostModel:
     max_ops: int = 48
     shared_memory_bytes: int = 48 * 1024
     min_parallel_units: int = 132
+    attention_decline: str | None = None
 
     @classmethod
     def for_target(cls, target: TargetInfo, **overrides) -> "CostModel":
         attrs = target.target.attrs if hasattr(target.target, "attrs") else {}
         if target.is_gpu:
             smem = int(attrs.get("max_shared_memory_per_block", 48 * 1024)) if attrs else 48 * 1024
-            base = cls(launch_bytes=5e-6 * 4e12, shared_memory_bytes=smem, min_parallel_units=132)
+            # Measured on the H200 (BENCHMARKS.md, 2026-11-30): the fused attention kernel, one query row
+            # per thread in scalar fp32, took 1209 ms for B4 H32 S4096 D128 where the unfused ops (tensor-core
+            # GEMMs, N x N scores through HBM) took 19 ms. Until a tiled tensor-core attention template
+            # exists, the scores go through memory on GPUs.
+            base = cls(launch_bytes=5e-6 * 4e12, shared_memory_bytes=smem, min_parallel_units=132,
+                       attention_decline="on GPUs the fused kernel is scalar (one query row per thread): 60x "
+                                         "slower than unfused tensor-core GEMMs on the H200")
         else:
             cores = int(attrs.get("num-cores", 2)) if attrs else 2
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1))

@@ -157,7 +157,7 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
         mod = rewrites.FoldBatchNorm(log=log)(mod)
         dump("fold_batchnorm", mod)
     if config.attention:
-        mod = rewrites.FuseAttention(log=log)(mod)
+        mod = rewrites.FuseAttention(log=log, decline=getattr(cost_model, "attention_decline", None))(mod)
         dump("attention", mod)
     if config.horizontal:
         mod = rewrites.HorizontalGemm(log=log, cost_model=cost_model)(mod)

@@ -208,9 +208,12 @@ def _scalar(const) -> float | None:
 class FuseAttention:
     """matmul(Q, Kᵀ) -> [·scale | /scale] -> [+mask] -> softmax(-1) -> matmul(·, V) => one attention kernel."""
 
-    def __new__(cls, *, log: RewriteLog):
+    def __new__(cls, *, log: RewriteLog, decline: str | None = None):
+        """``decline``: a reason not to form the kernel on this target; matches are then reported as
+        fusions not taken, with the reason, and the graph is left as it is."""
         self = super().__new__(cls)
         self.log = log
+        self.decline = decline
         return _module_pass("FuseAttention", self.transform_module)
 
     def _match(self, b, defs, users):
@@ -325,6 +328,7 @@ class FuseAttention:
 
     def transform_module(self, mod):
         from tvmfuse.plan.attention import attention_primfunc
+        from tvmfuse.plan.report import Rejection
 
         mod, bindings, users = _cleaned_dataflow(mod)
         if bindings is None:
@@ -336,6 +340,9 @@ class FuseAttention:
             if m is None:
                 continue
             spec, args, dropped, ops, unfused = m
+            if self.decline:
+                self.log.rejected.append(Rejection(ops=ops, reason=f"attention not fused: {self.decline}"))
+                continue
             out_ty = b.var.ty
 
             def emit(bb, vmap, spec=spec, args=args, out_ty=out_ty):
