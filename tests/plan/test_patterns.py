@@ -182,3 +182,23 @@ def test_gpu_plans_leave_attention_unfused_until_a_tiled_kernel_exists(tmp_path)
     assert any(r.reason.startswith("attention not fused: on GPUs") and r.ops[-2:] == ("softmax", "matmul")
                for r in plan.rejected)
     assert _launches(fused) >= 2
+
+
+def test_channels_last_convs_match_onnxruntime(llvm):
+    """GPU plans run convs NHWC (the tensor-core template then reads its operands along K); the layout change
+    must keep the numerics and leave transposes only at the edges of the conv stack."""
+    from tvmfuse.bench.models import SMALL_MODELS, resnet50
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    model, _, _ = resnet50(**SMALL_MODELS["resnet50"], dtype="float32")
+    mod = import_proto(model)
+    fused, plan = plan_tvmfuse(mod, llvm, config=PlannerConfig(cost_model=CostModel.for_target(llvm, conv_layout="NHWC")))
+    assert any("channels-last (NHWC): 2 layout transposes" in n for n in plan.rewrites)
+    prims = [f.script() for f in fused.functions.values() if isinstance(f, PrimFunc)]
+    assert sum("conv2d_nhwc" in s for s in prims) == 17 and not any("conv2d_nchw" in s for s in prims)
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    (got,) = build_and_run(fused, llvm, [x])
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got, ref) < 1e-4
+    assert resolve_target("cuda") and CostModel.for_target(resolve_target("cuda")).conv_layout == "NHWC"

@@ -156,6 +156,10 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
     if config.fold_batchnorm:
         mod = rewrites.FoldBatchNorm(log=log)(mod)
         dump("fold_batchnorm", mod)
+    layout = getattr(cost_model, "conv_layout", None)
+    if layout == "NHWC":
+        mod = rewrites.channels_last(mod, log=log)
+        dump("channels_last", mod)
     if config.attention:
         mod = rewrites.FuseAttention(log=log, decline=getattr(cost_model, "attention_decline", None))(mod)
         dump("attention", mod)

@@ -199,6 +199,24 @@ class FoldBatchNorm:
         return rebuild_main(mod, plan, skip, names)
 
 
+# ------------------------------------------------------------------------------------------ channels last
+def channels_last(mod, *, log: RewriteLog):
+    """Run 2-D convolutions in NHWC with OHWI weights (Relax's ConvertLayout), then fold the weight and
+    parameter transposes into the constants. Elementwise ops, pooling and the folded BatchNorm follow the
+    layout, so one transpose stays at the input and one where the features leave the conv stack."""
+    script = mod.script()
+    if "R.nn.conv2d(" not in script:
+        return mod
+    before = script.count("R.permute_dims(")
+    mod = tvm.transform.Sequential([
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
+        relax.transform.FoldConstant(),
+    ])(mod)
+    added = mod.script().count("R.permute_dims(") - before
+    log.notes.append(f"convolutions run channels-last (NHWC): {added} layout transposes added at the edges")
+    return mod
+
+
 # ---------------------------------------------------------------------------------------------- attention
 def _scalar(const) -> float | None:
     arr = const_numpy(const)
