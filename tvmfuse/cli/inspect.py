@@ -60,9 +60,11 @@ def _print(r: dict) -> None:
     rows = [[k["workload_id"], k["trials"], k["failed"], fmt_ms(None if k["first_ms"] is None else k["first_ms"] / 1e3),
              fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3),
              "-" if not k["speedup"] else f"{k['speedup']:.2f}x", fmt_bytes(k["hbm_bytes"]),
-             _num(k["achieved_gbs"], ".2f"), _pct(k["bandwidth_share"]), k["calls"]] for k in r["kernels"]]
+             _num(k["achieved_gbs"], ".2f"), _pct(k["bandwidth_share"]),
+             _num(None if not k.get("achieved_flops_per_s") else k["achieved_flops_per_s"] / 1e12, ".2f"),
+             k["calls"]] for k in r["kernels"]]
     out.print(table("tuning", ["id", "trials", "failed", "first", "best", "speedup", "HBM bytes", "GB/s",
-                               "of BW", "calls"], rows))
+                               "of BW", "TFLOP/s", "calls"], rows))
     if any(k["pattern_source"] == "name" for k in r["kernels"]):
         out.print("* pattern read from the kernel's name; give --model MODEL.onnx for the planner's own")
     errs = [(k["name"], kind, n) for k in r["kernels"] for kind, n in k["errors"].items()]
