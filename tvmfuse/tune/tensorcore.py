@@ -11,8 +11,9 @@ MetaSchedule decision:
    whole tiles.
 2. Tile: a thread block computes ``(warps_m * frags_m * 16) x (warps_n * frags_n * 16)`` outputs; each
    warp ``frags_m x frags_n`` 16x16 accumulator fragments; the K loop advances ``k_frags * 16`` per step.
-3. A and B tiles go through dynamic shared memory with vectorized 16-byte loads, software-pipelined
-   against the tensor-core work (the next tile is fetched while the current one is multiplied).
+3. A and B tiles go through dynamic shared memory with vectorized 16-byte loads in their global order,
+   software-pipelined against the tensor-core work: double buffering through registers, or 3-4 stages
+   filled by ``cp.async`` (one sketch each).
 4. The wmma 16x16x16 fp16 -> fp32 intrinsics do the multiply-accumulate; the accumulators are staged
    per warp and the whole epilogue (cast, bias, activation, residual) is inlined into the one store.
 """
@@ -105,9 +106,10 @@ def _schedule(sch, space, stages: int) -> None:
     extents = [int(sch.get(lp).extent) for lp in (i, j, k)]
     # tile products are powers of two up to 16 fragments (4 warps x 4 fragments); padding to those keeps
     # every split perfect, so tensorize never sees a predicate
-    cap_ij = max(int(w) for w in warps_m_k.values) * max(int(f) for f in frags_m_k.values)
+    cap_i = max(int(w) for w in warps_m_k.values) * max(int(f) for f in frags_m_k.values)
+    cap_j = max(int(w) for w in warps_n_k.values) * max(int(f) for f in frags_n_k.values)
     cap_k = max(int(v) for v in k_frags_k.values)
-    pads = [_pad_multiple(extents[0], cap_ij), _pad_multiple(extents[1], cap_ij), _pad_multiple(extents[2], cap_k)]
+    pads = [_pad_multiple(extents[0], cap_i), _pad_multiple(extents[1], cap_j), _pad_multiple(extents[2], cap_k)]
     sch.pad_einsum(main, [1, *pads])
     fit_i, fit_j, fit_k = (p // _MICRO for p in pads)
 
