@@ -112,6 +112,7 @@ def _schedule(sch, space, stages: int) -> None:
     pads = [_pad_multiple(extents[0], cap_i), _pad_multiple(extents[1], cap_j), _pad_multiple(extents[2], cap_k)]
     sch.pad_einsum(main, [1, *pads])
     fit_i, fit_j, fit_k = (p // _MICRO for p in pads)
+    row_tiles_min = max(1, -(-extents[0] // pads[0]) * pads[0] // _MICRO // cap_i)  # block rows at the biggest tile
 
     def fitting(knob: Knob, limit: int) -> Knob:
         return knob.filtered(lambda v: int(v) <= limit)
@@ -139,7 +140,13 @@ def _schedule(sch, space, stages: int) -> None:
     k0, k1 = sch.split(k, [None, kf])
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
     sch.bind(batch, "blockIdx.z")
-    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    # block rasterization: consecutive blocks walk `group` tile rows down before moving right, so the blocks
+    # in flight share B's column tiles in L2 instead of streaming all of B once per row of tiles
+    group_k = knobs.get("raster_group", Knob("raster_group", (1,), (1.0,)))
+    group = _sample(sch, group_k.filtered(lambda v: int(v) <= row_tiles_min))
+    i0o, i0i = sch.split(i0, [None, group])
+    sch.reorder(i0o, j0, i0i)
+    sch.bind(sch.fuse(i0o, j0, i0i), "blockIdx.x")
     warp = sch.fuse(i1, j1)
     sch.bind(warp, "threadIdx.y")
 
