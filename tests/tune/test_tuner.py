@@ -98,3 +98,39 @@ def test_a_best_record_that_computes_wrong_results_is_rejected(tmp_path):
         assert [r.failed for r in rows] == [False, True]
     finally:
         db.close()
+
+
+def test_failed_trials_keep_their_messages(tmp_path):
+    """Why a trial failed is kept (build or run, the message's last line) and shown by inspect."""
+    import onnx
+
+    from tvmfuse.bench.cases import CASES
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.inspect import InspectConfig, inspect_database
+    from tvmfuse.plan import partition
+    from tvmfuse.target import resolve_target
+    from tvmfuse.tune import extract_kernels, tune_kernels
+
+    llvm = resolve_target("llvm")
+    model, _, _ = CASES["gemm_bias_relu"](M=256, K=256, N=256)
+    onnx.save(model, tmp_path / "mm.onnx")
+    fused, _ = partition(import_model(load_model(tmp_path / "mm.onnx")), target=llvm)
+    kernels = extract_kernels(fused, target=llvm)
+    db = open_database(tmp_path / "t.db", target=llvm)
+    try:  # a runner timeout no candidate can meet: every trial fails at run time
+        (res,) = tune_kernels(kernels[:1], target=llvm, database=db,
+                              config=TuneConfig(trials=3, trials_per_kernel=3, trials_per_round=2, population=16,
+                                                runner_timeout_s=1e-6))
+        wid = db.workload_id(kernels[0].mod)
+        errors = db.trial_errors(wid)
+        failed = sum(r.failed for r in db.records(wid))
+    finally:
+        db.close()
+    assert res.check["ok"] is None and res.check["note"] == "no valid record"
+    # every failed trial (the default schedule's included) has its message, and they are runner messages
+    assert failed >= 2 and sum(errors.values()) == failed, (failed, errors)
+    assert {kind for kind, _ in errors} == {"run"} and all(msg for _, msg in errors), errors
+    report = inspect_database(InspectConfig(db=tmp_path / "t.db"))
+    (k,) = report["kernels"]
+    assert sum(k["errors"].values()) == k["failed"] == failed and all(e.startswith("run: ") for e in k["errors"])

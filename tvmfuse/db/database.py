@@ -171,6 +171,25 @@ class TuningDatabase(ms.database.PyDatabase):
             c.execute("UPDATE records SET failed=1, mean_secs=NULL, run_secs=?, record_json=? WHERE id=?",
                       (json.dumps(body[1]), json.dumps(body, separators=(",", ":")), record_id))
 
+    def record_error(self, mod, kind: str, message: str) -> None:
+        """Keep why one trial of ``mod`` failed (``kind``: build | run) beside its failed record."""
+        wid = self._commit(mod)
+        line = next((ln.strip() for ln in reversed(str(message).splitlines()) if ln.strip()), "no message")
+        with self.store.transaction() as c:
+            c.execute("INSERT INTO trial_errors(workload_id, target, device, kind, message, created) "
+                      "VALUES (?, ?, ?, ?, ?, ?)", (wid, *self._key, kind, line[:300], time.time()))
+
+    def trial_errors(self, workload_id: int) -> dict[tuple[str, str], int]:
+        """(kind, message) -> failed trials of a workload under the bound target; empty for files that predate
+        the table."""
+        try:
+            rows = self.store.query("SELECT kind, message, COUNT(*) FROM trial_errors WHERE workload_id=? AND "
+                                    "target=? AND device=? GROUP BY kind, message ORDER BY COUNT(*) DESC",
+                                    (workload_id, *self._key))
+        except DatabaseError:
+            return {}
+        return {(k, m): int(n) for k, m, n in rows}
+
     def set_task_name(self, mod, name: str, *, model: str | None = None) -> None:
         """Record the MetaSchedule task name (and a model label) of ``mod`` for the bound target."""
         wid = self._commit(mod)

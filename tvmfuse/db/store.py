@@ -75,6 +75,16 @@ SCHEMA = [
         trials INTEGER NOT NULL,
         failed INTEGER NOT NULL,
         PRIMARY KEY (workload_id, target, device))""",
+    # Why trials failed: the builder's or the runner's message (its last line), for `tvmfuse inspect`.
+    # Added after schema 1 shipped; a file opened read-only may lack it (readers treat that as empty).
+    """CREATE TABLE IF NOT EXISTS trial_errors (
+        workload_id INTEGER NOT NULL REFERENCES workloads(id),
+        target TEXT NOT NULL,
+        device TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL,
+        created REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS trial_errors_lookup ON trial_errors(workload_id, target, device)",
 ]
 TABLES = ("meta", "workloads", "workload_targets", "records", "pruned_trials")
 

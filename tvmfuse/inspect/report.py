@@ -109,16 +109,13 @@ def _curve_stats(trial_secs: list[float | None]) -> dict:
     return {"best_trial": best_trial, "trials_to_90pct": to90}
 
 
-def _error_kinds(rows) -> dict:
-    """Failed trials by what the database kept: MetaSchedule's 1e10 s marker or no measurement at all.
-
-    The database stores no error message, so a build error and a run error read the same here.
-    """
-    kinds: dict[str, int] = {}
-    for r in rows:
-        if r.failed:
-            k = "no run_secs (build or run error)" if not r.run_secs else "run_secs=1e10 (build/run error or timeout)"
-            kinds[k] = kinds.get(k, 0) + 1
+def _error_kinds(db, workload_id: int, rows) -> dict:
+    """Failed trials by cause: the builder's or runner's message where the tuner kept it ("build: ..." /
+    "run: ..."), else (older files, rejected records) by what the record holds."""
+    kinds: dict[str, int] = {f"{kind}: {msg}": n for (kind, msg), n in db.trial_errors(workload_id).items()}
+    unexplained = sum(1 for r in rows if r.failed) - sum(kinds.values())
+    if unexplained > 0:
+        kinds["no message kept (rejected by the check, or tuned before messages were kept)"] = unexplained
     return kinds
 
 
@@ -142,7 +139,7 @@ def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None)
         "ops": planned["ops"] if planned else None,
         "inputs": [b.to_json() for b in bufs if b.role == "input"],
         "outputs": [b.to_json() for b in bufs if b.role == "output"],
-        "trials": w.trials, "failed": w.failed, "errors": _error_kinds(rows),
+        "trials": w.trials, "failed": w.failed, "errors": _error_kinds(db, w.workload_id, rows),
         "first_ms": None if first is None else first * 1e3, "best_ms": None if best is None else best * 1e3,
         "speedup": (first / best) if (first and best) else None,
         **_curve_stats(trial_secs),

@@ -96,6 +96,8 @@ class _BatchState:
     progress: TuneProgress | None = None
     history: list = field(default_factory=list)
     extra: int = 0  # records committed outside the search (the default schedule's)
+    database: object = None  # where failed trials' messages go (with mod)
+    mod: object = None
 
 
 @derived_object
@@ -107,12 +109,15 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         st = self.state
-        for res in runner_results:
+        for built, res in zip(builder_results, runner_results):
             st.trials += 1
             secs = [float(s) for s in (res.run_secs or [])]
             if res.error_msg is None and secs and max(secs) < _FAILED_SECS:
                 mean = sum(secs) / len(secs)
                 st.best = mean if st.best is None else min(st.best, mean)
+            elif st.database is not None:
+                kind, msg = ("build", built.error_msg) if built.error_msg else ("run", res.error_msg or "no time")
+                st.database.record_error(st.mod, kind, msg)
             st.history.append((st.trials, st.best))
         if st.progress is not None:
             st.progress.on_batch(st.index, st.trials, st.best)
@@ -193,7 +198,7 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
             if progress is not None:
                 progress.on_kernel_done(i, result)
             continue
-        state = _BatchState(index=i, progress=progress)
+        state = _BatchState(index=i, progress=progress, database=database, mod=kernel.mod)
         try:
             from tvmfuse.tune.spaces import select_space
 
@@ -292,6 +297,7 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target.target)])
     if built.error_msg is not None:
         log.warning("%s: the default schedule did not build: %s", kernel.name, built.error_msg.strip()[-200:])
+        database.record_error(kernel.mod, "build", built.error_msg)
         return 0, None
     (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda" if target.is_gpu else "cpu", args)])
     measured = future.result()
@@ -299,6 +305,7 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
     if failed:
         log.warning("%s: the default schedule did not run: %s", kernel.name,
                     (measured.error_msg or "no time").strip().splitlines()[-1][:200])
+        database.record_error(kernel.mod, "run", measured.error_msg or "no time")
     secs = [_FAILED_SECS * 10] if failed else [float(x) for x in measured.run_secs]
     workload = database.ms_database.commit_workload(kernel.mod)
     database.ms_database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, secs, target.target, args))
