@@ -254,7 +254,7 @@ def _cores(target: TargetInfo) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 4, seed: int = 0) -> dict | None:
+def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 4, seed: int = 0) -> dict:
     """Run the kernel's best record against its reference schedule on random inputs, outputs poisoned (NaN).
 
     A best record that computes wrong results (or leaves outputs unwritten) is rejected in the database and
