@@ -491,10 +491,6 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     notes = []
     for source, make in attempts:
         try:
-            if "tensorcore" in source:
-                from tvmfuse._tvm import ensure_tensor_intrinsics
-
-                ensure_tensor_intrinsics(kind, tensor_cores=True)
             gen = make()
             if source == f"stock:{kind}":  # the target's own space: the last resort, not dry-run
                 return SpaceChoice(cls, source, gen, spaces.version, "; ".join(notes))
