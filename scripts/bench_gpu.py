@@ -250,7 +250,8 @@ def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, dead
             log(f"{name}: no time left to tune (deadline); building from the database as it is")
         cfg = TuneConfig(trials=budget * len(kernels), trials_per_kernel=budget, trials_per_round=min(10, max(1, budget)),
                          population=32, max_workers=min(16, os.cpu_count() or 4), builder_timeout_s=120,
-                         runner_timeout_s=60, log_dir=OUT / "mslogs" / name)
+                         runner_timeout_s=60, log_dir=OUT / "mslogs" / name,
+                         time_budget_s=max(0.0, left - 60))  # leave time to check, build and time the case
         res = tune_kernels(kernels, target=target, database=db, config=cfg, model=name)
         rec["tune_s"] = time.time() - t0
         rec["tuning"] = [r.to_json() for r in res]

@@ -134,3 +134,50 @@ def test_failed_trials_keep_their_messages(tmp_path):
     report = inspect_database(InspectConfig(db=tmp_path / "t.db"))
     (k,) = report["kernels"]
     assert sum(k["errors"].values()) == k["failed"] == failed and all(e.startswith("run: ") for e in k["errors"])
+
+
+def test_time_budget_tunes_the_heaviest_kernel_first_and_skips_the_rest(tmp_path, example_model, llvm_target):
+    """With --time-budget the heaviest kernel goes first; kernels not started in time keep their default."""
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import extract_kernels, tune_kernels
+
+    llvm = llvm_target
+    kernels = extract_kernels(partition(import_model(load_model(example_model)), target=llvm)[0], target=llvm)
+    assert len({k.flops * max(1, k.weight) for k in kernels}) > 1  # the order is visible
+    db = open_database(tmp_path / "t.db", target=llvm)
+    try:
+        cfg = TuneConfig(trials=2 * len(kernels), trials_per_kernel=2, trials_per_round=1, population=16, check=False,
+                         time_budget_s=0.0)
+        res = tune_kernels(kernels, target=llvm, database=db, config=cfg)
+        assert [r.status for r in res] == ["skipped-time"] * len(kernels)
+        assert all(r.trials_run == 0 and "time budget" in r.message for r in res)
+        assert all(db.trials_spent(k.mod) == 0 for k in kernels)
+        # a budget that lets one kernel start: the heaviest (FLOPs x calls) is the one tuned
+        done = []
+
+        class Progress:
+            def on_start(self, ks, budgets): pass
+            def on_batch(self, i, n, best): pass
+            def on_kernel_done(self, i, r): done.append((i, r.status))
+
+        cfg = TuneConfig(trials=2 * len(kernels), trials_per_kernel=2, trials_per_round=1, population=16,
+                         check=False, time_budget_s=1e-3)
+        res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress())
+    finally:
+        db.close()
+    heaviest = max(range(len(kernels)), key=lambda i: kernels[i].flops * max(1, kernels[i].weight))
+    assert done[0] == (heaviest, "tuned")
+    assert res[heaviest].trials_run >= 1
+    assert {s for _, s in done[1:]} == {"skipped-time"} and len(done) == len(kernels)
+
+
+def test_error_line_keeps_the_cause_not_the_launch_configuration():
+    from tvmfuse.db.database import error_line
+
+    msg = ("Traceback (most recent call last):\n  File x\nRuntimeError: CUDA_ERROR_INVALID_VALUE: invalid argument\n"
+           "  grid=(8192,1,1),  block=(32,8,1)\n")
+    assert error_line(msg) == "RuntimeError: CUDA_ERROR_INVALID_VALUE: invalid argument"
+    assert error_line("line one\nlast line\n") == "last line"
+    assert error_line("  \n") == "no message"

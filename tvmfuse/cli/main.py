@@ -92,6 +92,9 @@ def tune_command(
     trials: int = typer.Option(64, "--trials", min=0, help="New trials this run may spend over all kernels."),
     trials_per_kernel: int = typer.Option(16, "--trials-per-kernel", min=1, help="Budget per fused kernel; kernels whose records reach it are skipped."),
     retune: bool = typer.Option(False, "--retune", help="Spend the budget again on kernels already tuned."),
+    time_budget: Optional[float] = typer.Option(
+        None, "--time-budget", min=0, help="Wall seconds for the run: kernels are tuned heaviest first, and those "
+        "not started in time keep their default schedule (resume later to tune them)."),
     planner: Optional[str] = PlannerOpt, input_shape: Optional[List[str]] = InputShapeOpt,
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
@@ -101,7 +104,7 @@ def tune_command(
         from tvmfuse.tune import TuneConfig
 
         cfg = _model_config(model, target, db, planner, input_shape)
-        tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune)
+        tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune, time_budget_s=time_budget)
         with _RichProgress(enabled=not json_out) as progress:
             report = api.tune(cfg, tcfg, progress=progress)
         if json_out:

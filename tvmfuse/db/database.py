@@ -8,13 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
 import tvmfuse
-from tvmfuse._tvm import derived_object, ms, record_from_json, record_to_json, tvm_version
+from tvmfuse._tvm import derived_object, ms, record_from_json, record_to_json, tvm, tvm_version
 from tvmfuse.db.store import Store
 from tvmfuse.errors import DatabaseError
 from tvmfuse.target import TargetInfo
@@ -52,6 +53,19 @@ class WorkloadStats:
     first_secs: float | None
     first_time: float | None
     last_time: float | None
+
+
+_CAUSE = re.compile(r"error|check failed|cuda_|timeout|terminated|out of memory|exception|invalid|failed",
+                    re.IGNORECASE)
+
+
+def error_line(message: str) -> str:
+    """The line of a build/run error message that says why: the last one naming an error (MetaSchedule's
+    runner ends CUDA failures with a launch-configuration line, which alone says nothing), else the last."""
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    if not lines:
+        return "no message"
+    return next((ln for ln in reversed(lines) if _CAUSE.search(ln)), lines[-1])
 
 
 @dataclass(frozen=True)
@@ -174,7 +188,7 @@ class TuningDatabase(ms.database.PyDatabase):
     def record_error(self, mod, kind: str, message: str) -> None:
         """Keep why one trial of ``mod`` failed (``kind``: build | run) beside its failed record."""
         wid = self._commit(mod)
-        line = next((ln.strip() for ln in reversed(str(message).splitlines()) if ln.strip()), "no message")
+        line = error_line(message)
         with self.store.transaction() as c:
             c.execute("INSERT INTO trial_errors(workload_id, target, device, kind, message, created) "
                       "VALUES (?, ?, ?, ?, ?, ?)", (wid, *self._key, kind, line[:300], time.time()))
@@ -244,6 +258,14 @@ class TuningDatabase(ms.database.PyDatabase):
                                  args_info=rec[3] if len(rec) > 3 else None, tvmfuse_version=fv,
                                  tvm_version=tv, space_version=sv, created=created))
         return out
+
+    def schedule_of(self, row: RecordRow, mod):
+        """The scheduled IRModule of one stored record: its trace replayed on ``mod`` (the workload)."""
+        (rec_json,), = self.store.query("SELECT record_json FROM records WHERE id=?", (row.id,))
+        record = self._to_record(rec_json, self._workload(row.workload_id, mod))
+        sch = tvm.s_tir.Schedule(mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        return sch.mod
 
     def workload_mod(self, workload_id: int):
         """The IRModule of a workload."""

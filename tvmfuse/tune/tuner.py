@@ -10,6 +10,7 @@ import logging
 import math
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -34,6 +35,9 @@ class TuneConfig:
     trials_per_round : candidates measured per search round
     population : evolutionary-search population (smaller is faster per round on 2 cores)
     retune : spend the budget again even where the database shows it spent
+    time_budget_s : wall seconds for the whole run; when set, kernels are tuned heaviest first (FLOPs x
+        calls) and a kernel not started when the time is up keeps its default schedule
+        (``skipped-time``). A kernel already started finishes its trials.
     """
 
     trials: int = 64
@@ -50,6 +54,7 @@ class TuneConfig:
     cost_model: str = "auto"  # xgb where xgboost imports, else random (the GPU box has no xgboost)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
+    time_budget_s: float | None = None
 
 
 @dataclass
@@ -61,7 +66,7 @@ class KernelResult:
     trials_run: int = 0
     best_before_s: float | None = None
     best_s: float | None = None
-    status: str = "pending"  # tuned | resumed | exhausted | skipped-spent | skipped-budget | failed
+    status: str = "pending"  # tuned | resumed | exhausted | skipped-spent | skipped-budget | skipped-time | failed
     message: str = ""
     space: dict | None = None  # kernel class, space source, space version, fallback notes
     curve: list = field(default_factory=list)  # [trials, best seconds] after each measured batch
@@ -191,7 +196,19 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
 
 def _tune_all(kernels, budgets, spent, results, *, target, database, config, spaces, builder, runner, log_root,
               progress) -> list[KernelResult]:
-    for i, (kernel, budget, result) in enumerate(zip(kernels, budgets, results)):
+    order = list(range(len(kernels)))
+    deadline = None
+    if config.time_budget_s is not None:
+        deadline = time.monotonic() + config.time_budget_s
+        order.sort(key=lambda i: -(kernels[i].flops * max(1, kernels[i].weight)))
+    for i in order:
+        kernel, budget, result = kernels[i], budgets[i], results[i]
+        if budget > 0 and deadline is not None and time.monotonic() >= deadline:
+            result.status, result.best_s = "skipped-time", result.best_before_s
+            result.message = f"the time budget ({config.time_budget_s:g} s) ran out before this kernel"
+            if progress is not None:
+                progress.on_kernel_done(i, result)
+            continue
         if budget <= 0:
             result.status = "skipped-spent" if spent[i] >= config.trials_per_kernel and not config.retune else "skipped-budget"
             result.best_s = result.best_before_s
@@ -270,9 +287,8 @@ def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 
         if not rows:
             return {"ok": None, "rejected": rejected, "note": "no valid record"}
         best = min(rows, key=lambda r: (r.mean_secs, r.id))  # the order a build's query uses
-        with target.target:
-            sch = database.ms_database.query_schedule(kernel.mod, target.target, kernel.name)
-        result = check_kernel(kernel.mod, sch.mod, target, name=kernel.name, seed=seed).to_json()
+        result = check_kernel(kernel.mod, database.schedule_of(best, kernel.mod), target, name=kernel.name,
+                              seed=seed).to_json()
         if result["ok"]:
             return {**result, "rejected": rejected}
         log.warning("%s: the best schedule computes wrong results (relative error %.3g, %d unwritten); rejected",
