@@ -225,3 +225,24 @@ def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("True")
+
+
+def test_tensorcore_samples_apply_when_the_tile_rows_are_odd(cuda):
+    """M = 7 x 256 (ResNet-50's 32 x 7 x 7 convs): a raster group that does not divide the 7 tile rows made
+    tensorize fail inside MetaSchedule's search and abort the kernel's tuning on the H200."""
+    from tvmfuse._tvm import ms
+
+    model, _, _ = CASES["gemm_bias_relu"](M=7 * 256, K=32, N=32)
+    path = Path(tempfile.mkdtemp()) / "mm.onnx"
+    onnx.save(model, path)
+    (kernel,) = extract_kernels(partition(import_model(load_model(path)), target=cuda)[0], target=cuda)
+    choice = select_space(kernel.mod, cuda.target)
+    assert choice.source == "template:gemm_tensorcore", choice
+    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
+    sketches = ctx.generate_design_space()
+    for seed in range(1, 25):  # every sampled point of every sketch applies (before the fix, seed 3 failed)
+        for sketch in sketches:
+            sch = tvm.s_tir.Schedule(kernel.mod, seed=seed)
+            tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            assert any(inst.kind.name == "Tensorize" for inst in sch.trace.insts)

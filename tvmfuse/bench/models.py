@@ -36,6 +36,13 @@ class _Graph:
         self.weight_bytes += int(np.prod(shape)) * self.dtype.itemsize
         return name
 
+    def scaled(self, name: str, factor: float) -> str:
+        """Multiply the initializer ``name`` by ``factor`` in place (returns ``name``)."""
+        if factor != 1.0:
+            init = next(t for t in self.inits if t.name == name)
+            init.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(init) * factor).astype(self.dtype), name))
+        return name
+
     def const_i64(self, values, prefix: str = "shape") -> str:
         name = self.name(prefix)
         self.inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
@@ -57,12 +64,13 @@ class _Graph:
 
 
 # ---------------------------------------------------------------------------------------------- ResNet
-def _conv_bn(g: _Graph, x: str, cin: int, cout: int, k: int, stride: int, hw: int, batch: int, *, relu: bool) -> str:
+def _conv_bn(g: _Graph, x: str, cin: int, cout: int, k: int, stride: int, hw: int, batch: int, *, relu: bool,
+             gamma: float = 1.0) -> str:
     w = g.weight((cout, cin, k, k), (2.0 / (cin * k * k)) ** 0.5)
     y = g.op("Conv", [x, w], kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
     out_hw = (hw + 2 * (k // 2) - k) // stride + 1
     g.flops += 2 * batch * out_hw * out_hw * cout * cin * k * k
-    bn = [g.weight((cout,), 0, "gamma", positive=True), g.weight((cout,), 0.1, "beta"),
+    bn = [g.scaled(g.weight((cout,), 0, "gamma", positive=True), gamma), g.weight((cout,), 0.1, "beta"),
           g.weight((cout,), 0.1, "mean"), g.weight((cout,), 0, "var", positive=True)]
     y = g.op("BatchNormalization", [y, *bn], epsilon=1e-5)
     return g.op("Relu", [y]) if relu else y
@@ -84,7 +92,10 @@ def resnet50(batch=32, size=224, width=64, blocks=(3, 4, 6, 3), classes=1000, dt
             y = _conv_bn(g, x, cin, mid, 1, 1, hw, batch, relu=True)
             y = _conv_bn(g, y, mid, mid, 3, stride, hw, batch, relu=True)
             out_hw = (hw - 1) // stride + 1
-            y = _conv_bn(g, y, mid, cout, 1, 1, out_hw, batch, relu=False)
+            # the residual branch's last BatchNorm starts small, as trained ResNets' do (zero-init-residual):
+            # with unit gammas the block outputs double in variance 16 times and overflow fp16 (58473 at the
+            # last block with random weights, measured in fp32)
+            y = _conv_bn(g, y, mid, cout, 1, 1, out_hw, batch, relu=False, gamma=0.2)
             short = x if (stride == 1 and cin == cout) else _conv_bn(g, x, cin, cout, 1, stride, hw, batch, relu=False)
             x = g.op("Relu", [g.op("Add", [y, short])])
             cin, hw = cout, out_hw

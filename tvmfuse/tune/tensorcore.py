@@ -143,7 +143,10 @@ def _schedule(sch, space, stages: int) -> None:
     # block rasterization: consecutive blocks walk `group` tile rows down before moving right, so the blocks
     # in flight share B's column tiles in L2 instead of streaming all of B once per row of tiles
     group_k = knobs.get("raster_group", Knob("raster_group", (1,), (1.0,)))
-    group = _sample(sch, group_k.filtered(lambda v: int(v) <= row_tiles_min))
+    # the group must divide the tile rows whatever the tile: those counts are row_tiles_min x a power of two,
+    # so it must divide row_tiles_min (a partial group is a predicate around the tensorized body, which
+    # tensorize rejects: ResNet-50's 7x7 convs, 32 x 7 x 7 = 7 tile rows of 256, failed with group 4)
+    group = _sample(sch, group_k.filtered(lambda v: row_tiles_min % int(v) == 0))
     i0o, i0i = sch.split(i0, [None, group])
     sch.reorder(i0o, j0, i0i)
     sch.bind(sch.fuse(i0o, j0, i0i), "blockIdx.x")
