@@ -183,8 +183,6 @@ def reference(model, arrays, target):
         del outs
         torch.cuda.empty_cache()
         return res
-    from tvmfuse.verify import run_onnxruntime
-
     names = [i.name for i in model.graph.input]
     return run_onnxruntime_proto(model, dict(zip(names, arrays)))
 

@@ -3,7 +3,6 @@ import json
 import numpy as np
 import pytest
 
-from tvmfuse import verify
 from tvmfuse.compile import build
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.plan import partition

@@ -49,7 +49,6 @@ def test_wrong_input_shape_is_a_clear_error(example_artifact):
 def test_verification_failure_is_reported(example_artifact, tmp_path):
     """An artifact checked against a different model must fail verification, not pass silently."""
     import onnx
-    from onnx import helper
 
     model = onnx.load(api.EXAMPLE_MODEL)
     for init in model.graph.initializer:

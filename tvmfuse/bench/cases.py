@@ -6,7 +6,6 @@ output written once (weights included); ``flops`` is 0 for memory-bound cases.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 _F16 = TensorProto.FLOAT16

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvmfuse._tvm import tvm
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ outside and whose result is every tensor used outside the group (a tuple when se
 """
 from __future__ import annotations
 
-from tvmfuse._tvm import RelaxConstant, TupleType, relax, tvm
+from tvmfuse._tvm import TupleType, relax, tvm
 from tvmfuse.plan.graph import Graph, Node, substitute
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tvmfuse._tvm import PrimFunc, relax, tvm
-from tvmfuse.plan.cluster import Cluster, bytes_fused, bytes_unfused, external_outputs, reused_inputs
+from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
-from tvmfuse.plan.graph import NOT_KERNEL, Graph, build_graph, tensor_bytes
+from tvmfuse.plan.graph import NOT_KERNEL, Graph, build_graph
 from tvmfuse.plan.legality import can_fuse
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -25,6 +24,8 @@ import yaml
 
 from tvmfuse._tvm import ms, tvm
 from tvmfuse.errors import TvmfuseError
+from tvmfuse.tune.knobs import Knob, names_in, sample
+from tvmfuse.tune.tensorcore import tensorcore_postprocs, template_gemm_tensorcore
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 CLASSES = ("pointwise", "row_reduction", "gemm", "conv", "attention", "other")
@@ -32,20 +33,6 @@ _DATA_PAR, _REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
 
 
 # ----------------------------------------------------------------------------------------- loading
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    values: tuple
-    probs: tuple
-
-    def filtered(self, keep: Callable[[object], bool]) -> "Knob":
-        pairs = [(v, p) for v, p in zip(self.values, self.probs) if keep(v)]
-        if not pairs:
-            pairs = [(self.values[-1], 1.0)]
-        total = sum(p for _, p in pairs) or 1.0
-        return Knob(self.name, tuple(v for v, _ in pairs), tuple(p / total for _, p in pairs))
-
-
 @dataclass(frozen=True)
 class ClassSpace:
     name: str
@@ -134,10 +121,6 @@ def _blocks(func) -> list:
     return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
-def _names_in(expr) -> set[str]:
-    return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", str(expr)))
-
-
 def classify(func) -> str:
     """The kernel class of a fused PrimFunc (see module docstring)."""
     attrs = func.attrs
@@ -159,17 +142,13 @@ def classify(func) -> str:
     # a reduction reading two different tensors both indexed by the reduction var is a contraction
     for b in reductions:
         rvars = {str(iv.var.name) for iv in b.iter_vars if int(iv.iter_type) == _REDUCE}
-        with_r = {r.source.name for r in b.reads if any(_names_in(rg.min) & rvars for rg in r.region)}
+        with_r = {r.source.name for r in b.reads if any(names_in(rg.min) & rvars for rg in r.region)}
         if len(with_r) >= 2:
             return "gemm"
     return "row_reduction"
 
 
 # ------------------------------------------------------------------------------------------ templates
-def _sample(sch, knob: Knob):
-    return sch.sample_categorical(candidates=list(knob.values), probs=list(knob.probs))
-
-
 def _dtype_bytes(dtype) -> int:
     return max(1, tvm.runtime.DataType(str(dtype)).bits // 8)
 
@@ -219,21 +198,21 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
         blk = s.get_sblock(s.get(block).name_hint)
         loops = s.get_loops(blk)
         fused = s.fuse(*loops) if len(loops) > 1 else loops[0]
-        vec = _sample(s, vec_k)
+        vec = sample(s, vec_k)
         outer, lanes = s.split(fused, [None, vec])
-        threads = _sample(s, thr_k)
+        threads = sample(s, thr_k)
         if mode == "grid-stride":
             # grid = waves x SMs blocks; each thread strides over the whole tensor
             sms = int(info.get("sm_count", 132))
             wk = space.knobs["grid_stride_waves"]
-            blocks = _sample(s, Knob("grid_blocks", tuple(int(w) * sms for w in wk.values), wk.probs))
+            blocks = sample(s, Knob("grid_blocks", tuple(int(w) * sms for w in wk.values), wk.probs))
             it_bx, tx = s.split(outer, [None, threads])
             it, bx = s.split(it_bx, [None, blocks])
             s.reorder(bx, tx, it, lanes)
             s.bind(bx, "blockIdx.x")
             s.bind(tx, "threadIdx.x")
         else:
-            per = _sample(s, per_k)
+            per = sample(s, per_k)
             bx, p, tx = s.split(outer, [None, per, threads])
             s.reorder(bx, tx, p, lanes)
             s.bind(bx, "blockIdx.x")
@@ -241,7 +220,7 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
             it = p
         _stage_through_registers(s, blk, it, lanes)
         if "unroll" in space.knobs:
-            s.annotate(s.get_sblock("root"), "meta_schedule.unroll_explicit", _sample(s, space.knobs["unroll"]))
+            s.annotate(s.get_sblock("root"), "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
     return sketches
 
@@ -349,15 +328,15 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         col = s.get_loops(out)[-1]
         threads_k = space.knobs["threads"].filtered(lambda t: int(t) <= cols)
         vec_k = _vector_knob(space.knobs["vector_lanes"], cols, max(ebytes, 2))
-        threads = _sample(s, threads_k)
-        vec = _sample(s, vec_k)
+        threads = sample(s, threads_k)
+        vec = sample(s, vec_k)
         co, lanes = s.split(col, [None, vec])
         _, tx = s.split(co, [None, threads])
         rows_k = space.knobs.get("rows_per_block")
         if rows_k is not None:
             per_row = max(1, staged_bytes)
             rows_k = rows_k.filtered(lambda r: n_rows % int(r) == 0 and int(r) * per_row <= max_shared)
-            rpb = _sample(s, rows_k)
+            rpb = sample(s, rows_k)
             row, ty = s.split(row, [None, rpb])
             s.bind(ty, "threadIdx.y")
             anchor = ty
@@ -390,7 +369,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                      and int(r.source.shape[-1]) == cols]
         _stage_through_registers(s, out, tx, lanes, reads=row_reads)
         if "unroll" in space.knobs:
-            s.annotate(root_s, "meta_schedule.unroll_explicit", _sample(s, space.knobs["unroll"]))
+            s.annotate(root_s, "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
     if not sketches:
         raise ValueError("row_reduction template: no sketch fits")
@@ -405,26 +384,38 @@ def template_attention(sch, space: ClassSpace, info: dict) -> list:
         raise ValueError("attention template: needs the planner's single attention block")
     loops = sch.get_loops(blocks[0])
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    threads = _sample(sch, space.knobs["threads"])
+    threads = sample(sch, space.knobs["threads"])
     bx, tx = sch.split(fused, [None, threads])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     if "unroll" in space.knobs:
-        sch.annotate(root, "meta_schedule.unroll_explicit", _sample(sch, space.knobs["unroll"]))
+        sch.annotate(root, "meta_schedule.unroll_explicit", sample(sch, space.knobs["unroll"]))
     return [sch]
 
 
-def _template_gemm_tensorcore(sch, space: ClassSpace, info: dict) -> list:
-    from tvmfuse.tune.tensorcore import template_gemm_tensorcore
+@dataclass(frozen=True)
+class Template:
+    """A schedule template as a space file names it.
 
-    return template_gemm_tensorcore(sch, space, info)
+    ``schedule(sch, space, info)`` returns the sketches; ``postprocs(space)`` the MetaSchedule postprocs its
+    candidates go through (None: the target's defaults); ``tensor_cores``: its traces tensorize, so the
+    tensor intrinsics must be registered before they are applied.
+    """
+
+    schedule: Callable
+    postprocs: Callable | None = None
+    tensor_cores: bool = False
 
 
-TEMPLATES: dict[str, Callable] = {
-    "pointwise": template_pointwise,
-    "row_reduction": template_row_reduction,
-    "attention": template_attention,
-    "gemm_tensorcore": _template_gemm_tensorcore,
+def _tensorcore_postprocs(space: ClassSpace) -> list:
+    return tensorcore_postprocs(int(space.extra.get("max_dynamic_shared_bytes", 49152)))
+
+
+TEMPLATES: dict[str, Template] = {
+    "pointwise": Template(template_pointwise),
+    "row_reduction": Template(template_row_reduction),
+    "attention": Template(template_attention),
+    "gemm_tensorcore": Template(template_gemm_tensorcore, _tensorcore_postprocs, tensor_cores=True),
 }
 
 
@@ -443,15 +434,11 @@ class SpaceChoice:
         return {"class": self.kernel_class, "space": self.source, "version": self.version, "note": self.note}
 
 
-def _schedule_fn(template: Callable, space: ClassSpace, info: dict, target_kind: str):
+def _schedule_fn(template: Template, space: ClassSpace, info: dict, target_kind: str):
     def fn(sch):
-        return template(sch, space, info)
+        return template.schedule(sch, space, info)
 
-    postprocs = target_kind
-    if template is _template_gemm_tensorcore:
-        from tvmfuse.tune.tensorcore import tensorcore_postprocs
-
-        postprocs = tensorcore_postprocs(int(space.extra.get("max_dynamic_shared_bytes", 49152)))
+    postprocs = template.postprocs(space) if template.postprocs else target_kind
     return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=postprocs, mutator_probs=target_kind)
 
 
@@ -460,11 +447,11 @@ def _stock(rules: str | None, target_kind: str):
     return ms.space_generator.PostOrderApply(sch_rules=kind, postprocs=kind, mutator_probs=kind)
 
 
-def _dry_run(generator, mod, target, source: str = "") -> int:
+def _dry_run(generator, mod, target, tensor_cores: bool) -> int:
     """Generate the design space once on the CPU; the number of sketches (raises if it fails)."""
     from tvmfuse._tvm import ensure_tensor_intrinsics
 
-    ensure_tensor_intrinsics(target.kind.name, tensor_cores="tensorcore" in source)
+    ensure_tensor_intrinsics(target.kind.name, tensor_cores=tensor_cores)
     ctx = ms.TuneContext(mod=mod, target=target, space_generator=generator,
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="dry-run")
     return len(ctx.generate_design_space())
@@ -478,23 +465,27 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     cls = classify(func)
     space = spaces.for_class(cls)
     info = {"sm_count": int(space.extra.get("sm_count", 132))}
-    attempts: list[tuple[str, Callable]] = []
+    # (source, make the generator, its traces tensorize); MetaSchedule names its tensor-core rule sets *-tensorcore
+    attempts: list[tuple[str, Callable, bool]] = []
     if space.template != "stock":
         tmpl = TEMPLATES[space.template]
-        attempts.append((f"template:{space.template}", lambda: _schedule_fn(tmpl, space, info, kind)))
+        attempts.append((f"template:{space.template}", lambda: _schedule_fn(tmpl, space, info, kind),
+                         tmpl.tensor_cores))
     else:
-        attempts.append((f"stock:{space.stock_rules or kind}", lambda: _stock(space.stock_rules, kind)))
+        rules = space.stock_rules or kind
+        attempts.append((f"stock:{rules}", lambda: _stock(space.stock_rules, kind), "tensorcore" in rules))
     if space.fallback_rules:
-        attempts.append((f"stock:{space.fallback_rules}", lambda: _stock(space.fallback_rules, kind)))
-    if not any(src == f"stock:{kind}" for src, _ in attempts):
-        attempts.append((f"stock:{kind}", lambda: _stock(kind, kind)))
+        attempts.append((f"stock:{space.fallback_rules}", lambda: _stock(space.fallback_rules, kind),
+                         "tensorcore" in space.fallback_rules))
+    if not any(src == f"stock:{kind}" for src, _, _ in attempts):
+        attempts.append((f"stock:{kind}", lambda: _stock(kind, kind), False))
     notes = []
-    for source, make in attempts:
+    for source, make, tensor_cores in attempts:
         try:
             gen = make()
             if source == f"stock:{kind}":  # the target's own space: the last resort, not dry-run
                 return SpaceChoice(cls, source, gen, spaces.version, "; ".join(notes))
-            n = _dry_run(gen, mod, target, source)
+            n = _dry_run(gen, mod, target, tensor_cores)
         except Exception as err:  # noqa: BLE001 - a space that cannot schedule this kernel: try the next
             notes.append(f"{source} failed: {(str(err).strip().splitlines() or [type(err).__name__])[-1][:160]}")
             continue

@@ -20,6 +20,7 @@ MetaSchedule decision:
 from __future__ import annotations
 
 from tvmfuse._tvm import tvm
+from tvmfuse.tune.knobs import Knob, names_in, sample
 
 _MICRO = 16
 _WARP = 32
@@ -64,7 +65,6 @@ def _schedule(sch, space, stages: int) -> None:
                                              get_reduction_blocks)
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
-    from tvmfuse.tune.spaces import Knob, _names_in, _sample
 
     root = sch.get_sblock("root")
     reductions = get_reduction_blocks(sch, sch.get_child_blocks(root))
@@ -81,7 +81,7 @@ def _schedule(sch, space, stages: int) -> None:
     # memory keeps B's global order so the global loads are coalesced 16-byte vectors, not gathers.
     reduce_vars = {str(iv.var.name) for iv in stmt.iter_vars if int(iv.iter_type) == 2}
     b_last = stmt.reads[1].region[-1].min
-    b_k_contiguous = bool(_names_in(b_last) & reduce_vars)
+    b_k_contiguous = bool(names_in(b_last) & reduce_vars)
 
     knobs = space.knobs
     warps_m_k, warps_n_k = knobs["warps_m"], knobs["warps_n"]
@@ -132,9 +132,9 @@ def _schedule(sch, space, stages: int) -> None:
     outer = sch.blockize(i_in)
 
     # 2. tiles: [grid, warps, fragments per warp] on I and J, [steps, fragments per step] on K
-    wm, fm = _sample(sch, warps_m_k), _sample(sch, frags_m_k)
-    wn, fn = _sample(sch, warps_n_k), _sample(sch, frags_n_k)
-    kf = _sample(sch, k_frags_k)
+    wm, fm = sample(sch, warps_m_k), sample(sch, frags_m_k)
+    wn, fn = sample(sch, warps_n_k), sample(sch, frags_n_k)
+    kf = sample(sch, k_frags_k)
     i0, i1, i2 = sch.split(i, [None, wm, fm])
     j0, j1, j2 = sch.split(j, [None, wn, fn])
     k0, k1 = sch.split(k, [None, kf])
@@ -146,7 +146,7 @@ def _schedule(sch, space, stages: int) -> None:
     # the group must divide the tile rows whatever the tile: those counts are row_tiles_min x a power of two,
     # so it must divide row_tiles_min (a partial group is a predicate around the tensorized body, which
     # tensorize rejects: ResNet-50's 7x7 convs, 32 x 7 x 7 = 7 tile rows of 256, failed with group 4)
-    group = _sample(sch, group_k.filtered(lambda v: row_tiles_min % int(v) == 0))
+    group = sample(sch, group_k.filtered(lambda v: row_tiles_min % int(v) == 0))
     i0o, i0i = sch.split(i0, [None, group])
     sch.reorder(i0o, j0, i0i)
     sch.bind(sch.fuse(i0o, j0, i0i), "blockIdx.x")
@@ -154,7 +154,7 @@ def _schedule(sch, space, stages: int) -> None:
     sch.bind(warp, "threadIdx.y")
 
     # 3. A and B through dynamic shared memory, vectorized, pipelined against the mma loop
-    vec = _sample(sch, vec_k)
+    vec = sample(sch, vec_k)
 
     def to_shared(index: int):
         cache = sch.cache_read(outer, index, "shared.dyn")
@@ -225,7 +225,7 @@ def _schedule(sch, space, stages: int) -> None:
 
     auto_inline_consumer_chain(sch, acc_shared)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
-    _, tx, lanes = sch.split(fused, [None, _WARP, _sample(sch, knobs["store_lanes"])])
+    _, tx, lanes = sch.split(fused, [None, _WARP, sample(sch, knobs["store_lanes"])])
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(lanes)
 

@@ -7,7 +7,6 @@ per kernel; within a kernel MetaSchedule's evolutionary search and XGBoost cost 
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import tempfile
 import time

@@ -1,0 +1,31 @@
+"""Knobs: a named, searchable choice of a schedule template (values and their prior probabilities)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    values: tuple
+    probs: tuple
+
+    def filtered(self, keep: Callable[[object], bool]) -> "Knob":
+        """The values ``keep`` accepts, probabilities renormalized (the last value if none is accepted)."""
+        pairs = [(v, p) for v, p in zip(self.values, self.probs) if keep(v)]
+        if not pairs:
+            pairs = [(self.values[-1], 1.0)]
+        total = sum(p for _, p in pairs) or 1.0
+        return Knob(self.name, tuple(v for v, _ in pairs), tuple(p / total for _, p in pairs))
+
+
+def sample(sch, knob: Knob):
+    """A MetaSchedule decision over the knob's values (what the search mutates)."""
+    return sch.sample_categorical(candidates=list(knob.values), probs=list(knob.probs))
+
+
+def names_in(expr) -> set[str]:
+    """The identifiers in a TIR expression's text."""
+    return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", str(expr)))
