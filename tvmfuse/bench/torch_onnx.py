@@ -32,11 +32,12 @@ def check_supported(model: onnx.ModelProto) -> None:
         raise Unsupported("ops not in tvmfuse's torch interpreter: " + ", ".join(bad))
 
 
-def build_fn(model: onnx.ModelProto, device, float_dtype=None):
+def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bool = False):
     """A function ``f(*inputs) -> outputs`` (torch tensors) computing the ONNX graph with torch ops.
 
     ``float_dtype`` (e.g. ``torch.float32``) casts the floating-point weights, for a higher-precision
-    reference run on upcast inputs.
+    reference run on upcast inputs. ``channels_last`` stores 4-D weights channels-last (give 4-D inputs
+    the same memory format), the layout cuDNN and Inductor run convolutions fastest in.
     """
     import torch
     import torch.nn.functional as F
@@ -45,6 +46,8 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None):
     inits = {t.name: torch.from_numpy(np.array(numpy_helper.to_array(t))).to(device) for t in model.graph.initializer}
     if float_dtype is not None:
         inits = {k: v.to(float_dtype) if v.is_floating_point() else v for k, v in inits.items()}
+    if channels_last:
+        inits = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in inits.items()}
     init_names = set(inits)
     in_names = [i.name for i in model.graph.input if i.name not in init_names]
     out_names = [o.name for o in model.graph.output]
