@@ -266,3 +266,28 @@ def test_row_template_takes_4d_softmax_and_3d_layernorm(cuda):
         assert mods
         for m in mods:
             assert "__shfl_down_sync" in tvm.compile(m, target=cuda.target).mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("case", ["pointwise", "swiglu"])
+def test_pointwise_candidates_at_anchor_size_keep_a_few_registers_per_thread(case, cuda):
+    """At 16384 x 8192 (a row spans several thread blocks) most candidates used to ask for the whole tensor
+    as each thread's register array (268 million elements) or failed to vectorize: the register caches were
+    addressed through the fused index's division and modulo, which TVM could not compact."""
+    from tvmfuse._tvm import ms
+
+    model, _, _ = CASES[case]()
+    path = Path(tempfile.mkdtemp()) / f"{case}.onnx"
+    onnx.save(model, path)
+    (kernel,) = extract_kernels(partition(import_model(load_model(path)), target=cuda)[0], target=cuda)
+    choice = select_space(kernel.mod, cuda.target)
+    assert choice.source == "template:pointwise", choice
+    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
+    for seed in range(1, 7):
+        for sketch in ctx.generate_design_space():
+            sch = tvm.s_tir.Schedule(kernel.mod, seed=seed)
+            tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            with build_context():
+                src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
+            sizes = [int(n) for n in re.findall(r"_local_ptr\[(\d+)\];", src)]
+            assert sizes and max(sizes) <= 8, (seed, sizes)

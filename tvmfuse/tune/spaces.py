@@ -196,6 +196,9 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
     for mode in space.knobs.get("loop", Knob("loop", ("one-shot",), (1.0,))).values:
         s = sch.copy()
         blk = s.get_sblock(s.get(block).name_hint)
+        if len(shape) > 1 and [int(iv.dom.extent) for iv in s.get(blk).iter_vars] == shape:
+            # one flat iterator: the register caches are then indexed by it directly (see _flatten_copy)
+            s.transform_block_layout(blk, _flat_map(shape))
         loops = s.get_loops(blk)
         fused = s.fuse(*loops) if len(loops) > 1 else loops[0]
         vec = sample(s, vec_k)
@@ -218,7 +221,10 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
             s.bind(bx, "blockIdx.x")
             s.bind(tx, "threadIdx.x")
             it = p
-        _stage_through_registers(s, blk, it, lanes)
+        # full-size operands go through registers as vectors; broadcast ones (a bias row) are read in place:
+        # a register cache of them is addressed modulo the row, which TVM cannot compact to the thread's share
+        full = [str(r.source.name) for r in s.get(blk).reads if [int(d) for d in r.source.shape] == shape]
+        _stage_through_registers(s, blk, it, lanes, reads=full)
         if "unroll" in space.knobs:
             s.annotate(s.get_sblock("root"), "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
@@ -237,6 +243,41 @@ def _vectorize_under(s, block, anchor) -> None:
     s.vectorize(lp)
 
 
+def _flat_map(dims: list[int]):
+    def flat(*idx):
+        f = idx[0]
+        for i, extent in zip(idx[1:], dims[1:]):
+            f = f * extent + i
+        return (f,)
+
+    return tvm.tirx.IndexMap.from_func(flat, ndim=len(dims))
+
+
+def _flatten_copy(s, copy, which: tuple) -> None:
+    """Make a register cache one-dimensional, buffer and copy block: ``(i, j, ...) -> i * J + j ...``.
+
+    A thread's vector of a row-major tensor is addressed through a fused index as ``(f // N, f % N)``; on
+    multi-dimensional caches TVM could not prove that region to be ``vec`` elements when a row spans
+    several thread blocks (``bx * 2048 - (bx // 4) * 8192`` against ``(bx % 4) * 2048``): it kept the whole
+    tensor as each thread's array (a 16384 x 8192 SwiGLU asked for 268 million registers per thread) or
+    left loops of min/max extent that cannot be vectorized. Flat, the index simplifies back to ``f``.
+    ``copy`` is the cache block (fresh, at the root); ``which`` names its local buffer.
+    """
+    kind, index = which
+    stmt = s.get(copy)
+    buf = (stmt.writes if kind == "write" else stmt.reads)[index].source
+    dims = [int(d) for d in buf.shape]
+    if len(dims) < 2 or [int(iv.dom.extent) for iv in stmt.iter_vars] != dims:
+        return
+    try:
+        s.transform_block_layout(copy, _flat_map(dims))
+    except tvm.s_tir.ScheduleError:
+        # the copy shares its loops with the block it caches (a cache_write under that block's thread
+        # loops, as in the row template): those indices carry no fused division, nothing to flatten
+        return
+    s.transform_layout(copy, which, _flat_map(dims))
+
+
 def _stage_through_registers(s, block, anchor, lanes, *, reads=True) -> None:
     """Vector loads into registers, scalar math, one vector store.
 
@@ -251,9 +292,11 @@ def _stage_through_registers(s, block, anchor, lanes, *, reads=True) -> None:
         names = list(reads or [])
     for name in names:
         cr = s.cache_read(block, name, "local", consumer_blocks=[block])
+        _flatten_copy(s, cr, ("write", 0))
         s.compute_at(cr, anchor, preserve_unit_loops=True)
         _vectorize_under(s, cr, anchor)
     cw = s.cache_write(block, 0, "local")
+    _flatten_copy(s, cw, ("read", 0))
     s.reverse_compute_at(cw, anchor, preserve_unit_loops=True)
     _vectorize_under(s, cw, anchor)
     s.unroll(lanes)
