@@ -291,3 +291,20 @@ def test_pointwise_candidates_at_anchor_size_keep_a_few_registers_per_thread(cas
                 src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
             sizes = [int(n) for n in re.findall(r"_local_ptr\[(\d+)\];", src)]
             assert sizes and max(sizes) <= 8, (seed, sizes)
+
+
+def test_softmax_shared_sketch_reads_its_input_once_with_vector_loads(cuda):
+    """Softmax's max pass read x straight from HBM with 2-byte loads and the exp pass read it again; the
+    row is now staged once (16-byte loads) and every pass reads shared memory."""
+    (kernel,) = _kernels("softmax", cuda)
+    choice = select_space(kernel.mod, cuda.target)
+    staged = []
+    for m in sample_schedules(kernel.mod, cuda.target, choice, n=6, seed=5):
+        with build_context():
+            src = tvm.compile(m, target=cuda.target).mod.imports[0].inspect_source()
+        if "x_shared" in src:
+            # x leaves HBM at one place, the copy into shared memory (16-byte vectors at vector_lanes 8)
+            loads = [ln for ln in src.splitlines() if "x_ptr" in ln and "main_kernel" not in ln]
+            assert len(loads) == 1 and "x_shared_ptr" in loads[0], loads
+            staged.append(loads[0])
+    assert any("uint4" in ln for ln in staged), staged

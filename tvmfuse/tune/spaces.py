@@ -392,13 +392,18 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                     s.set_scope(b, 0, "shared")
                     staged.append(b)
                     staged_bytes += cols * _dtype_bytes(s.get(b).writes[0].source.dtype)
-            if not staged:  # stage the inputs the reductions read (softmax's x)
-                first = reds[0]
-                for i, region in enumerate(s.get(first).reads):
-                    if [int(d) for d in region.source.shape] == shape:
-                        cb = s.cache_read(first, i, "shared")
-                        staged.append(cb)
-                        staged_bytes += cols * _dtype_bytes(region.source.dtype)
+            # Full-row inputs a reduction reads straight from HBM are staged too (softmax's max reads x before
+            # its exp prologue exists; RMSNorm's sum of squares reads x): each is then read from HBM once,
+            # with vector loads, and every later pass reads shared memory. (Before, softmax's max pass read x
+            # with 2-byte loads and the exp pass read it again.)
+            for red in reds:
+                for region in s.get(red).reads:
+                    src = region.source
+                    if [int(d) for d in src.shape] != shape or src.scope() != "global":
+                        continue
+                    cb = s.cache_read(red, str(src.name), "shared")  # every consumer reads the staged row
+                    staged.append(cb)
+                    staged_bytes += cols * _dtype_bytes(src.dtype)
             if not staged or staged_bytes > max_shared:
                 continue
         # the row loop: fuse the output's leading loops; rows_per_block rows share a block (threadIdx.y)
