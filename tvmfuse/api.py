@@ -58,6 +58,7 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         "model": str(cfg.model), "target": target.canonical, "device": target.device, "db": str(cfg.db),
         "planner": plan.planner, "kernels": [r.to_json() for r in results],
         "trials_run": sum(r.trials_run for r in results),
+        "default_schedules_measured": sum(r.baseline_s is not None for r in results),
         "failed": [r.name for r in results if r.status == "failed"],
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -215,7 +215,8 @@ def example_command(
             emit_json({"tune": tuned, "compile": built, "run": ran})
             return
         n = len(built["kernels"])
-        out.print(f"tuned {n} fused kernels ({tuned['trials_run']} new trials, {tuned['seconds']} s); "
+        out.print(f"tuned {n} fused kernels ({tuned['trials_run']} new trials, "
+                  f"{tuned['default_schedules_measured']} of them default schedules, {tuned['seconds']} s); "
                   f"{n - len(built['untuned'])}/{n} run a tuned schedule; artifact: {built['artifact']}")
         _print_run(ran)
 

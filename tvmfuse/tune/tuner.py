@@ -176,8 +176,8 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     results = [KernelResult(name=k.name, workload_hash=k.workload_hash, weight=k.weight, trials_before=s,
                             best_before_s=database.best_run_secs(k.mod) if s else None)
                for k, s in zip(kernels, spent)]
-    if progress is not None:
-        progress.on_start(kernels, budgets)
+    if progress is not None:  # each kernel tuned for the first time also measures its default schedule first
+        progress.on_start(kernels, [b + int(b > 0 and config.baseline and s == 0) for b, s in zip(budgets, spent)])
     workers = config.max_workers or max(1, min(4, _cores(target)))
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers,
                                       timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
