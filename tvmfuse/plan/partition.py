@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from tvmfuse._tvm import PrimFunc, relax, tvm
+from tvmfuse.plan.fastmath import legalize_ops
 from tvmfuse.plan.report import Group, Plan
 from tvmfuse.target import TargetInfo
 
@@ -76,7 +77,7 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
     from tvmfuse.plan.graph import op_name
 
     before = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(),
+        legalize_ops(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

@@ -17,6 +17,7 @@ from pathlib import Path
 from tvmfuse._tvm import PrimFunc, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
+from tvmfuse.plan.fastmath import legalize_ops
 from tvmfuse.plan.graph import NOT_KERNEL, Graph, build_graph
 from tvmfuse.plan.legality import can_fuse
 from tvmfuse.plan.outline import outline_groups
@@ -140,7 +141,7 @@ class _Dump:
 
 def _legalize(mod, target: TargetInfo):
     seq = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(),
+        legalize_ops(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.CanonicalizeBindings(),

@@ -1,0 +1,37 @@
+"""Fast math at legalization: erf becomes TVM's branch-free rational approximation in every planner."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tvmfuse._tvm import TensorType, relax, tvm
+from tvmfuse.plan.fastmath import legalize_ops
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-6), ("float16", 1e-3)])
+def test_fast_erf_is_close_to_erf(dtype, tol):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((2048,), dtype))
+    with bb.function("main", [x]):
+        y = bb.emit(relax.op.erf(x))
+        bb.emit_func_output(y)
+    mod = legalize_ops()(bb.get())
+    assert "T.erf" not in mod.script()  # no libm call left: the polynomial vectorizes
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    xs = np.linspace(-7, 7, 2048).astype(dtype)
+    got = vm["main"](tvm.runtime.tensor(xs)).numpy().astype(np.float64)
+    ref = np.array([math.erf(float(v)) for v in xs])
+    assert np.abs(got - ref).max() < tol
+
+
+@pytest.mark.parametrize("planner", ["tvmfuse", "fuseops"])
+def test_planned_gelu_kernel_keeps_its_name_and_loses_the_libm_call(planner, example_model, llvm_target):
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+
+    fused, _ = partition(import_model(load_model(example_model)), target=llvm_target, planner=planner)
+    gelu = [f for gv, f in fused.functions.items() if "erf" in gv.name_hint]
+    assert gelu, [gv.name_hint for gv in fused.functions]
+    assert all("T.erf" not in f.script() for f in gelu)
