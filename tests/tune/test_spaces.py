@@ -33,14 +33,29 @@ class _AttentionKernel:
         self.mod = attention_kernel(B=1, H=2, S=64, D=32)
 
 
-def _kernels(case: str, target):
+def _kernels(case: str, target, size: dict | None = None):
     if case == "attention":
         return [_AttentionKernel()]
-    model, _, _ = CASES[case](**SMALL[case])
+    model, _, _ = CASES[case](**(SMALL[case] if size is None else size))
     path = Path(tempfile.mkdtemp()) / f"{case}.onnx"
     onnx.save(model, path)
     fused, _ = partition(import_model(load_model(path)), target=target)
     return extract_kernels(fused, target=target)
+
+
+def _space_points(kernel, target, seeds):
+    """Every sketch of the kernel's space with the decisions seed ``s`` samples, for each seed (no postprocs)."""
+    from tvmfuse._tvm import ms
+
+    choice = select_space(kernel.mod, target.target)
+    ctx = ms.TuneContext(mod=kernel.mod, target=target.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
+    sketches = ctx.generate_design_space()
+    for seed in seeds:
+        for sketch in sketches:
+            sch = tvm.s_tir.Schedule(kernel.mod, seed=seed)
+            tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            yield choice, sch
 
 
 def _mma_kernel(case: str, target):
@@ -230,22 +245,11 @@ def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
 def test_tensorcore_samples_apply_when_the_tile_rows_are_odd(cuda):
     """M = 7 x 256 (ResNet-50's 32 x 7 x 7 convs): a raster group that does not divide the 7 tile rows made
     tensorize fail inside MetaSchedule's search and abort the kernel's tuning on the H200."""
-    from tvmfuse._tvm import ms
-
-    model, _, _ = CASES["gemm_bias_relu"](M=7 * 256, K=32, N=32)
-    path = Path(tempfile.mkdtemp()) / "mm.onnx"
-    onnx.save(model, path)
-    (kernel,) = extract_kernels(partition(import_model(load_model(path)), target=cuda)[0], target=cuda)
-    choice = select_space(kernel.mod, cuda.target)
-    assert choice.source == "template:gemm_tensorcore", choice
-    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
-    sketches = ctx.generate_design_space()
-    for seed in range(1, 25):  # every sampled point of every sketch applies (before the fix, seed 3 failed)
-        for sketch in sketches:
-            sch = tvm.s_tir.Schedule(kernel.mod, seed=seed)
-            tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
-            assert any(inst.kind.name == "Tensorize" for inst in sch.trace.insts)
+    (kernel,) = _kernels("gemm_bias_relu", cuda, dict(M=7 * 256, K=32, N=32))
+    # every sampled point of every sketch applies (before the fix, seed 3 failed)
+    for choice, sch in _space_points(kernel, cuda, range(1, 25)):
+        assert choice.source == "template:gemm_tensorcore", choice
+        assert any(inst.kind.name == "Tensorize" for inst in sch.trace.insts)
 
 
 def test_row_template_takes_4d_softmax_and_3d_layernorm(cuda):
@@ -273,24 +277,13 @@ def test_pointwise_candidates_at_anchor_size_keep_a_few_registers_per_thread(cas
     """At 16384 x 8192 (a row spans several thread blocks) most candidates used to ask for the whole tensor
     as each thread's register array (268 million elements) or failed to vectorize: the register caches were
     addressed through the fused index's division and modulo, which TVM could not compact."""
-    from tvmfuse._tvm import ms
-
-    model, _, _ = CASES[case]()
-    path = Path(tempfile.mkdtemp()) / f"{case}.onnx"
-    onnx.save(model, path)
-    (kernel,) = extract_kernels(partition(import_model(load_model(path)), target=cuda)[0], target=cuda)
-    choice = select_space(kernel.mod, cuda.target)
-    assert choice.source == "template:pointwise", choice
-    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
-    for seed in range(1, 7):
-        for sketch in ctx.generate_design_space():
-            sch = tvm.s_tir.Schedule(kernel.mod, seed=seed)
-            tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
-            with build_context():
-                src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
-            sizes = [int(n) for n in re.findall(r"_local_ptr\[(\d+)\];", src)]
-            assert sizes and max(sizes) <= 8, (seed, sizes)
+    (kernel,) = _kernels(case, cuda, {})  # the anchors' size
+    for choice, sch in _space_points(kernel, cuda, range(1, 7)):
+        assert choice.source == "template:pointwise", choice
+        with build_context():
+            src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
+        sizes = [int(n) for n in re.findall(r"_local_ptr\[(\d+)\];", src)]
+        assert sizes and max(sizes) <= 8, sizes
 
 
 def test_softmax_shared_sketch_reads_its_input_once_with_vector_loads(cuda):
