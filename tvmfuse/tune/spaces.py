@@ -243,14 +243,19 @@ def _vectorize_under(s, block, anchor) -> None:
     s.vectorize(lp)
 
 
-def _flat_map(dims: list[int]):
-    def flat(*idx):
+def _fuse_leading(dims: list[int], n: int):
+    """The index map ``(i0, ..., i_{n-1}, *rest) -> (i0 * d1 * ... * d_{n-1} + ... + i_{n-1}, *rest)``."""
+    def fuse(*idx):
         f = idx[0]
-        for i, extent in zip(idx[1:], dims[1:]):
+        for i, extent in zip(idx[1:n], dims[1:n]):
             f = f * extent + i
-        return (f,)
+        return (f, *idx[n:])
 
-    return tvm.tirx.IndexMap.from_func(flat, ndim=len(dims))
+    return tvm.tirx.IndexMap.from_func(fuse, ndim=len(dims))
+
+
+def _flat_map(dims: list[int]):
+    return _fuse_leading(dims, len(dims))
 
 
 def _flatten_copy(s, copy, which: tuple) -> None:
@@ -317,13 +322,6 @@ def _flatten_rows(s, shape: list[int]) -> None:
     lead = shape[:-1]
     if len(lead) < 2:
         return
-
-    def fuse_lead(*axes):  # (i0, ..., i_{n-2}, *rest) -> (row, *rest)
-        row = axes[0]
-        for axis, extent in zip(axes[1:len(lead)], lead[1:]):
-            row = row * extent + axis
-        return (row, *axes[len(lead):])
-
     # the intermediates (per-row statistics, staged rows) first: a fused row must index them directly, or
     # compute_at cannot invert the division/modulo that would address them
     root = s.get_sblock("root")
@@ -332,14 +330,14 @@ def _flatten_rows(s, shape: list[int]) -> None:
         buf = s.get(b).writes[0].source
         dims = [int(d) for d in buf.shape]
         if str(buf.name) in local and dims[:len(lead)] == lead:
-            s.transform_layout(b, ("write", 0), tvm.tirx.IndexMap.from_func(fuse_lead, ndim=len(dims)))
+            s.transform_layout(b, ("write", 0), _fuse_leading(dims, len(lead)))
     for b in s.get_child_blocks(root):
         ivs = s.get(b).iter_vars
         if len(ivs) != len(shape) or [int(iv.dom.extent) for iv in ivs[:-1]] != lead:
             continue
         if any(int(iv.iter_type) != _DATA_PAR for iv in ivs[:-1]):
             continue
-        s.transform_block_layout(b, tvm.tirx.IndexMap.from_func(fuse_lead, ndim=len(shape)))
+        s.transform_block_layout(b, _fuse_leading(shape, len(lead)))
 
 
 def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
