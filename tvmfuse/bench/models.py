@@ -29,18 +29,12 @@ class _Graph:
         self._n += 1
         return f"{prefix}_{self._n}"
 
-    def weight(self, shape, scale: float, prefix: str = "w", *, positive: bool = False) -> str:
-        arr = self.rng.uniform(0.5, 1.5, shape) if positive else self.rng.standard_normal(shape) * scale
+    def weight(self, shape, scale: float, prefix: str = "w", *, positive: bool = False, gain: float = 1.0) -> str:
+        """Random normal weights times ``scale``, or with ``positive`` uniform in [0.5, 1.5] times ``gain``."""
+        arr = self.rng.uniform(0.5, 1.5, shape) * gain if positive else self.rng.standard_normal(shape) * scale
         name = self.name(prefix)
         self.inits.append(numpy_helper.from_array(arr.astype(self.dtype), name))
         self.weight_bytes += int(np.prod(shape)) * self.dtype.itemsize
-        return name
-
-    def scaled(self, name: str, factor: float) -> str:
-        """Multiply the initializer ``name`` by ``factor`` in place (returns ``name``)."""
-        if factor != 1.0:
-            init = next(t for t in self.inits if t.name == name)
-            init.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(init) * factor).astype(self.dtype), name))
         return name
 
     def const_i64(self, values, prefix: str = "shape") -> str:
@@ -70,7 +64,7 @@ def _conv_bn(g: _Graph, x: str, cin: int, cout: int, k: int, stride: int, hw: in
     y = g.op("Conv", [x, w], kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
     out_hw = (hw + 2 * (k // 2) - k) // stride + 1
     g.flops += 2 * batch * out_hw * out_hw * cout * cin * k * k
-    bn = [g.scaled(g.weight((cout,), 0, "gamma", positive=True), gamma), g.weight((cout,), 0.1, "beta"),
+    bn = [g.weight((cout,), 0, "gamma", positive=True, gain=gamma), g.weight((cout,), 0.1, "beta"),
           g.weight((cout,), 0.1, "mean"), g.weight((cout,), 0, "var", positive=True)]
     y = g.op("BatchNormalization", [y, *bn], epsilon=1e-5)
     return g.op("Relu", [y]) if relu else y
