@@ -341,7 +341,8 @@ def _flatten_rows(s, shape: list[int]) -> None:
 
 
 def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
-    """Reductions over the last axis: one row per thread block (a row per warp at 32 threads).
+    """Reductions over the last axis: ``rows_per_block`` rows per thread block (threadIdx.y), each reduced by
+    its own ``threads`` threads (a row per warp at 32).
 
     Sketch ``shared``: the row (the prologue's result, or the input the reductions read) is staged in
     shared memory with vectorized loads, the reductions read it from there (cross-thread reductions
@@ -368,6 +369,15 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         wbuf = sch.get(b).writes[0].source
         if [int(d) for d in wbuf.shape] == shape and any(_REDUCE in _iter_types(sch, c) for c in sch.get_consumers(b)):
             prologue.append((name, wbuf))
+    # A prologue whose full-row operands are inputs that a reduction reads directly anyway (softmax's exp(x -
+    # max) reads x, which the max pass stages) is recomputed from the staged input rather than staged itself:
+    # writing it back into shared memory costs a barrier per step (TVM reuses x's buffer in place) for an
+    # exp that is cheaper to repeat.
+    direct = {str(r.source.name) for b in sch.get_child_blocks(root) if _REDUCE in _iter_types(sch, b)
+              for r in sch.get(b).reads if [int(d) for d in r.source.shape] == shape}
+    prologue = [(n, buf) for n, buf in prologue
+                if not {str(r.source.name) for r in sch.get(sch.get_sblock(n)).reads
+                        if [int(d) for d in r.source.shape] == shape} <= direct]
     max_shared = int(space.extra.get("max_shared_bytes", 49152))
     storages = list(space.knobs.get("row_storage", Knob("row_storage", ("shared", "recompute"), (0.5, 0.5))).values)
     sketches = []
@@ -416,28 +426,30 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         co, lanes = s.split(col, [None, vec])
         _, tx = s.split(co, [None, threads])
         rows_k = space.knobs.get("rows_per_block")
-        if storage == "shared":
-            # One row per block: a row staged in shared memory is visible to the whole block, so TVM computes
-            # its producers (the row max, the prologue) for every row of the block in every warp. On the H200
-            # (softmax 65536 x 2048, 2026-11-30) 2 rows per block ran 1.3-1.6x and 4 rows 2.6-3x slower than 1.
-            rows_k = None
+        ty = None
         if rows_k is not None:
             per_row = max(1, staged_bytes)
             rows_k = rows_k.filtered(lambda r: n_rows % int(r) == 0 and int(r) * per_row <= max_shared)
             rpb = sample(s, rows_k)
             row, ty = s.split(row, [None, rpb])
             s.bind(ty, "threadIdx.y")
-            anchor = ty
-        else:
-            anchor = row
         s.bind(row, "blockIdx.x")
         s.bind(tx, "threadIdx.x")
+        # Sketch `recompute` computes each row's producers under its threadIdx.y loop. Sketch `shared` cannot:
+        # a shared buffer is visible to the whole block, so compute_at relaxes threadIdx.y and every warp would
+        # compute every row of the block (the H200, 2026-11-30: 2 rows per block ran 1.3-1.6x slower, 4 rows
+        # 2.6-3x). Its producers go under the block loop instead, their row loop bound to threadIdx.y: each
+        # warp group stages and reduces its own row, and more rows are in flight per SM than one-row blocks
+        # (at most 32 resident per SM) allow.
+        anchor = ty if ty is not None and storage != "shared" else row
         for b in reversed([b for b in s.get_child_blocks(root_s) if s.get(b).name_hint != out_name]):
             s.compute_at(b, anchor, preserve_unit_loops=True)
         for b in s.get_child_blocks(root_s):
             name = s.get(b).name_hint
             if name == out_name:
                 continue
+            if ty is not None and anchor is row:
+                s.bind(s.get_loops(b)[1], "threadIdx.y")
             types = _iter_types(s, b)
             inner = s.get_loops(b)[-1]
             if _REDUCE in types:
