@@ -12,6 +12,11 @@ class Knob:
     values: tuple
     probs: tuple
 
+    @classmethod
+    def uniform(cls, name: str, values) -> "Knob":
+        values = tuple(values)
+        return cls(name, values, tuple(1.0 / len(values) for _ in values))
+
     def filtered(self, keep: Callable[[object], bool]) -> "Knob":
         """The values ``keep`` accepts, probabilities renormalized (the last value if none is accepted)."""
         pairs = [(v, p) for v, p in zip(self.values, self.probs) if keep(v)]
