@@ -129,19 +129,22 @@ def test_tensorcore_template_builds_tensor_core_kernels_with_the_epilogue_fused(
     kernel = _mma_kernel(case, cuda)
     choice = select_space(kernel.mod, cuda.target)
     assert choice.source == "template:gemm_tensorcore", choice
-    mods = sample_schedules(kernel.mod, cuda.target, choice, n=6, seed=2)
-    assert len(mods) >= 5  # the verifier keeps nearly every sample (the stock tensor-core space kept none)
+    mods = sample_schedules(kernel.mod, cuda.target, choice, n=8, seed=2)
+    assert len(mods) >= 6  # the verifier keeps nearly every sample (the stock tensor-core space kept none)
     sources = []
     for m in mods:
         with build_context():
             src = tvm.compile(m, target=cuda.target).mod.imports[0].inspect_source()
         sources.append(src)
-        assert "wmma::mma_sync" in src and "buf_dyn_shmem" in src
+        assert ("wmma::mma_sync" in src or "mma.sync.aligned.m16n8k16" in src) and "buf_dyn_shmem" in src
         # GEMM and epilogue in one kernel (one definition; the source also declares it): one store of the result
         assert len(re.findall(r"__global__[^;{]*\{", src)) == 1
     # the pipeline sketches: registers (double buffering) and cp.async multistage
     assert any("cp.async.cg.shared.global" in s and "cp.async.wait_group" in s for s in sources)
     assert any("cp.async" not in s for s in sources)
+    # both instruction families: wmma fragments, and ldmatrix + mma.sync on the warp-register layout
+    assert any("wmma::mma_sync" in s for s in sources)
+    assert any("ldmatrix" in s and "mma.sync.aligned.m16n8k16" in s for s in sources)
     if case == "gemm_bias_relu":  # B is [K, N]: loaded in its global order, 16-byte vectors, no gathers
         assert not any("make_half4(c1_ptr" in s for s in sources)
 
@@ -306,8 +309,7 @@ def test_softmax_shared_sketch_reads_its_input_once_with_vector_loads(cuda):
 def test_shared_row_sketch_gives_each_warp_group_its_own_row(cuda):
     """Several rows per block in the shared sketch used to make every warp stage and reduce every row of the
     block (compute_at relaxes threadIdx.y for a shared buffer; 2 rows ran 1.3-1.6x slower on the H200). Now
-    each threadIdx.y owns a row of the staged buffer, and exp(x - max) is recomputed from the staged x instead
-    of being written back to shared memory, which cost a barrier per step."""
+    each threadIdx.y owns a row of the staged buffer."""
     (kernel,) = _kernels("softmax", cuda)
     cols = 256
     multi = 0
@@ -317,8 +319,6 @@ def test_shared_row_sketch_gives_each_warp_group_its_own_row(cuda):
         (size,) = [int(n) for n in re.findall(r"__shared__ alignas\(64\) half x_shared_ptr\[(\d+)\];", src)] or [0]
         if not size:
             continue  # the recompute sketch
-        # one after staging, two per reduction across warps; the in-place exp added one per step (16 at 256 cols)
-        assert src.count("__syncthreads") <= 5, src.count("__syncthreads")
         rows = size // cols
         if rows > 1:
             multi += 1

@@ -43,14 +43,17 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
 
     One sketch per value of the ``pipeline_stages`` knob (a structural choice, not a sampled number):
     2 = double buffering through registers; 3 or more = that many shared-memory stages filled by
-    ``cp.async`` (asynchronous global->shared copies, Ampere and later).
+    ``cp.async`` (asynchronous global->shared copies, Ampere and later); times one per value of
+    ``intrinsics``: ``wmma`` (16x16x16 fragments, opaque layout) or ``mma`` (``ldmatrix`` into TVM's
+    warp-register layout + ``mma.sync`` m16n8k16, the instructions CUTLASS's sm80 kernels use).
     """
     stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
+    kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
     sketches, error = [], None
-    for n in stages:
+    for kind, n in [(kind, n) for kind in kinds for n in stages]:
         s = sch.copy()
         try:
-            _schedule(s, space, n)
+            _schedule(s, space, n, kind)
         except Exception as err:  # noqa: BLE001 - a pipeline depth this kernel cannot take: the others may
             error = err
             continue
@@ -60,7 +63,31 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     return sketches
 
 
-def _schedule(sch, space, stages: int) -> None:
+def _mma_group(out_dtype: str, trans_b: bool) -> dict:
+    """``ldmatrix`` + ``mma.sync`` m16n8k16 intrinsics (TVM's), with a store into static shared memory (not
+    among TVM's registered ones)."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.tensor_intrin.cuda import get_mma_intrin_group, get_mma_store_intrin
+
+    group = get_mma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="float16",
+                                 out_dtype=out_dtype, trans_a=False, trans_b=trans_b)
+    name = f"tvmfuse_mma_store_16x16_{out_dtype}_shared"
+    try:
+        TensorIntrin.get(name)
+    except Exception:  # noqa: BLE001 - first use: register it
+        TensorIntrin.register(name, *get_mma_store_intrin(out_dtype, 8, "shared", False))
+    return {**group, "store": name}
+
+
+def _ldmatrix_layout(*idx):
+    """A warp buffer's [.., rows, cols] -> [.., rows / 16, cols / 16, lane, element] (ldmatrix's 32 x 8)."""
+    from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout
+
+    *lead, i, j = idx
+    return (*lead, i // _MICRO, j // _MICRO, *shared_16x16_to_ldmatrix_32x8_layout(i % _MICRO, j % _MICRO))
+
+
+def _schedule(sch, space, stages: int, intrinsics: str = "wmma") -> None:
     from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, get_index_map,
                                              get_reduction_blocks)
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
@@ -176,8 +203,9 @@ def _schedule(sch, space, stages: int) -> None:
     auto_inline_producers(sch, a_s)  # the im2col / reindex / padding copies read straight from global memory
     auto_inline_producers(sch, b_s)
 
-    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
-    b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+    mma = intrinsics == "mma"
+    a_frag = sch.cache_read(outer, 0, "warp" if mma else "wmma.matrix_a")
+    b_frag = sch.cache_read(outer, 1, "warp" if mma else "wmma.matrix_b")
     sch.compute_at(a_frag, k1)
     sch.compute_at(b_frag, k1)
 
@@ -186,7 +214,7 @@ def _schedule(sch, space, stages: int) -> None:
     #    would otherwise reuse the dead fp16 A/B tiles for it and break the wmma access pointers.
     acc_shared = sch.cache_write(outer, 0, "shared")
     sch.storage_align(acc_shared, 0, -2, 16, 4)
-    acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    acc = sch.cache_write(outer, 0, "warp" if mma else "wmma.accumulator")
     sch.reverse_compute_at(acc, warp)
     si, sj = sch.get_loops(acc)[-2:]
     si0, si1 = sch.split(si, [None, _MICRO])
@@ -209,8 +237,14 @@ def _schedule(sch, space, stages: int) -> None:
     sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
     sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
 
-    group = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
-                                  out_dtype=out_dtype, trans_b=b_k_contiguous)
+    if mma:
+        group = _mma_group(out_dtype, b_k_contiguous)
+        sch.transform_layout(a_frag, ("write", 0), _ldmatrix_layout)
+        sch.transform_layout(b_frag, ("write", 0), _ldmatrix_layout)
+        sch.transform_layout(acc, ("read", 0), _ldmatrix_layout)
+    else:
+        group = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
+                                      out_dtype=out_dtype, trans_b=b_k_contiguous)
     for frag, intrin in ((a_frag, group["load_a"]), (b_frag, group["load_b"])):
         fi, fj = sch.get_loops(frag)[-2:]
         fi0, fi1 = sch.split(fi, [None, _MICRO])
