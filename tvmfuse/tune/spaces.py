@@ -519,7 +519,9 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
             if name == out_name:
                 continue
             if ty is not None and anchor is row:
-                s.bind(s.get_loops(b)[1], "threadIdx.y")
+                rows = s.get_loops(b)[1]  # the block's own rows (rows_per_block of them), when it is per row
+                if int(s.get(rows).extent) == int(s.get(ty).extent) and len(s.get_loops(b)) > 2:
+                    s.bind(rows, "threadIdx.y")
             types = _iter_types(s, b)
             inner = s.get_loops(b)[-1]
             if _REDUCE in types:
