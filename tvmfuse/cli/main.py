@@ -93,8 +93,9 @@ def tune_command(
     trials_per_kernel: int = typer.Option(16, "--trials-per-kernel", min=1, help="Budget per fused kernel; kernels whose records reach it are skipped."),
     retune: bool = typer.Option(False, "--retune", help="Spend the budget again on kernels already tuned."),
     time_budget: Optional[float] = typer.Option(
-        None, "--time-budget", min=0, help="Wall seconds for the run: kernels are tuned heaviest first, and those "
-        "not started in time keep their default schedule (resume later to tune them)."),
+        None, "--time-budget", min=0, help="Wall seconds for the run: every kernel gets its first trials (heaviest "
+        "first) before the heaviest get the rest; those not started in time keep their default schedule (resume "
+        "later to tune them)."),
     planner: Optional[str] = PlannerOpt, input_shape: Optional[List[str]] = InputShapeOpt,
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
