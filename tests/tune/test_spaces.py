@@ -142,9 +142,11 @@ def test_tensorcore_template_builds_tensor_core_kernels_with_the_epilogue_fused(
     # the pipeline sketches: registers (double buffering) and cp.async multistage
     assert any("cp.async.cg.shared.global" in s and "cp.async.wait_group" in s for s in sources)
     assert any("cp.async" not in s for s in sources)
-    # both instruction families: wmma fragments, and ldmatrix + mma.sync on the warp-register layout
+    # both instruction families: wmma fragments, and ldmatrix + mma.sync on the warp-register layout, whose
+    # shared tiles are XOR-swizzled (TVM's InjectPermutedLayout) instead of padded
     assert any("wmma::mma_sync" in s for s in sources)
-    assert any("ldmatrix" in s and "mma.sync.aligned.m16n8k16" in s for s in sources)
+    mma = [s for s in sources if "ldmatrix" in s and "mma.sync.aligned.m16n8k16" in s]
+    assert mma and all(" ^ " in s for s in mma)
     if case == "gemm_bias_relu":  # B is [K, N]: loaded in its global order, 16-byte vectors, no gathers
         assert not any("make_half4(c1_ptr" in s for s in sources)
 

@@ -44,8 +44,9 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     One sketch per value of the ``pipeline_stages`` knob (a structural choice, not a sampled number):
     2 = double buffering through registers; 3 or more = that many shared-memory stages filled by
     ``cp.async`` (asynchronous global->shared copies, Ampere and later); times one per value of
-    ``intrinsics``: ``wmma`` (16x16x16 fragments, opaque layout) or ``mma`` (``ldmatrix`` into TVM's
-    warp-register layout + ``mma.sync`` m16n8k16, the instructions CUTLASS's sm80 kernels use).
+    ``intrinsics``: ``wmma`` (16x16x16 fragments, opaque layout, rows of the shared tiles padded) or ``mma``
+    (``ldmatrix`` into TVM's warp-register layout + ``mma.sync`` m16n8k16, the instructions CUTLASS's sm80
+    kernels use, shared tiles XOR-swizzled by TVM's ``InjectPermutedLayout`` where their rows allow).
     """
     stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
     kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
@@ -183,6 +184,11 @@ def _schedule(sch, space, stages: int, intrinsics: str = "wmma") -> None:
     # 3. A and B through dynamic shared memory, vectorized, pipelined against the mma loop
     vec = sample(sch, vec_k)
 
+    mma = intrinsics == "mma"
+    # the permuted layout needs rows of 32 or more fp16 elements: A's rows are the K step (32 or 64); B's are
+    # too when B is K-contiguous, else they are the block's N tile, which can be 16 (B then keeps padding)
+    permuted = (mma, mma and b_k_contiguous)
+
     def to_shared(index: int):
         cache = sch.cache_read(outer, index, "shared.dyn")
         sch.compute_at(cache, k0)
@@ -192,7 +198,10 @@ def _schedule(sch, space, stages: int, intrinsics: str = "wmma") -> None:
         sch.bind(sch.fuse(ty_m, ty_n), "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(lanes)
-        sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)  # pad rows: no bank conflicts on fragment loads
+        if permuted[index]:  # ldmatrix reads through TVM's XOR-permuted layout (InjectPermutedLayout), unpadded
+            sch.annotate(cache, "permuted_layout", f"g2s_{'AB'[index]}")
+        else:  # pad rows: no bank conflicts on wmma fragment loads
+            sch.storage_align(cache, 0, axis=-2, factor=16, offset=8)
         if stages == 2:  # global -> registers -> shared, the next tile's loads in flight during the mma loop
             sch.annotate(cache, "tirx.manifest_shared_memory_local_stage", 1)
             sch.annotate(cache, "double_buffer_scope", 0)
@@ -203,7 +212,6 @@ def _schedule(sch, space, stages: int, intrinsics: str = "wmma") -> None:
     auto_inline_producers(sch, a_s)  # the im2col / reindex / padding copies read straight from global memory
     auto_inline_producers(sch, b_s)
 
-    mma = intrinsics == "mma"
     a_frag = sch.cache_read(outer, 0, "warp" if mma else "wmma.matrix_a")
     b_frag = sch.cache_read(outer, 1, "warp" if mma else "wmma.matrix_b")
     sch.compute_at(a_frag, k1)
@@ -245,19 +253,29 @@ def _schedule(sch, space, stages: int, intrinsics: str = "wmma") -> None:
     else:
         group = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
                                       out_dtype=out_dtype, trans_b=b_k_contiguous)
-    for frag, intrin in ((a_frag, group["load_a"]), (b_frag, group["load_b"])):
+    deferred = []  # ldmatrix tiles of permuted buffers: blockized after the epilogue is inlined (see below)
+    for name, frag, intrin in (("A", a_frag, group["load_a"]), ("B", b_frag, group["load_b"])):
         fi, fj = sch.get_loops(frag)[-2:]
         fi0, fi1 = sch.split(fi, [None, _MICRO])
         fj0, fj1 = sch.split(fj, [None, _MICRO])
         sch.reorder(fi0, fj0, fi1, fj1)
         sch.unroll(fi0)
         sch.unroll(fj0)
-        sch.tensorize(fi1, intrin)
+        if permuted["AB".index(name)]:
+            deferred.append((name, fi1, intrin))
+        else:
+            sch.tensorize(fi1, intrin)
     sch.tensorize(sch.get_loops(init_inner)[-2], group["init"])
     sch.tensorize(sch.get_loops(acc)[-2], group["store"])
     sch.tensorize(sch.get_loops(inner)[-3], group["compute"])
 
     auto_inline_consumer_chain(sch, acc_shared)
+    # the matching side of the permuted layout, each 16x16 ldmatrix tile as an annotated block (blockizing it
+    # earlier makes the root scope stop being a stage pipeline, and the epilogue could no longer be inlined)
+    for name, loop, intrin in deferred:
+        tile = sch.blockize(loop)
+        sch.annotate(tile, "permuted_layout", f"s2l_{name}")
+        sch.tensorize(tile, intrin)
     fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
     _, tx, lanes = sch.split(fused, [None, _WARP, sample(sch, knobs["store_lanes"])])
     sch.bind(tx, "threadIdx.x")
