@@ -384,3 +384,28 @@ def test_nchw_to_nhwc_transpose_gets_a_shared_memory_tile_sketch(cuda):
         assert stores and all(re.match(r"\s*\*\((half\d|uint\d)\*\)\(T_transpose_ptr", ln) for ln in stores), stores
         tiled.append(src)
     assert tiled
+
+
+def test_transpose_sketch_with_a_second_operand(cuda):
+    """y = r + transpose(x): the staged tile is x's, whichever operand the block reads first."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 64, 8, 8])
+    r = helper.make_tensor_value_info("r", TensorProto.FLOAT16, [2, 8, 8, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 8, 8, 64])
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]), helper.make_node("Add", ["r", "t"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, r], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    path = Path(tempfile.mkdtemp()) / "transpose_add.onnx"
+    onnx.save(model, path)
+    (kernel,) = extract_kernels(partition(import_model(load_model(path)), target=cuda)[0], target=cuda)
+    tiled = 0
+    for choice, sch in _space_points(kernel, cuda, range(1, 3)):
+        with build_context():
+            src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
+        if "x_shared" in src:
+            tiled += 1
+            # a tile of 32 or 64 channels x the 8 columns of w, each channel's row padded from 8 to 34 elements
+            # (17 four-byte words: an odd count, so a column read hits 32 different banks)
+            (size,) = [int(n) for n in re.findall(r"half x_shared_ptr\[(\d+)\];", src)]
+            assert size in (32 * 34, 64 * 34), size
+    assert tiled

@@ -289,7 +289,9 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int], space: ClassSpac
     # the staged tile: loads along the input's innermost axis
     cache = s.cache_read(blk, src, "shared")
     s.compute_at(cache, bx)
-    in_axis = next(i for i, r in enumerate(s.get(blk).reads[0].region) if int(r.extent) == 1 and
+    staged = s.get(cache).writes[0].source
+    region = next(r.region for r in s.get(blk).reads if r.source.same_as(staged))
+    in_axis = next(i for i, r in enumerate(region) if int(r.extent) == 1 and
                    isinstance(r.min, tvm.tirx.Var) and r.min.same_as(s.get(blk).iter_vars[last].var))
     s.storage_align(cache, 0, in_axis, 64 // ebytes, 4 // ebytes)  # row stride = an odd number of bank words
     inner = s.get_loops(cache)[1:]
