@@ -173,9 +173,9 @@ def _time_vm(exe, target, args, params=()):
     dev.sync()
     te = vm.time_evaluator("main", dev, number=10, repeat=10, min_repeat_ms=30)
     t = float(np.median(te(*full).results))
-    # the same call as a saved closure (no argument conversion per call): on the H200 (2026-11-30) the cases
-    # with weights ran 6-9% slower end to end than their only kernel had measured in tuning; if this variant
-    # closes that gap, the gap is per-call overhead in the VM, not the kernel
+    # the same call as a saved closure (no argument conversion per call), to tell per-call VM overhead from the
+    # kernel: on the H200 (2026-11-30) the GEMM case ran 9-17% slower than its one kernel had in tuning, and the
+    # saved closure measured the same as the plain call (3906 vs 3903 us), so that gap is not VM overhead
     vm.save_function("main", "main_saved", *full)
     saved = float(np.median(vm.time_evaluator("main_saved", dev, number=10, repeat=10, min_repeat_ms=30)().results))
     return t, out, saved
