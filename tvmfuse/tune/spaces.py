@@ -236,8 +236,10 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
 
 
 def _transposed_input(sch, block, shape: list[int]):
-    """``(input name, output axis)`` when the block reads a full-size input whose innermost index is another
-    output axis than the output's innermost (NCHW -> NHWC: ``y[n, h, w, c] = x[n, c, h, w]``), else None."""
+    """``(input name, output axis, input axis)`` when the block reads a full-size input whose innermost index
+    is another output axis than the output's innermost (NCHW -> NHWC: ``y[n, h, w, c] = x[n, c, h, w]``):
+    ``output axis`` is the one the input's innermost indexes (w), ``input axis`` the input's dimension that the
+    output's innermost indexes (c). None for any other kernel."""
     stmt = sch.get(block)
     ivars = [iv.var for iv in stmt.iter_vars]
     if len(ivars) != len(shape) or len(shape) < 2:
@@ -250,8 +252,10 @@ def _transposed_input(sch, block, shape: list[int]):
         if int(last.extent) != 1 or not isinstance(last.min, tvm.tirx.Var):
             continue
         axis = next((i for i, v in enumerate(ivars) if v.same_as(last.min)), None)
-        if axis is not None and axis != len(shape) - 1:
-            return str(r.source.name), axis
+        in_axis = next((i for i, rg in enumerate(r.region) if int(rg.extent) == 1 and
+                        isinstance(rg.min, tvm.tirx.Var) and rg.min.same_as(ivars[-1])), None)
+        if axis is not None and axis != len(shape) - 1 and in_axis is not None:
+            return str(r.source.name), axis, in_axis
     return None
 
 
@@ -261,7 +265,8 @@ def _tiles(extent: int, candidates=(64, 32, 16, 8)) -> tuple[int, ...]:
     return ((extent,) if extent <= max(candidates) else ()) + tiles or (extent,)
 
 
-def _transpose_sketch(s, name: str, transpose: tuple[str, int], space: ClassSpace, shape: list[int], ebytes: int):
+def _transpose_sketch(s, name: str, transpose: tuple[str, int, int], space: ClassSpace, shape: list[int],
+                      ebytes: int):
     """A transpose through a shared-memory tile: read coalesced along the input's innermost axis, write
     coalesced along the output's.
 
@@ -272,7 +277,7 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int], space: ClassSpac
     ``a``, and writes it with vector stores along ``b``; rows of the tile are padded by one bank word so the
     column reads do not conflict.
     """
-    src, a = transpose
+    src, a, in_axis = transpose
     blk = s.get_sblock(name)
     loops = s.get_loops(blk)
     last = len(shape) - 1
@@ -289,10 +294,6 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int], space: ClassSpac
     # the staged tile: loads along the input's innermost axis
     cache = s.cache_read(blk, src, "shared")
     s.compute_at(cache, bx)
-    staged = s.get(cache).writes[0].source
-    region = next(r.region for r in s.get(blk).reads if r.source.same_as(staged))
-    in_axis = next(i for i, r in enumerate(region) if int(r.extent) == 1 and
-                   isinstance(r.min, tvm.tirx.Var) and r.min.same_as(s.get(blk).iter_vars[last].var))
     s.storage_align(cache, 0, in_axis, 64 // ebytes, 4 // ebytes)  # row stride = an odd number of bank words
     inner = s.get_loops(cache)[1:]
     fused = s.fuse(*inner) if len(inner) > 1 else inner[0]

@@ -254,15 +254,15 @@ def _schedule(sch, space, stages: int, intrinsics: str = "wmma") -> None:
         group = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
                                       out_dtype=out_dtype, trans_b=b_k_contiguous)
     deferred = []  # ldmatrix tiles of permuted buffers: blockized after the epilogue is inlined (see below)
-    for name, frag, intrin in (("A", a_frag, group["load_a"]), ("B", b_frag, group["load_b"])):
+    for index, (frag, intrin) in enumerate(((a_frag, group["load_a"]), (b_frag, group["load_b"]))):
         fi, fj = sch.get_loops(frag)[-2:]
         fi0, fi1 = sch.split(fi, [None, _MICRO])
         fj0, fj1 = sch.split(fj, [None, _MICRO])
         sch.reorder(fi0, fj0, fi1, fj1)
         sch.unroll(fi0)
         sch.unroll(fj0)
-        if permuted["AB".index(name)]:
-            deferred.append((name, fi1, intrin))
+        if permuted[index]:
+            deferred.append(("AB"[index], fi1, intrin))
         else:
             sch.tensorize(fi1, intrin)
     sch.tensorize(sch.get_loops(init_inner)[-2], group["init"])

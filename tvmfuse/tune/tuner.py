@@ -105,6 +105,7 @@ class _BatchState:
     extra: int = 0  # records committed outside the search (the default schedule's)
     database: object = None  # where failed trials' messages go (with mod)
     mod: object = None
+    choice: object = None  # the kernel's search space, chosen when its tuning starts
 
 
 @derived_object
@@ -209,7 +210,6 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
         first = [min(b, max(1, config.first_pass_trials)) for b in budgets]
         passes = [first, [b - f for b, f in zip(budgets, first)]]
     states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod) for i, k in enumerate(kernels)]
-    choices: dict[int, object] = {}  # the kernels started: their search space
     finished: set[int] = set()
 
     def finish(i: int) -> None:
@@ -224,14 +224,14 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
             result, budget = results[i], budget_of[i]
             more_later = any(p[i] for p in passes[n + 1:])
             if budget > 0 and deadline is not None and time.monotonic() >= deadline:
-                if i in choices:
+                if states[i].choice is not None:  # started in an earlier pass
                     finish(i)
                     continue
                 result.status, result.best_s = "skipped-time", result.best_before_s
                 result.message = f"the time budget ({config.time_budget_s:g} s) ran out before this kernel"
             elif budget > 0:
-                _run_kernel(kernels[i], budget, result, states[i], choices, i, target=target, database=database,
-                            config=config, spaces=spaces, builder=builder, runner=runner, spent=spent[i],
+                _run_kernel(kernels[i], budget, result, states[i], target=target, database=database, config=config,
+                            spaces=spaces, builder=builder, runner=runner, spent=spent[i],
                             work_dir=log_root / f"{i:03d}_{kernels[i].name[:60]}")
                 if result.status == "failed" or not more_later:
                     finish(i)
@@ -248,21 +248,21 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
     return results
 
 
-def _run_kernel(kernel, budget, result, state, choices, i, *, target, database, config, spaces, builder, runner,
-                spent, work_dir) -> None:
+def _run_kernel(kernel, budget, result, state, *, target, database, config, spaces, builder, runner, spent,
+                work_dir) -> None:
     """One pass of tuning on one kernel: its space (chosen once), the default schedule's measurement (the
     first time), then ``budget`` trials of search."""
     try:
-        if i not in choices:
+        if state.choice is None:
             from tvmfuse.tune.spaces import select_space
 
-            choices[i] = select_space(kernel.mod, target.target, spaces)
-            result.space = choices[i].to_json()
+            state.choice = select_space(kernel.mod, target.target, spaces)
+            result.space = state.choice.to_json()
             if config.baseline and spent == 0:
                 state.extra, result.baseline_s = _measure_baseline(kernel, target=target, database=database,
                                                                    builder=builder, runner=runner)
         _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
-                  runner=runner, work_dir=work_dir, state=state, space=choices[i].generator)
+                  runner=runner, work_dir=work_dir, state=state, space=state.choice.generator)
     except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records
         # an exception is a failure, never "exhausted": the one seen here that looked like an exhausted space
         # was MetaSchedule's logger setup crashing (fixed in tvmfuse._tvm), and relabelling hid it
