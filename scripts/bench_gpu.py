@@ -294,61 +294,6 @@ def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, dead
     return rec
 
 
-def attention_kernel_case(target, size, *, db_path, trials) -> dict:
-    """The planner's attention PrimFunc tuned in the attention space and timed as one kernel.
-
-    Used when the planner does not form the attention group from the ONNX graph. Checked against
-    PyTorch SDPA in fp32 on fresh random inputs, output poisoned with NaN before the run.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from tvmfuse._tvm import ms, tvm
-    from tvmfuse.bench.cases import attention_kernel
-    from tvmfuse.db import open_database
-    from tvmfuse.tune import Kernel, TuneConfig, tune_kernels
-    from tvmfuse.verify import relative_error
-
-    B, H, S, D = size.get("B", 4), size.get("H", 32), size.get("S", 4096), size.get("D", 128)
-    mod = attention_kernel(B=B, H=H, S=S, D=D)
-    task = ms.ExtractedTask(task_name="attention_kernel", mod=mod, target=target.target, dispatched=[mod], weight=1)
-    kern = Kernel(name="attention_kernel", mod=mod, weight=1, flops=4.0 * B * H * S * S * D, extracted=task)
-    rec: dict = {"path": "kernel (planner's attention PrimFunc; the ONNX graph was not grouped)"}
-    db = open_database(db_path, target=target)
-    try:
-        t0 = time.time()
-        cfg = TuneConfig(trials=trials, trials_per_kernel=trials, trials_per_round=min(10, trials), population=32,
-                         max_workers=min(16, os.cpu_count() or 4), builder_timeout_s=120, runner_timeout_s=120,
-                         log_dir=OUT / "mslogs" / "attention_kernel")
-        (res,) = tune_kernels([kern], target=target, database=db, config=cfg, model="attention")
-        rec["tune_s"] = time.time() - t0
-        rec["tuning"] = [res.to_json()]
-        rec["tuning"][0]["trials_to_90pct"] = trials_to_90(rec["tuning"][0]["curve"])
-        with target.target:
-            sch = db.query_schedule(mod, target.target, "attention_kernel")
-    finally:
-        db.close()
-    if sch is None:
-        rec["error"] = "no valid record"
-        return rec
-    lib = tvm.compile(sch.mod, target=target.target)
-    dev = target.tvm_device()
-    g = torch.Generator(device="cuda").manual_seed(int(time.time()) % 100000)
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
-    out = torch.full((B, H, S, D), float("nan"), device="cuda", dtype=torch.float16)
-    args = [tvm.runtime.from_dlpack(t) for t in (q, k, v, out)]
-    lib["main"](*args)
-    dev.sync()
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=float(np.float16(D ** -0.5)))
-    got = out.double().cpu().numpy()
-    rec["unwritten"] = int(np.isnan(got).sum())
-    rec["rel_error"] = relative_error(got, ref.double().cpu().numpy())
-    rec["kernel_checks"] = [{"name": "attention_kernel", "ok": rec["unwritten"] == 0 and rec["rel_error"] <= 1e-2}]
-    te = lib.mod.time_evaluator("main", dev, number=3, repeat=5)
-    rec["s"] = float(np.median(te(*args).results))
-    return rec
-
-
 # ---------------------------------------------------------------------------------------------- main
 def fmt_us(s):
     return "-" if s is None else f"{s * 1e6:.0f}"
@@ -364,8 +309,6 @@ def main() -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=520.0, help="stop starting new tuning after this")
     ap.add_argument("--merge", nargs="*", default=[], help="earlier bench_gpu.json files to show beside")
-    ap.add_argument("--attention-kernel", action="store_true",
-                    help="attention: time the planner's fused (scalar) kernel, which it does not form on GPUs")
     a = ap.parse_args()
     stages = set(a.stages.split(","))
     cases = [c for c in a.cases.split(",") if c]
@@ -442,25 +385,6 @@ def main() -> int:
             except Exception as err:  # noqa: BLE001
                 row["stock"] = {"error": str(err).strip().splitlines()[-1][:300]}
             save()
-        if "tvmfuse" in stages and name == "attention" and target.is_gpu and a.attention_kernel:
-            try:
-                from tvmfuse.frontend import import_model
-                from tvmfuse.plan import partition
-                from tvmfuse.tune.spaces import classify
-
-                fused_a, _ = partition(import_model(loaded), target=target)
-                grouped = any(classify(f) == "attention" for f in fused_a.functions.values()
-                              if isinstance(f, __import__("tvmfuse._tvm", fromlist=["PrimFunc"]).PrimFunc))
-                if not grouped:  # the planner leaves attention unfused on GPUs (see tvmfuse/plan/cost.py)
-                    log(name, "tvmfuse: tuning the planner's (scalar) attention kernel directly")
-                    row["tvmfuse"] = attention_kernel_case(target, size, db_path=db_path, trials=a.trials)
-                    save()
-                    continue
-            except Exception as err:  # noqa: BLE001
-                traceback.print_exc()
-                row["tvmfuse"] = {"error": str(err).strip().splitlines()[-1][:300]}
-                save()
-                continue
         if "tvmfuse" in stages:
             try:
                 log(name, "tvmfuse")

@@ -80,7 +80,9 @@ def fast_build(mod, target, _params):
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    from tvmfuse.tune.flash import expand
+
+    mod = expand(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))  # flash-annotated attention
     with build_context():
         return tvm_build(mod, target=target)
 

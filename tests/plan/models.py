@@ -162,6 +162,16 @@ def attention(batch=2, heads=3, seq=32, dim=16, mask=True) -> onnx.ModelProto:
     return b.model(ins, y, [batch, heads, seq, dim])
 
 
+def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its float inputs, outputs and initializers in fp16."""
+    for vi in list(model.graph.input) + list(model.graph.output):
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for i, init in enumerate(model.graph.initializer):
+        model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
+                                                                    init.name))
+    return model
+
+
 def wide_branches(m=64, k=512, n=8) -> onnx.ModelProto:
     """Three narrow GEMMs of one wide input, each result used twice: reading x once pays."""
     b = _B(9)

@@ -11,13 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse._tvm import PrimFunc, build_context, const_value, default_gpu_rules, dlight, is_scheduled, relax, tvm
+from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
+from tvmfuse.tune.flash import annotated_config, flash_kernel, spec_of
 
 
 @dataclass(frozen=True)
 class KernelStatus:
     name: str
-    schedule: str  # tuned | default (llvm, untuned) | dlight (cuda fallback) | prescheduled
+    schedule: str  # tuned | default (llvm, untuned) | dlight (cuda fallback) | flash-default (cuda attention,
+    #                untuned: the flash template's default tiles) | prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:
@@ -60,9 +63,16 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             with target.target:
                 sch = ms_db.query_schedule(workload, target.target, name)
         if sch is not None:
-            updates[gv] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+            tuned = sch.mod["main"].with_attr("global_symbol", name)
+            if annotated_config(tuned) is not None:  # a tuned flash-attention config
+                tuned = flash_kernel(tuned, annotated_config(tuned))
+            updates[gv] = tuned.with_attr("tirx.is_scheduled", True)
             best = database.best_run_secs(workload)
             statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
+        elif target.kind == "cuda" and spec_of(func) is not None and tiled_gpu_misfit(spec_of(func)) is None:
+            # untuned attention: the flash template's default tiles (dlight would schedule the scalar kernel)
+            updates[gv] = flash_kernel(func)
+            statuses.append(KernelStatus(name, "flash-default"))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
     # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)

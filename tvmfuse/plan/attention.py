@@ -6,8 +6,10 @@ local scalar. This is the llvm-correct lowering; the fast GPU schedule belongs t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 
+SPEC_ATTR = "tvmfuse.attention_spec"  # the attention PrimFunc's spec as JSON, for the GPU template (tune/flash.py)
 
 
 @dataclass(frozen=True)
@@ -24,9 +26,34 @@ class AttentionSpec:
     scale_first: bool = True         # scale then mask (BERT) vs mask then scale
     k_rows: bool = False             # K given as [.., seq_k, head_dim] (its transpose absorbed), else Kᵀ
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "AttentionSpec":
+        d = json.loads(text)
+        d["batch"] = tuple(d["batch"])
+        if d.get("mask_shape") is not None:
+            d["mask_shape"] = tuple(d["mask_shape"])
+        return cls(**d)
+
     def key(self) -> tuple:
         return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
                 self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows)
+
+
+def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
+    """Why the tensor-core flash template (``tvmfuse.tune.flash``) cannot compute ``spec`` (None: it can).
+
+    Its smallest tiles are 64 query rows by 32 keys; its fragments are 16 wide; fp16 in, fp32 accumulate.
+    """
+    if spec.dtype != "float16":
+        return f"{spec.dtype} inputs (the tensor-core template takes fp16)"
+    if spec.head_dim % 16 or spec.head_dim_v % 16 or max(spec.head_dim, spec.head_dim_v) > 256:
+        return f"head dims {spec.head_dim}/{spec.head_dim_v} (the template takes multiples of 16 up to 256)"
+    if spec.seq_q % 64 or spec.seq_k % 32:
+        return f"sequence lengths {spec.seq_q}x{spec.seq_k} (the template takes multiples of 64 x 32)"
+    return None
 
 
 def _idx(names: list[str]) -> str:
@@ -66,7 +93,7 @@ def attention_primfunc(spec: AttentionSpec):
     src = f"""
 @T.prim_func(private=True, s_tir=True)
 def attention({', '.join(params)}):
-    T.func_attr({{"tirx.noalias": True, "tvmfuse.kernel": "attention"}})
+    T.func_attr({{"tirx.noalias": True, "tvmfuse.kernel": "attention", "{SPEC_ATTR}": {spec.to_json()!r}}})
     {loops}for i in T.serial({spec.seq_q}):
 {ind}with T.sblock("attention"):
 {ind}    {_idx(vb + ['v_i'])} = T.axis.remap("{'S' * (nb + 1)}", [{_idx(bvars + ['i'])}])

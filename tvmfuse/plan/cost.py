@@ -16,6 +16,14 @@ from tvmfuse.plan.graph import NORM, REDUCE, Graph, Node
 from tvmfuse.target import TargetInfo
 
 
+def _gpu_attention_decline(spec) -> str | None:
+    from tvmfuse.plan.attention import tiled_gpu_misfit
+
+    why = tiled_gpu_misfit(spec)
+    return None if why is None else (f"{why}; without the tensor-core flash template the fused kernel is scalar, "
+                                     f"60x slower than the unfused tensor-core GEMMs on the H200")
+
+
 @dataclass(frozen=True, order=True)
 class Score:
     """Comparable: a feasible fusion beats an infeasible one, then the larger ``gain`` wins.
@@ -50,7 +58,8 @@ class CostModel:
     shared_memory_bytes : for a normalization with a prologue, one row of every full-size input is staged
         on chip; it must fit
     min_parallel_units : parallel units (rows, output tiles) the target needs to be busy
-    attention_decline : why the fused attention kernel is not formed on this target (None: it is)
+    attention_decline : why the fused attention kernel is not formed on this target (None: it is), or a
+        function of its :class:`~tvmfuse.plan.attention.AttentionSpec` giving the reason
     conv_layout : "NHWC" to run 2-D convolutions channels-last (the tensor-core template's implicit GEMM then
         reads its operands contiguously along K), or None to keep the model's layout
     """
@@ -60,7 +69,7 @@ class CostModel:
     max_ops: int = 48
     shared_memory_bytes: int = 48 * 1024
     min_parallel_units: int = 132
-    attention_decline: str | None = None
+    attention_decline: object = None   # a reason (str), or a function of the AttentionSpec giving one
     conv_layout: str | None = None
 
     @classmethod
@@ -68,13 +77,12 @@ class CostModel:
         attrs = target.target.attrs if hasattr(target.target, "attrs") else {}
         if target.is_gpu:
             smem = int(attrs.get("max_shared_memory_per_block", 48 * 1024)) if attrs else 48 * 1024
-            # Measured on the H200 (BENCHMARKS.md, 2026-11-30): the fused attention kernel, one query row
-            # per thread in scalar fp32, took 1209 ms for B4 H32 S4096 D128 where the unfused ops (tensor-core
-            # GEMMs, N x N scores through HBM) took 19 ms. Until a tiled tensor-core attention template
-            # exists, the scores go through memory on GPUs.
+            # Measured on the H200 (BENCHMARKS.md, 2026-11-30), B4 H32 S4096 D128: the tensor-core flash
+            # template 3.6-5.2 ms; the unfused ops (tensor-core GEMMs, N x N scores through HBM) 19 ms; the
+            # scalar fused kernel (one query row per thread) 1209 ms. So attention is fused on GPUs exactly
+            # where the flash template fits its shape.
             base = cls(launch_bytes=5e-6 * 4e12, shared_memory_bytes=smem, min_parallel_units=132,
-                       attention_decline="on GPUs the fused kernel is scalar (one query row per thread): 60x "
-                                         "slower than unfused tensor-core GEMMs on the H200",
+                       attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
                        conv_layout="NHWC")
         else:

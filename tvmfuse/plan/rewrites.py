@@ -226,9 +226,10 @@ def _scalar(const) -> float | None:
 class FuseAttention:
     """matmul(Q, Kᵀ) -> [·scale | /scale] -> [+mask] -> softmax(-1) -> matmul(·, V) => one attention kernel."""
 
-    def __new__(cls, *, log: RewriteLog, decline: str | None = None):
-        """``decline``: a reason not to form the kernel on this target; matches are then reported as
-        fusions not taken, with the reason, and the graph is left as it is."""
+    def __new__(cls, *, log: RewriteLog, decline=None):
+        """``decline``: a reason not to form the kernel on this target, or a function of the
+        :class:`AttentionSpec` giving one (None: form it); declined matches are reported as fusions not
+        taken, with the reason, and the graph is left as it is."""
         self = super().__new__(cls)
         self.log = log
         self.decline = decline
@@ -358,8 +359,9 @@ class FuseAttention:
             if m is None:
                 continue
             spec, args, dropped, ops, unfused = m
-            if self.decline:
-                self.log.rejected.append(Rejection(ops=ops, reason=f"attention not fused: {self.decline}"))
+            reason = self.decline(spec) if callable(self.decline) else self.decline
+            if reason:
+                self.log.rejected.append(Rejection(ops=ops, reason=f"attention not fused: {reason}"))
                 continue
             out_ty = b.var.ty
 

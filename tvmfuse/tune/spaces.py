@@ -552,8 +552,36 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
 
 
 def template_attention(sch, space: ClassSpace, info: dict) -> list:
-    """The planner's online-softmax attention: one query row per thread, its accumulator in registers."""
+    """The planner's online-softmax attention.
+
+    On CUDA, where its shape fits the tensor-core flash template (``tvmfuse.tune.flash``), the sketch samples
+    one of the template's tile configs (the ``flash_*`` knobs, as an index into the configs that fit) and
+    annotates it on the root block; the builder swaps the kernel for that flash kernel. The PrimFunc itself
+    keeps the scalar schedule below (one query row per thread, its accumulator in registers), which is what
+    every other target and shape runs.
+    """
+    from tvmfuse.plan.attention import tiled_gpu_misfit
+    from tvmfuse.tune import flash
+
     root = sch.get_sblock("root")
+    spec = flash.spec_of(sch.mod["main"])
+    if info.get("target_kind") == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
+        knobs = {k: space.knobs.get(f"flash_{k}") for k in ("warps", "m_tiles", "block_n", "stages")}
+        options = flash.configs(spec, **{k: v.values for k, v in knobs.items() if v is not None},
+                                max_shared_bytes=int(space.extra.get("flash_max_shared_bytes", 100 * 1024)))
+        if options:
+            def prior(cfg) -> float:
+                p = 1.0
+                for k, knob in knobs.items():
+                    if knob is not None:
+                        p *= knob.probs[knob.values.index(getattr(cfg, k))]
+                return p
+
+            weights = [prior(c) for c in options]
+            total = sum(weights) or 1.0
+            index = sch.sample_categorical(candidates=list(range(len(options))), probs=[w / total for w in weights])
+            sch.annotate(root, flash.CANDIDATES, ";".join(c.name for c in options))
+            sch.annotate(root, flash.ANNOTATION, index)
     blocks = sch.get_child_blocks(root)
     if len(blocks) != 1:
         raise ValueError("attention template: needs the planner's single attention block")
@@ -639,7 +667,7 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     func = mod["main"]
     cls = classify(func)
     space = spaces.for_class(cls)
-    info = {"sm_count": int(space.extra.get("sm_count", 132))}
+    info = {"sm_count": int(space.extra.get("sm_count", 132)), "target_kind": kind}
     # (source, make the generator, its traces tensorize); MetaSchedule names its tensor-core rule sets *-tensorcore
     attempts: list[tuple[str, Callable, bool]] = []
     if space.template != "stock":

@@ -1,0 +1,153 @@
+"""The flash-attention template on the GPU: every tile config checked and timed beside PyTorch SDPA.
+
+For the ANCHORS.md attention case (B4 H32 S4096 D128 fp16) it builds each config of
+``tvmfuse.tune.flash.configs``, checks it against an fp32 reference on fresh random inputs with the
+output poisoned (NaN) first, and times it with TVM's time evaluator; SDPA (PyTorch's flash backend) is
+timed in the same run. Smaller variants (Kᵀ given transposed, an additive mask, mask before scale,
+head dim 64) are checked for correctness only. Prints a table last; ``--json`` writes the rows.
+
+    python scripts/flash_gpu.py [--json out.json] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tvmfuse.plan.attention import AttentionSpec  # noqa: E402
+from tvmfuse.tune.flash import configs, flash_primfunc  # noqa: E402
+
+
+def _reference(spec: AttentionSpec, q, k, v, mask):
+    import torch
+
+    kk = k.float() if spec.k_rows else k.float().transpose(-1, -2)
+    s = q.float() @ kk.transpose(-1, -2)
+    scale = 1.0 if spec.scale is None else spec.scale
+    if mask is None:
+        s = s * scale
+    elif spec.scale_first:
+        s = s * scale + mask.float()
+    else:
+        s = (s + mask.float()) * scale
+    return torch.softmax(s, dim=-1) @ v.float()
+
+
+def run_config(spec: AttentionSpec, cfg, *, time_it: bool, seed: int) -> dict:
+    import torch
+
+    import tvm
+
+    rec: dict = {"config": cfg.name}
+    t0 = time.time()
+    lib = tvm.compile(tvm.IRModule({"main": flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
+                      target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    rec["build_s"] = round(time.time() - t0, 2)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float16, generator=g)  # noqa: E731
+    q = rnd(*spec.batch, spec.seq_q, spec.head_dim)
+    k = rnd(*spec.batch, spec.seq_k, spec.head_dim) if spec.k_rows else rnd(*spec.batch, spec.head_dim, spec.seq_k)
+    v = rnd(*spec.batch, spec.seq_k, spec.head_dim_v)
+    mask = None
+    if spec.mask_shape is not None:
+        mask = torch.where(torch.rand(*spec.mask_shape, device="cuda", generator=g) < 0.2,
+                           torch.tensor(-10000.0, device="cuda"), torch.tensor(0.0, device="cuda"))
+        mask = mask.to(getattr(torch, spec.mask_dtype))
+    out = torch.full((*spec.batch, spec.seq_q, spec.head_dim_v), float("nan"), device="cuda", dtype=torch.float16)
+    args = [tvm.runtime.from_dlpack(t) for t in (q, k, v, *([mask] if mask is not None else []), out)]
+    lib["main"](*args)
+    torch.cuda.synchronize()
+    ref = _reference(spec, q, k, v, mask)
+    got = out.float()
+    rec["unwritten"] = int(torch.isnan(got).sum())
+    rec["rel_error"] = float((got - ref).norm() / ref.norm())
+    rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] <= 1e-2
+    if time_it and rec["ok"]:
+        dev = tvm.cuda(0)
+        te = lib.mod.time_evaluator("main", dev, number=10, repeat=5)
+        rec["us"] = float(np.median(te(*args).results)) * 1e6
+        flops = 4.0 * np.prod(spec.batch) * spec.seq_q * spec.seq_k * spec.head_dim
+        rec["tflops"] = flops / (rec["us"] * 1e-6) / 1e12
+    return rec
+
+
+def sdpa_us(spec: AttentionSpec) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(*spec.batch, spec.seq_q, spec.head_dim, device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    for _ in range(3):
+        F.scaled_dot_product_attention(q, k, v)
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(10):
+            F.scaled_dot_product_attention(q, k, v)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 10 * 1e3)
+    return float(np.median(times))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="anchor case: the first config only")
+    ap.add_argument("--part", choices=["all", "variants", "anchor"], default="all",
+                    help="a CUDA error kills the process's context: run the parts in separate processes")
+    a = ap.parse_args()
+    anchor = AttentionSpec(batch=(4, 32), seq_q=4096, seq_k=4096, head_dim=128, head_dim_v=128, dtype="float16",
+                           scale=128 ** -0.5, mask_shape=None, k_rows=True)
+    variants = [
+        ("kT+mask", AttentionSpec(batch=(2, 4), seq_q=256, seq_k=256, head_dim=64, head_dim_v=64, dtype="float16",
+                                  scale=0.125, mask_shape=(2, 1, 1, 256), k_rows=False)),
+        ("mask-first", AttentionSpec(batch=(2,), seq_q=128, seq_k=192, head_dim=128, head_dim_v=128,
+                                     dtype="float16", scale=None, mask_shape=(128, 192), scale_first=False,
+                                     k_rows=True)),
+    ]
+    rows = []
+    for name, spec in variants if a.part in ("all", "variants") else []:
+        for cfg in configs(spec):
+            try:
+                rec = run_config(spec, cfg, time_it=False, seed=1)
+            except Exception as err:  # noqa: BLE001 - report and go on
+                rec = {"config": cfg.name, "error": str(err)[-300:]}
+            rec["case"] = name
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+            if "error" in rec:
+                break
+    sdpa = sdpa_us(anchor) if a.part in ("all", "anchor") and not any("error" in r for r in rows) else float("nan")
+    print("sdpa_us", sdpa, flush=True)
+    for cfg in configs(anchor)[: 1 if a.quick else None] if a.part in ("all", "anchor") else []:
+        try:
+            rec = run_config(anchor, cfg, time_it=True, seed=int(time.time()) % 100000)
+        except Exception as err:  # noqa: BLE001
+            rec = {"config": cfg.name, "error": str(err)[-300:]}
+        rec["case"] = "B4 H32 S4096 D128"
+        rows.append(rec)
+        print(json.dumps(rec), flush=True)
+        if "error" in rec:
+            break
+    if a.json:
+        Path(a.json).write_text(json.dumps({"sdpa_us": sdpa, "rows": rows}, indent=1))
+    print(f"\n{'case':20s} {'config':12s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'TFLOP/s':>8s} {'x SDPA':>7s}")
+    print(f"{'B4 H32 S4096 D128':20s} {'SDPA':12s} {'':5s} {'':>9s} {sdpa:9.0f}")
+    for r in rows:
+        us, err = r.get("us"), r.get("error", "")[:80]
+        timing = f"{us:9.0f} {r['tflops']:8.1f} {sdpa / us:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
+        print(f"{r['case']:20s} {r['config']:12s} {str(r.get('ok', 'ERR')):5s} "
+              f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

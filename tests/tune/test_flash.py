@@ -1,0 +1,193 @@
+"""The tensor-core flash-attention template: where the planner forms attention on GPUs, how the search space
+samples its tiles, how a record selects the kernel a build runs, and that every kernel builds for sm_90
+without register spills. (CUDA built here, not run: the kernels' numerics are checked on the H200 by
+scripts/flash_gpu.py and scripts/bench_gpu.py, against PyTorch in fp32, every config; see BENCHMARKS.md.)"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+
+import models  # noqa: E402
+from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
+from tvmfuse.compile.build import build  # noqa: E402
+from tvmfuse.frontend import import_model, load_model  # noqa: E402
+from tvmfuse.plan import partition  # noqa: E402
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec  # noqa: E402
+from tvmfuse.target import resolve_target  # noqa: E402
+from tvmfuse.tune import extract_kernels  # noqa: E402
+from tvmfuse.tune import flash  # noqa: E402
+from tvmfuse.tune.spaces import load_spaces, select_space  # noqa: E402
+
+SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return resolve_target("cuda")
+
+
+def _fp16_attention(tmp_path, seq=64, dim=16, mask=True, fp16=True):
+    model = models.attention(seq=seq, dim=dim, mask=mask)
+    if fp16:
+        model = models.to_fp16(model)
+    path = tmp_path / f"attention_{seq}_{dim}_{int(fp16)}.onnx"
+    onnx.save(model, path)
+    return import_model(load_model(path))
+
+
+def _attention_funcs(fused):
+    return [f for f in fused.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and SPEC_ATTR in f.attrs]
+
+
+def test_gpu_plans_fuse_attention_where_the_flash_template_fits(tmp_path, cuda):
+    fused, plan = partition(_fp16_attention(tmp_path), target=cuda)
+    assert [g.pattern for g in plan.groups] == ["attention"]
+    (func,) = _attention_funcs(fused)
+    spec = AttentionSpec.from_json(str(func.attrs[SPEC_ATTR]))
+    assert (spec.batch, spec.seq_q, spec.seq_k, spec.head_dim, spec.dtype) == ((2, 3), 64, 64, 16, "float16")
+    assert spec.mask_shape == (2, 1, 1, 64)
+
+
+@pytest.mark.parametrize("seq,fp16,why", [(48, True, "sequence lengths 48x48"), (64, False, "float32 inputs")])
+def test_gpu_plans_leave_attention_unfused_where_it_does_not_fit(tmp_path, cuda, seq, fp16, why):
+    fused, plan = partition(_fp16_attention(tmp_path, seq=seq, fp16=fp16), target=cuda)
+    assert not plan.by_pattern("attention")
+    assert any(r.reason.startswith("attention not fused: ") and why in r.reason and r.ops[-2:] == ("softmax", "matmul")
+               for r in plan.rejected), [r.reason for r in plan.rejected]
+    assert not _attention_funcs(fused)
+
+
+def _cuda_source(exe) -> str:
+    mods = [exe.mod] if hasattr(exe, "mod") else []
+    seen, out = set(), []
+    while mods:
+        m = mods.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m.kind == "cuda":
+            out.append(m.inspect_source())
+        mods.extend(m.imports)
+    return "\n".join(out)
+
+
+def test_untuned_gpu_build_runs_the_default_flash_kernel(tmp_path, cuda):
+    fused, _ = partition(_fp16_attention(tmp_path, seq=128, dim=32), target=cuda)
+    result = build(fused, target=cuda)
+    assert [k.schedule for k in result.kernels] == ["flash-default"]
+    assert result.untuned == [result.kernels[0].name]  # untuned is reported as untuned
+    src = _cuda_source(result.executable)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src and "ldmatrix" in src
+    assert "__shfl_xor_sync" in src
+    # no buffer anywhere holds a 128 x 128 score tile: the biggest shared array is a K/V/Q tile
+    sizes = [int(n) for n in re.findall(r"\w+_ptr\[(\d+)\]", src)]
+    assert sizes and max(sizes) < 128 * 128
+
+
+def _attention_kernel(tmp_path, cuda, seq=128, dim=32):
+    fused, _ = partition(_fp16_attention(tmp_path, seq=seq, dim=dim), target=cuda)
+    (kernel,) = [k for k in extract_kernels(fused, target=cuda) if SPEC_ATTR in k.mod["main"].attrs]
+    return fused, kernel
+
+
+def _sketch_with(kernel, cuda, index: int):
+    """The attention space's sketch with its flash config decision set to ``index``."""
+    choice = select_space(kernel.mod, cuda.target)
+    assert choice.source == "template:attention", choice
+    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
+    (sketch,) = ctx.generate_design_space()
+    trace = sketch.trace
+    first = next(i for i in trace.insts if i.kind.name == "SampleCategorical")  # the flash config comes first
+    trace = trace.with_decision(first, index, remove_postproc=True)
+    sch = tvm.s_tir.Schedule(kernel.mod, seed=1)
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    return sch
+
+
+def test_the_space_samples_flash_tiles_from_the_yaml_knobs(tmp_path, cuda):
+    _, kernel = _attention_kernel(tmp_path, cuda)
+    spec = flash.spec_of(kernel.mod["main"])
+    space = load_spaces("cuda").for_class("attention")
+    expected = flash.configs(spec, **{k: space.knobs[f"flash_{k}"].values
+                                      for k in ("warps", "m_tiles", "block_n", "stages")},
+                             max_shared_bytes=int(space.extra["flash_max_shared_bytes"]))
+    assert len(expected) >= 4
+    picked = set()
+    for index in (0, len(expected) - 1):
+        sch = _sketch_with(kernel, cuda, index)
+        cfg = flash.annotated_config(sch.mod["main"])
+        assert cfg == expected[index]
+        picked.add(cfg)
+        kernel_func = flash.expand(sch.mod)["main"]
+        assert kernel_func.attrs["tvmfuse.kernel"] == "attention_flash"
+        # the builder MetaSchedule measures candidates with swaps the kernel in before compiling
+        src = fast_build(sch.mod, SM90, None).imports[0].inspect_source()
+        assert f"__launch_bounds__({32 * cfg.warps})" in src
+        assert ("cp.async.cg.shared.global" in src) == (cfg.stages == 2)
+    assert len(picked) == 2
+
+
+def test_a_tuned_record_selects_the_flash_kernel_a_build_runs(tmp_path, cuda):
+    from tvmfuse.db import open_database
+
+    fused, kernel = _attention_kernel(tmp_path, cuda)
+    spec = flash.spec_of(kernel.mod["main"])
+    sch = _sketch_with(kernel, cuda, 1)
+    cfg = flash.annotated_config(sch.mod["main"])
+    assert cfg != flash.default_config(spec)  # so the build below cannot pass on the default
+    db = open_database(tmp_path / "t.db", target=cuda)
+    try:
+        workload = db.ms_database.commit_workload(kernel.mod)
+        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
+        result = build(fused, target=cuda, database=db)
+    finally:
+        db.close()
+    assert [k.schedule for k in result.kernels] == ["tuned"]
+    src = _cuda_source(result.executable)
+    assert f"__launch_bounds__({32 * cfg.warps})" in src and "mma.sync" in src
+
+
+def test_a_config_index_outside_the_recorded_candidates_is_a_clear_error():
+    names = "w4 m1 n32 s1;w8 m2 n64 s2"
+    assert flash.config_at(names, 1) == flash.FlashConfig(warps=8, block_n=64, stages=2, m_tiles=2)
+    with pytest.raises(ValueError, match="flash config 5 of 2 candidates"):
+        flash.config_at(names, 5)
+
+
+SPECS = {
+    "rows+mask": AttentionSpec(batch=(2, 4), seq_q=256, seq_k=256, head_dim=64, head_dim_v=64, dtype="float16",
+                               scale=0.125, mask_shape=(2, 1, 1, 256), k_rows=True),
+    "kT": AttentionSpec(batch=(8,), seq_q=128, seq_k=192, head_dim=128, head_dim_v=128, dtype="float16",
+                        scale=None, mask_shape=(128, 192), scale_first=False, k_rows=False),
+}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("case,cfg", [("rows+mask", flash.FlashConfig(4, 64, 2, 1)),
+                                      ("rows+mask", flash.FlashConfig(8, 32, 1, 2)),
+                                      ("kT", flash.FlashConfig(4, 32, 2, 2)),
+                                      ("kT", flash.FlashConfig(8, 64, 1, 1))])
+def test_flash_kernels_build_for_sm90_without_register_spills(tmp_path, case, cfg):
+    spec = SPECS[case]
+    assert cfg in flash.configs(spec)
+    lib = tvm.compile(tvm.IRModule({"main": flash.flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
+                      target=SM90)
+    src = lib.mod.imports[0].inspect_source()
+    assert src.count("mma.sync") >= 2 and ("ldmatrix.sync.aligned.m8n8.x4.trans" in src)
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    out = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]

@@ -1,0 +1,361 @@
+"""A flash-attention TIR template on tensor cores: the planner's attention group without N×N scores.
+
+The planner's attention PrimFunc (``tvmfuse.plan.attention``) is correct everywhere but scalar: one
+query row per thread. On CUDA targets with fp16 inputs this module writes the same computation as a
+FlashAttention-2 style kernel, with its tiles as parameters (:class:`FlashConfig`):
+
+* a thread block owns ``16 * m_tiles * warps`` query rows of one (batch, head); each warp owns
+  ``16 * m_tiles`` of them. With one 16-row tile per warp its Q fragments are loaded once into registers;
+  with two, the block's Q tile is staged in shared memory and reloaded by ``ldmatrix`` at each step, and
+  every K and V fragment feeds both tiles (half the shared-memory reads per ``mma``);
+* the keys are walked ``block_n`` at a time: the K and V tiles go through shared memory (rows padded
+  by 16 bytes, so every ``ldmatrix`` phase hits 32 distinct banks), optionally double-buffered by
+  ``cp.async`` so the next tile's copy overlaps this tile's tensor-core work;
+* ``S = Q·Kᵀ`` runs as ``mma.sync.m16n8k16`` (fp16 in, fp32 accumulate) into registers; the online
+  softmax (running row max and sum, base-2 exponent) works on those registers, with two lane shuffles
+  for the row max; ``P`` is converted to fp16 in place, and since an m16n8 accumulator has the layout of
+  the A operand's half, it feeds ``O += P·V`` without leaving registers;
+* ``O`` stays in registers, is rescaled per row as the max moves, and is divided by the row sum once,
+  at the store.
+
+The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. Rows and keys must
+be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`); the planner keeps other attention
+unfused on GPUs. Tuning picks a config among
+:func:`configs` (MetaSchedule samples its index; the builder expands it, see :func:`expand`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit
+
+# On the planner's attention PrimFunc's root block: the candidate configs (names, ";"-joined: a constant of the
+# trace, so a record keeps the list it was sampled from) and the sampled index into them.
+ANNOTATION = "tvmfuse.flash_config"
+CANDIDATES = "tvmfuse.flash_candidates"
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    warps: int = 4        # warps per block
+    block_n: int = 64     # keys per step
+    stages: int = 1       # 1: one K/V buffer, plain loads; 2: two buffers filled by cp.async
+    m_tiles: int = 1      # 16-row tiles per warp: 1 keeps Q in registers; 2 stages Q in shared memory and
+    #                       uses each K/V fragment for both tiles (half the shared-memory reads per mma)
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.warps * self.m_tiles
+
+    @property
+    def name(self) -> str:
+        return f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}"
+
+    def shared_bytes(self, spec: AttentionSpec) -> int:
+        k_tile = self.block_n * (spec.head_dim + 8) if spec.k_rows else spec.head_dim * (self.block_n + 8)
+        v_tile = self.block_n * (spec.head_dim_v + 8)
+        q_tile = self.block_m * (spec.head_dim + 8) if self.m_tiles > 1 else 0
+        return 2 * (self.stages * (k_tile + v_tile) + q_tile)
+
+
+def fits(spec: AttentionSpec) -> str | None:
+    """Why the flash template cannot compute ``spec`` (None: it can)."""
+    return tiled_gpu_misfit(spec) or (None if configs(spec) else "no tile config fits")
+
+
+def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
+            max_shared_bytes: int = 100 * 1024) -> list[FlashConfig]:
+    """The tile configs (from the given choices) that divide ``spec``'s sequences and fit its registers and
+    ``max_shared_bytes`` of (dynamic) shared memory. 100 KB leaves room for two blocks on an H200 SM (228 KB).
+    """
+    out = []
+    for m in m_tiles:
+        for w in warps:
+            for n in block_n:
+                for st in stages:
+                    c = FlashConfig(int(w), int(n), int(st), int(m))
+                    # one thread's scores, P and O (and Q, in registers with one tile) within ~200 of its 255
+                    # registers; measured with ptxas: the configs kept here build without spills (164-251)
+                    regs = c.m_tiles * (c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2)
+                    regs += spec.head_dim // 4 if c.m_tiles == 1 else 4 * c.m_tiles
+                    if (spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0 and regs <= 200
+                            and c.shared_bytes(spec) <= max_shared_bytes):
+                        out.append(c)
+    return out
+
+
+def parse_config(name: str) -> FlashConfig:
+    """The config :attr:`FlashConfig.name` names (``"w4 m2 n32 s1"``)."""
+    fields = dict((part[0], int(part[1:])) for part in name.split())
+    return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"])
+
+
+def default_config(spec: AttentionSpec) -> FlashConfig:
+    """The config an untuned build uses: the fastest measured at the anchor size, where it fits.
+
+    H200, B4 H32 S4096 D128 (BENCHMARKS.md, 2026-11-30): w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
+    """
+    options = configs(spec)
+    for want in (FlashConfig(4, 32, 1, 2), FlashConfig(8, 128, 1, 1)):
+        if want in options:
+            return want
+    return options[0]
+
+
+def annotated_config(func) -> FlashConfig | None:
+    """The config a tuned schedule annotated on ``func``'s root block (None: not a flash schedule)."""
+    body = getattr(func, "body", None)
+    block = getattr(body, "block", None)
+    if block is None or ANNOTATION not in block.annotations or CANDIDATES not in block.annotations:
+        return None
+    return config_at(str(block.annotations[CANDIDATES]), int(block.annotations[ANNOTATION]))
+
+
+def config_at(candidates: str, index: int) -> FlashConfig:
+    """Config ``index`` of the ``;``-joined candidate names a record carries."""
+    names = candidates.split(";")
+    if not 0 <= index < len(names):
+        raise ValueError(f"flash config {index} of {len(names)} candidates")
+    return parse_config(names[index])
+
+
+def spec_of(func) -> AttentionSpec | None:
+    attrs = func.attrs
+    if attrs is None or SPEC_ATTR not in attrs:
+        return None
+    return AttentionSpec.from_json(str(attrs[SPEC_ATTR]))
+
+
+def expand(mod):
+    """``mod`` with every flash-annotated attention PrimFunc replaced by the flash kernel it selects."""
+    from tvmfuse._tvm import PrimFunc, tvm
+
+    updates = {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, PrimFunc):
+            continue
+        cfg = annotated_config(func)
+        if cfg is not None and spec_of(func) is not None:
+            updates[gv] = flash_kernel(func, cfg)
+    if not updates:
+        return mod
+    return tvm.IRModule({gv: updates.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
+
+
+def flash_kernel(func, cfg: FlashConfig | None = None):
+    """The flash kernel for the planner's attention PrimFunc ``func`` (its global symbol kept)."""
+    spec = spec_of(func)
+    kernel = flash_primfunc(spec, cfg or default_config(spec))
+    symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+    return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
+
+
+# ----------------------------------------------------------------------------------------- the kernel
+def _flat(shape: tuple[int, ...], idx: list[str]) -> str:
+    """Row-major flattened offset of ``idx`` (expressions) into a buffer of ``shape``."""
+    terms = []
+    for k, e in enumerate(idx):
+        stride = math.prod(shape[k + 1:])
+        terms.append(f"({e}) * {stride}" if stride != 1 else f"({e})")
+    return " + ".join(terms)
+
+
+def _indent(text: str, n: int) -> str:
+    return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
+
+
+def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
+    """TVMScript of the flash kernel for ``spec`` with tiles ``cfg``."""
+    D, DV, BN, BM, NT = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m, 32 * cfg.warps
+    nb, stages = len(spec.batch), cfg.stages
+    # blockIdx.y walks the flattened batch dims; these are its per-dim indices
+    bidx, rest = [], "by"
+    for k in range(nb):
+        inner = math.prod(spec.batch[k + 1:])
+        bidx.append(f"({rest}) // {inner}" if inner > 1 else rest)
+        rest = f"({rest}) % {inner}" if inner > 1 else rest
+    warp, lane = "(tx // 32)", "(tx % 32)"
+    g, tig = f"({lane} // 4)", f"({lane} % 4)"
+    q_shape = (*spec.batch, spec.seq_q, D)
+    k_shape = (*spec.batch, spec.seq_k, D) if spec.k_rows else (*spec.batch, D, spec.seq_k)
+    v_shape = (*spec.batch, spec.seq_k, DV)
+    o_shape = (*spec.batch, spec.seq_q, DV)
+    buf = lambda name, shp, dt="float16": f"{name}: T.Buffer({tuple(shp)!r}, '{dt}')"  # noqa: E731
+    params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
+    M, SB, OB = cfg.m_tiles, BN // 2, DV // 2   # per m-tile: score and output accumulator elements per thread
+    row = f"bx * {BM} + {warp} * {16 * M} + mt * 16 + {g} + i % 4 // 2 * 8"   # query row of element i of tile mt
+    mask = None
+    if spec.mask_shape is not None:
+        params.append(buf("mask", spec.mask_shape, spec.mask_dtype))
+        full, full_ext = [*bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2"], [*spec.batch, spec.seq_q,
+                                                                                        spec.seq_k]
+        off = nb + 2 - len(spec.mask_shape)
+        mask = "mask[" + ", ".join("0" if d == 1 and full_ext[off + i] != 1 else full[off + i]
+                                   for i, d in enumerate(spec.mask_shape)) + "]"
+        if spec.mask_dtype != "float32":
+            mask = f"T.Cast('float32', {mask})"
+    params.append(buf("out", o_shape))
+    scale = 1.0 if spec.scale is None else float(spec.scale)
+    # the score in base 2: t = log2(e) * (scale * s + mask), or log2(e) * scale * (s + mask) when masked first
+    if mask is None:
+        score = f"sacc[mt * {SB} + i] * T.float32({scale * _LOG2E!r})"
+    elif spec.scale_first:
+        score = f"(sacc[mt * {SB} + i] * T.float32({scale!r}) + {mask}) * T.float32({_LOG2E!r})"
+    else:
+        score = f"(sacc[mt * {SB} + i] + {mask}) * T.float32({scale * _LOG2E!r})"
+
+    # shared tiles (rows padded by 8 halves = 16 bytes); with 2 stages, two of each
+    k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
+    k_tile, v_tile = k_rows * (k_cols + 8), BN * (DV + 8)
+
+    def loads(step: str, slot: str) -> str:
+        """Copy step ``step``'s K and V tiles into shared slot ``slot`` (16-byte vectors)."""
+        out = ""
+        for dst, src, shp, rows, cols, tile, key_axis in (("ks", "k", k_shape, k_rows, k_cols, k_tile,
+                                                           0 if spec.k_rows else 1),
+                                                          ("vs", "v", v_shape, BN, DV, v_tile, 0)):
+            vec = cols // 8
+            n = rows * vec
+            if n % NT:
+                raise ValueError(f"flash: a {rows}x{cols} tile does not split over {NT} threads")
+            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * 8"
+            src_rc = [r, c]
+            src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
+            sh = f"{slot} * {tile} + ({r}) * {cols + 8} + {c}"
+            if stages == 1:
+                out += (f"for it in T.unroll({n // NT}):\n"
+                        f"    for e in T.vectorized(8):\n"
+                        f"        {dst}[{sh} + e] = {src}[{', '.join([*bidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
+            else:
+                out += (f"for it in T.unroll({n // NT}):\n"
+                        f"    T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
+                        f"{_flat(shp, [*bidx, *src_rc])}, 16))\n")
+        return out
+
+    kslot, vslot = (f"j % 2 * {k_tile} + ", f"j % 2 * {v_tile} + ") if stages > 1 else ("", "")
+    if spec.k_rows:   # ks[key, d]: the B operand's columns are its rows: plain ldmatrix
+        k_ld = (f"T.ptx_legacy.ldmatrix(False, 4, '.b16', kf.data, 0, ks.access_ptr('r'), {kslot}"
+                f"(np * 16 + {lane} % 8 + {lane} // 16 * 8) * {D + 8} + kk * 16 + {lane} // 8 % 2 * 8, "
+                f"dtype='float16')")
+    else:             # ks[d, key]: transposed ldmatrix
+        k_ld = (f"T.ptx_legacy.ldmatrix(True, 4, '.b16', kf.data, 0, ks.access_ptr('r'), {kslot}"
+                f"(kk * 16 + {lane} % 8 + {lane} // 8 % 2 * 8) * {BN + 8} + np * 16 + {lane} // 16 * 8, "
+                f"dtype='float16')")
+    v_ld = (f"T.ptx_legacy.ldmatrix(True, 4, '.b16', vf.data, 0, vs.access_ptr('r'), {vslot}"
+            f"(kv * 16 + {lane} % 8 + {lane} // 8 % 2 * 8) * {DV + 8} + dp * 16 + {lane} // 16 * 8, "
+            f"dtype='float16')")
+    mma = ("T.ptx_legacy.mma('m16n8k16', 'row', 'col', 'fp16', 'fp16', 'fp32', {a}.data, {ao}, {b}.data, {bo}, "
+           "{c}.data, {co}, False, dtype='float32')")
+    shfl = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
+    nsteps = spec.seq_k // BN
+    q_col = f"kk * 16 + i // 4 * 8 + {tig} * 2 + i % 2"
+    if stages == 1:
+        fill = ("T.tvm_storage_sync('shared')\n" + loads("j", "0") + "T.tvm_storage_sync('shared')\n")
+        prologue, drain = "", "T.tvm_storage_sync('shared')\n"
+    else:   # the next step's tiles are in flight while this step computes
+        prologue = loads("0", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+        fill = (f"if j + 1 < {nsteps}:\n" + _indent(loads("j + 1", "(j + 1) % 2"), 4)
+                + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n"
+                + "T.tvm_storage_sync('shared')\n")
+        drain = "T.tvm_storage_sync('shared')\n"
+    if M == 1:   # this warp's 16 query rows as A fragments, straight from global memory, kept in registers
+        q_init = (f"for kk in T.unroll({D // 16}):\n"
+                  f"    for i in T.unroll(8):\n"
+                  f"        qf[kk * 8 + i] = q[{', '.join([*bidx, row.replace('mt * 16 + ', ''), q_col])}]\n")
+        q_frag = ""
+        q_off = "kk * 8"
+    else:        # the block's Q tile in shared memory; each step's A fragments reloaded by ldmatrix
+        vec = D // 8
+        q_init = (f"for it in T.unroll({BM * vec // NT}):\n"
+                  f"    for e in T.vectorized(8):\n"
+                  f"        qs[(it * {NT} + tx) // {vec} * {D + 8} + (it * {NT} + tx) % {vec} * 8 + e] = "
+                  f"q[{', '.join([*bidx, f'bx * {BM} + (it * {NT} + tx) // {vec}', f'(it * {NT} + tx) % {vec} * 8 + e'])}]\n"
+                  f"T.tvm_storage_sync('shared')\n")
+        q_frag = (f"for mt in T.unroll({M}):\n"
+                  f"    T.evaluate(T.ptx_legacy.ldmatrix(False, 4, '.b16', qf.data, mt * 8, qs.access_ptr('r'), "
+                  f"({warp} * {16 * M} + mt * 16 + {lane} % 16) * {D + 8} + kk * 16 + {lane} // 16 * 8, "
+                  f"dtype='float16'))\n")
+        q_off = "mt * 8"
+    body = f"""
+ks = T.alloc_buffer(({stages * k_tile},), "float16", scope="shared.dyn", align=16)
+vs = T.alloc_buffer(({stages * v_tile},), "float16", scope="shared.dyn", align=16)
+{f'qs = T.alloc_buffer(({BM * (D + 8)},), "float16", scope="shared.dyn", align=16)' if M > 1 else ''}
+qf = T.alloc_buffer(({D // 2 if M == 1 else 8 * M},), "float16", scope="local")
+kf = T.alloc_buffer((8,), "float16", scope="local")
+vf = T.alloc_buffer((8,), "float16", scope="local")
+pf = T.alloc_buffer(({M * SB},), "float16", scope="local")
+sacc = T.alloc_buffer(({M * SB},), "float32", scope="local")
+oacc = T.alloc_buffer(({M * OB},), "float32", scope="local")
+mrow = T.alloc_buffer(({2 * M},), "float32", scope="local")
+lrow = T.alloc_buffer(({2 * M},), "float32", scope="local")
+red = T.alloc_buffer(({2 * M},), "float32", scope="local")
+alpha = T.alloc_buffer(({2 * M},), "float32", scope="local")
+{q_init}for i in T.unroll({M * OB}):
+    oacc[i] = T.float32(0)
+for h in T.unroll({2 * M}):
+    mrow[h] = T.float32(-1e30)
+    lrow[h] = T.float32(0)
+{prologue}for j in T.serial({nsteps}):
+{_indent(fill, 4)}    for i in T.unroll({M * SB}):
+        sacc[i] = T.float32(0)
+    for kk in T.unroll({D // 16}):
+{_indent(q_frag, 8)}        for np in T.unroll({BN // 16}):
+            T.evaluate({k_ld})
+            for mt in T.unroll({M}):
+                T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=0, c="sacc", co=f"mt * {SB} + np * 8")})
+                T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=4, c="sacc", co=f"mt * {SB} + np * 8 + 4")})
+    # online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
+    for h in T.unroll({2 * M}):
+        red[h] = T.float32(-1e30)
+    for mt in T.unroll({M}):
+        for i in T.unroll({SB}):
+            sacc[mt * {SB} + i] = {score}
+            red[mt * 2 + i % 4 // 2] = T.max(red[mt * 2 + i % 4 // 2], sacc[mt * {SB} + i])
+    for h in T.unroll({2 * M}):
+        red[h] = T.max(red[h], {shfl.format(v="red[h]", m=1)})
+        red[h] = T.max(red[h], {shfl.format(v="red[h]", m=2)})
+        red[h] = T.max(mrow[h], red[h])
+        alpha[h] = T.exp2(mrow[h] - red[h])
+        mrow[h] = red[h]
+        lrow[h] = lrow[h] * alpha[h]
+    for mt in T.unroll({M}):
+        for i in T.unroll({SB}):
+            sacc[mt * {SB} + i] = T.exp2(sacc[mt * {SB} + i] - mrow[mt * 2 + i % 4 // 2])
+            lrow[mt * 2 + i % 4 // 2] = lrow[mt * 2 + i % 4 // 2] + sacc[mt * {SB} + i]
+            pf[mt * {SB} + i] = T.Cast("float16", sacc[mt * {SB} + i])
+        for i in T.unroll({OB}):
+            oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]
+    # P (an m16n8 accumulator pair has the A operand's layout) times V
+    for kv in T.unroll({BN // 16}):
+        for dp in T.unroll({DV // 16}):
+            T.evaluate({v_ld})
+            for mt in T.unroll({M}):
+                T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=0, c="oacc", co=f"mt * {OB} + dp * 8")})
+                T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=4, c="oacc", co=f"mt * {OB} + dp * 8 + 4")})
+{_indent(drain, 4)}for h in T.unroll({2 * M}):
+    lrow[h] = lrow[h] + {shfl.format(v="lrow[h]", m=1)}
+    lrow[h] = lrow[h] + {shfl.format(v="lrow[h]", m=2)}
+    lrow[h] = T.float32(1) / lrow[h]
+for mt in T.unroll({M}):
+    for i in T.unroll({OB}):
+        out[{', '.join([*bidx, row, f"i // 4 * 8 + {tig} * 2 + i % 2"])}] = T.Cast("float16", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])
+"""
+    return f"""
+@T.prim_func(private=True, s_tir=True)
+def flash_attention({', '.join(params)}):
+    T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "tvmfuse.kernel": "attention_flash"}})
+    for by in T.thread_binding({math.prod(spec.batch)}, thread="blockIdx.y"):
+        for bx in T.thread_binding({spec.seq_q // BM}, thread="blockIdx.x"):
+            for tx in T.thread_binding({NT}, thread="threadIdx.x"):
+{_indent(body, 16)}"""
+
+
+def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):
+    from tvm.script import tirx as T  # noqa: F401  (the template's T)
+
+    from tvmfuse.plan.attention import _parse
+
+    return _parse(flash_source(spec, cfg), {"T": T})
