@@ -329,6 +329,36 @@ def test_shared_row_sketch_gives_each_warp_group_its_own_row(cuda):
     assert multi, "no multi-row candidate sampled"
 
 
+def test_row_store_stays_in_its_row_when_the_threads_do_not_divide_it(cuda):
+    """768 columns as 64 threads x 8 lanes: two column steps, the second half empty. The register cache of the
+    output was flattened to one index over the whole tensor, so the store's bound became the tensor's and the
+    empty lanes were written over the next row's first columns (BERT's LayerNorm on the H200: relative error
+    0.58). Every store must sit under the guard of the computation it stores, at a column inside the row."""
+    (kernel,) = _kernels("add_layernorm", cuda, dict(M=64, N=768))
+    choice = select_space(kernel.mod, cuda.target)
+    from tvmfuse._tvm import ms
+
+    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
+    sketch = ctx.generate_design_space()[0]  # the `shared` sketch
+    trace = sketch.trace
+    # the template samples threads, vector lanes, rows per block, unroll, in that order
+    for inst, value in zip([i for i in trace.insts if i.kind.name == "SampleCategorical"], (64, 8, 1, 0)):
+        trace = trace.with_decision(inst, [int(v) for v in inst.attrs[0]].index(value), remove_postproc=True)
+    sch = tvm.s_tir.Schedule(kernel.mod, seed=1)
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    with build_context():
+        src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
+    assert "__launch_bounds__(64)" in src
+    lines = src.splitlines()
+    stores = [i for i, ln in enumerate(lines) if re.search(r"^\s*\*\(uint4\*\)\(\w+_ptr \+ .*\) = \*\(uint4\*\)\(\w+_local_ptr", ln)]
+    assert stores, "no vector store of the output"
+    for i in stores:
+        assert "% 768" not in lines[i], lines[i]           # a flat index wrapping into the next row
+        guard = lines[i - 1].strip()
+        assert guard.startswith("if (") and "< 3)" in guard, guard  # 3 of the 4 column steps hold data
+
+
 def _shared_kernel(static_halves: int, dyn_halves: int):
     from tvm.script import tirx as T
 
