@@ -158,11 +158,35 @@ def test_a_tuned_record_selects_the_flash_kernel_a_build_runs(tmp_path, cuda):
     assert f"__launch_bounds__({32 * cfg.warps})" in src and "mma.sync" in src
 
 
+def test_the_tuners_baseline_for_attention_is_the_flash_default(tmp_path, cuda):
+    """The tuner measures and keeps what an untuned build would run: for attention on CUDA that is the flash
+    template's default tiles (the scalar kernel, dlight's schedule, is only the correctness reference)."""
+    from tvmfuse.tune.spaces import flash_default_schedule
+
+    _, kernel = _attention_kernel(tmp_path, cuda)
+    sch = flash_default_schedule(kernel.mod, cuda.target)
+    assert flash.annotated_config(sch.mod["main"]) == flash.default_config(flash.spec_of(kernel.mod["main"]))
+    assert flash_default_schedule(kernel.mod, resolve_target("llvm").target) is None
+
+
 def test_a_config_index_outside_the_recorded_candidates_is_a_clear_error():
     names = "w4 m1 n32 s1;w8 m2 n64 s2"
     assert flash.config_at(names, 1) == flash.FlashConfig(warps=8, block_n=64, stages=2, m_tiles=2)
     with pytest.raises(ValueError, match="flash config 5 of 2 candidates"):
         flash.config_at(names, 5)
+
+
+@pytest.mark.parametrize("d", [16, 32, 48, 64, 80, 96, 112, 128])
+@pytest.mark.parametrize("seq", [(64, 32), (128, 96), (4096, 4096)])
+def test_every_shape_the_planner_fuses_on_gpus_has_a_tile_config(d, seq):
+    """The planner's fit check and the template's configs must agree, or a build would find no kernel."""
+    from tvmfuse.plan.attention import tiled_gpu_misfit
+
+    spec = AttentionSpec(batch=(2,), seq_q=seq[0], seq_k=seq[1], head_dim=d, head_dim_v=d, dtype="float16",
+                         scale=None, mask_shape=None)
+    assert tiled_gpu_misfit(spec) is None
+    assert flash.configs(spec)
+    assert "up to 128" in tiled_gpu_misfit(AttentionSpec(**{**spec.__dict__, "head_dim": 256, "head_dim_v": 256}))
 
 
 SPECS = {

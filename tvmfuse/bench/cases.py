@@ -109,10 +109,8 @@ SMALL = {
 
 
 def attention_kernel(B=4, H=32, S=4096, D=128):
-    """The planner's attention PrimFunc (online softmax, no N×N scores) as a MetaSchedule workload.
-
-    Used when the planner does not form the attention group from the ONNX graph, so the attention
-    template is still tuned and timed as a kernel. Parameters: q, k (rows, [B,H,S,D]), v, out.
+    """The planner's attention PrimFunc (online softmax, no N×N scores) as a MetaSchedule workload, without
+    going through an ONNX graph (the space tests use it). Parameters: q, k (rows, [B,H,S,D]), v, out.
     """
     from tvmfuse._tvm import tvm
     from tvmfuse.plan.attention import AttentionSpec, attention_primfunc

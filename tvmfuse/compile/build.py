@@ -64,12 +64,14 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
                 sch = ms_db.query_schedule(workload, target.target, name)
         if sch is not None:
             tuned = sch.mod["main"].with_attr("global_symbol", name)
-            if annotated_config(tuned) is not None:  # a tuned flash-attention config
-                tuned = flash_kernel(tuned, annotated_config(tuned))
+            cfg = annotated_config(tuned)
+            if cfg is not None:  # a tuned flash-attention config
+                tuned = flash_kernel(tuned, cfg)
             updates[gv] = tuned.with_attr("tirx.is_scheduled", True)
             best = database.best_run_secs(workload)
             statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
         elif target.kind == "cuda" and spec_of(func) is not None and tiled_gpu_misfit(spec_of(func)) is None:
+            # (the planner forms attention on CUDA only where that holds; a module planned elsewhere may differ)
             # untuned attention: the flash template's default tiles (dlight would schedule the scalar kernel)
             updates[gv] = flash_kernel(func)
             statuses.append(KernelStatus(name, "flash-default"))

@@ -45,12 +45,14 @@ class AttentionSpec:
 def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
     """Why the tensor-core flash template (``tvmfuse.tune.flash``) cannot compute ``spec`` (None: it can).
 
-    Its smallest tiles are 64 query rows by 32 keys; its fragments are 16 wide; fp16 in, fp32 accumulate.
+    Its smallest tiles are 64 query rows by 32 keys; its fragments are 16 wide; fp16 in, fp32 accumulate; a
+    thread keeps a 16-row slice of the output accumulator in registers, which caps the head dims at 128.
+    Every spec this accepts has at least one tile config (``tvmfuse.tune.flash.configs``).
     """
     if spec.dtype != "float16":
         return f"{spec.dtype} inputs (the tensor-core template takes fp16)"
-    if spec.head_dim % 16 or spec.head_dim_v % 16 or max(spec.head_dim, spec.head_dim_v) > 256:
-        return f"head dims {spec.head_dim}/{spec.head_dim_v} (the template takes multiples of 16 up to 256)"
+    if spec.head_dim % 16 or spec.head_dim_v % 16 or max(spec.head_dim, spec.head_dim_v) > 128:
+        return f"head dims {spec.head_dim}/{spec.head_dim_v} (the template takes multiples of 16 up to 128)"
     if spec.seq_q % 64 or spec.seq_k % 32:
         return f"sequence lengths {spec.seq_q}x{spec.seq_k} (the template takes multiples of 64 x 32)"
     return None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
 
 # On the planner's attention PrimFunc's root block: the candidate configs (names, ";"-joined: a constant of the
 # trace, so a record keeps the list it was sampled from) and the sampled index into them.
@@ -58,11 +58,6 @@ class FlashConfig:
         v_tile = self.block_n * (spec.head_dim_v + 8)
         q_tile = self.block_m * (spec.head_dim + 8) if self.m_tiles > 1 else 0
         return 2 * (self.stages * (k_tile + v_tile) + q_tile)
-
-
-def fits(spec: AttentionSpec) -> str | None:
-    """Why the flash template cannot compute ``spec`` (None: it can)."""
-    return tiled_gpu_misfit(spec) or (None if configs(spec) else "no tile config fits")
 
 
 def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
