@@ -24,7 +24,7 @@ from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
 from tvmfuse.tune import extract_kernels  # noqa: E402
 from tvmfuse.tune import flash  # noqa: E402
-from tvmfuse.tune.spaces import load_spaces, select_space  # noqa: E402
+from tvmfuse.tune.spaces import flash_schedule, load_spaces  # noqa: E402
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -101,16 +101,8 @@ def _attention_kernel(tmp_path, cuda, seq=128, dim=32):
 
 def _sketch_with(kernel, cuda, index: int):
     """The attention space's sketch with its flash config decision set to ``index``."""
-    choice = select_space(kernel.mod, cuda.target)
-    assert choice.source == "template:attention", choice
-    ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
-    (sketch,) = ctx.generate_design_space()
-    trace = sketch.trace
-    first = next(i for i in trace.insts if i.kind.name == "SampleCategorical")  # the flash config comes first
-    trace = trace.with_decision(first, index, remove_postproc=True)
-    sch = tvm.s_tir.Schedule(kernel.mod, seed=1)
-    trace.apply_to_schedule(sch, remove_postproc=True)
+    sch = flash_schedule(kernel.mod, cuda.target, lambda names: index)
+    assert sch is not None
     return sch
 
 

@@ -708,33 +708,43 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     return SpaceChoice(cls, "post-order-apply", "post-order-apply", spaces.version, "; ".join(notes))
 
 
-def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
-    """For an attention kernel the flash template takes on CUDA: its attention-space sketch with the flash
-    config decided as the untuned build's default (``tvmfuse.tune.flash.default_config``), a Schedule whose
-    trace a database can keep; None for any other kernel, or when the space's candidates leave that out."""
+def flash_schedule(mod, target, choose, spaces: SpaceFile | None = None):
+    """An attention kernel's space sketch on CUDA with its flash config decided by ``choose`` (the candidates'
+    names -> an index, or None): a Schedule whose trace a database can keep. None where the flash template
+    does not apply or ``choose`` declines."""
     from tvmfuse.tune import flash
 
-    spec = flash.spec_of(mod["main"])
-    if target.kind.name != "cuda" or spec is None:
+    if target.kind.name != "cuda" or flash.spec_of(mod["main"]) is None:
         return None
     choice = select_space(mod, target, spaces)
     if choice.source != "template:attention":
         return None
     ctx = ms.TuneContext(mod=mod, target=target, space_generator=choice.generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="flash-default")
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="flash")
     (sketch,) = ctx.generate_design_space()
     annotations = sketch.mod["main"].body.block.annotations
     if flash.CANDIDATES not in annotations:
         return None
-    options = str(annotations[flash.CANDIDATES]).split(";")
-    want = flash.default_config(spec).name
-    if want not in options:
+    index = choose(str(annotations[flash.CANDIDATES]).split(";"))
+    if index is None:
         return None
     first = next(i for i in sketch.trace.insts if i.kind.name == "SampleCategorical")  # the config comes first
-    trace = sketch.trace.with_decision(first, options.index(want), remove_postproc=True)
+    trace = sketch.trace.with_decision(first, index, remove_postproc=True)
     sch = tvm.s_tir.Schedule(mod)
     trace.apply_to_schedule(sch, remove_postproc=True)
     return sch
+
+
+def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
+    """:func:`flash_schedule` at the untuned build's config (``tvmfuse.tune.flash.default_config``), or None
+    when the space's candidates leave it out."""
+    from tvmfuse.tune import flash
+
+    spec = flash.spec_of(mod["main"])
+    if spec is None:
+        return None
+    want = flash.default_config(spec).name
+    return flash_schedule(mod, target, lambda names: names.index(want) if want in names else None, spaces)
 
 
 def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0) -> list:
