@@ -148,6 +148,11 @@ def test_a_tuned_record_selects_the_flash_kernel_a_build_runs(tmp_path, cuda):
     assert [k.schedule for k in result.kernels] == ["tuned"]
     src = _cuda_source(result.executable)
     assert f"__launch_bounds__({32 * cfg.warps})" in src and "mma.sync" in src
+    # and `tvmfuse inspect` names the tiles the record selects
+    from tvmfuse.inspect import InspectConfig, inspect_database
+
+    report = inspect_database(InspectConfig(db=tmp_path / "t.db", target="cuda"))
+    assert [k["flash_config"] for k in report["kernels"]] == [cfg.name]
 
 
 def test_the_tuners_baseline_for_attention_is_the_flash_default(tmp_path, cuda):

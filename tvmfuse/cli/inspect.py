@@ -67,6 +67,10 @@ def _print(r: dict) -> None:
                                "of BW", "TFLOP/s", "calls"], rows))
     if any(k["pattern_source"] == "name" for k in r["kernels"]):
         out.print("* pattern read from the kernel's name; give --model MODEL.onnx for the planner's own")
+    for k in r["kernels"]:
+        if k.get("flash_config"):
+            out.print(f"{k['name']} (id {k['workload_id']}) runs the flash template with tiles {k['flash_config']} "
+                      f"(warps, 16-row query tiles per warp, keys per step, K/V stages)")
     errs = [(k["name"], kind, n) for k in r["kernels"] for kind, n in k["errors"].items()]
     if errs:
         out.print(table("failed trials", ["kernel", "error", "trials"], [[a[:44], b, n] for a, b, n in errs]))
