@@ -200,6 +200,10 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
         score = f"(sacc[mt * {SB} + i] * T.float32({scale!r}) + {mask}) * T.float32({_LOG2E!r})"
     else:
         score = f"(sacc[mt * {SB} + i] + {mask}) * T.float32({scale * _LOG2E!r})"
+    if mask is not None:
+        # a mask of float32's lowest value (-3.4e38) overflows to -inf in base 2: clamp to the running max's
+        # start, so a row masked everywhere gets softmax's uniform weights, as the reference does, not 0 / 0
+        score = f"T.max({score}, T.float32(-1e30))"
 
     # shared tiles (rows padded by 8 halves = 16 bytes); with 2 stages, two of each
     k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
