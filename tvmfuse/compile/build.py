@@ -13,7 +13,7 @@ import numpy as np
 from tvmfuse._tvm import PrimFunc, build_context, const_value, default_gpu_rules, dlight, is_scheduled, relax, tvm
 from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
-from tvmfuse.tune.flash import annotated_config, flash_kernel, spec_of
+from tvmfuse.tune.flash import expand, flash_kernel, spec_of
 
 
 @dataclass(frozen=True)
@@ -62,23 +62,21 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
         if ms_db is not None:
             with target.target:
                 sch = ms_db.query_schedule(workload, target.target, name)
-        if sch is not None:
-            tuned = sch.mod["main"].with_attr("global_symbol", name)
-            cfg = annotated_config(tuned)
-            if cfg is not None:  # a tuned flash-attention config
-                tuned = flash_kernel(tuned, cfg)
-            updates[gv] = tuned.with_attr("tirx.is_scheduled", True)
+        spec = spec_of(func)
+        if sch is not None:  # (a tuned attention record names its flash tiles: expand() below swaps them in)
+            updates[gv] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
             best = database.best_run_secs(workload)
             statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
-        elif target.kind == "cuda" and spec_of(func) is not None and tiled_gpu_misfit(spec_of(func)) is None:
-            # (the planner forms attention on CUDA only where that holds; a module planned elsewhere may differ)
-            # untuned attention: the flash template's default tiles (dlight would schedule the scalar kernel)
+        elif target.kind == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
+            # untuned attention: the flash template's default tiles (dlight would schedule the scalar kernel).
+            # The planner forms attention on CUDA only where the template fits; a module planned elsewhere may not.
             updates[gv] = flash_kernel(func)
             statuses.append(KernelStatus(name, "flash-default"))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
     # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)
-    mod = tvm.IRModule({gv: updates.get(gv, f) for gv, f in fused_mod.functions.items()}, attrs=fused_mod.attrs)
+    mod = expand(tvm.IRModule({gv: updates.get(gv, f) for gv, f in fused_mod.functions.items()},
+                              attrs=fused_mod.attrs))
     if target.is_gpu:
         with target.target:
             mod = dlight.ApplyDefaultSchedule(*default_gpu_rules())(mod)

@@ -259,6 +259,11 @@ class TuningDatabase(ms.database.PyDatabase):
                                  tvm_version=tv, space_version=sv, created=created))
         return out
 
+    def best_record(self, workload_id: int) -> RecordRow | None:
+        """The valid record a build applies (fastest mean, the earliest on ties), or None."""
+        rows = self.records(workload_id, include_failed=False)
+        return min(rows, key=lambda r: (r.mean_secs, r.id)) if rows else None
+
     def schedule_of(self, row: RecordRow, mod):
         """The scheduled IRModule of one stored record: its trace replayed on ``mod`` (the workload)."""
         (rec_json,), = self.store.query("SELECT record_json FROM records WHERE id=?", (row.id,))

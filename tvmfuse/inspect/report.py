@@ -119,14 +119,13 @@ def _error_kinds(db, workload_id: int, rows) -> dict:
     return kinds
 
 
-def _flash_config(db, mod, rows) -> str | None:
+def _flash_config(db, mod, workload_id: int) -> str | None:
     """The flash tile config (``tvmfuse.tune.flash``) the best valid record of an attention kernel selects."""
     from tvmfuse.tune import flash
 
-    valid = [r for r in rows if not r.failed and r.mean_secs is not None]
-    if flash.spec_of(mod["main"]) is None or not valid:
+    best = db.best_record(workload_id) if flash.spec_of(mod["main"]) is not None else None
+    if best is None:
         return None
-    best = min(valid, key=lambda r: (r.mean_secs, r.id))
     cfg = flash.annotated_config(db.schedule_of(best, mod)["main"])
     return None if cfg is None else cfg.name
 
@@ -165,7 +164,7 @@ def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None)
         "bytes_unfused": planned["bytes_unfused"] if planned else None,
         "bytes_fused": planned["bytes_fused"] if planned else None,
         "calls": calls if calls is not None else 1, "calls_source": "model" if calls is not None else "assumed",
-        "flash_config": _flash_config(db, mod, rows),
+        "flash_config": _flash_config(db, mod, w.workload_id),
     }
     view["total_ms"] = None if best is None else best * 1e3 * view["calls"]
     return view

@@ -250,16 +250,16 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     shfl = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
     nsteps = spec.seq_k // BN
     q_col = f"kk * 16 + i // 4 * 8 + {tig} * 2 + i % 2"
+    # every step ends with a barrier (drain): nobody overwrites a tile another warp still reads
+    sync = "T.tvm_storage_sync('shared')\n"
+    drain = sync
     if stages == 1:
-        fill = ("T.tvm_storage_sync('shared')\n" + loads("j", "0") + "T.tvm_storage_sync('shared')\n")
-        prologue, drain = "", "T.tvm_storage_sync('shared')\n"
+        prologue, fill = "", loads("j", "0") + sync
     else:   # the next step's tiles are in flight while this step computes
         prologue = loads("0", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
         fill = (f"if j + 1 < {nsteps}:\n" + _indent(loads("j + 1", "(j + 1) % 2"), 4)
                 + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
-                + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n"
-                + "T.tvm_storage_sync('shared')\n")
-        drain = "T.tvm_storage_sync('shared')\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + sync)
     if M == 1:   # this warp's 16 query rows as A fragments, straight from global memory, kept in registers
         q_init = (f"for kk in T.unroll({D // 16}):\n"
                   f"    for i in T.unroll(8):\n"

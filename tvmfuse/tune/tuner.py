@@ -324,10 +324,9 @@ def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 
     wid = database.workload_id(kernel.mod)
     ref_lib = None  # built once, on the first record there is to check
     for _ in range(attempts):
-        rows = database.records(wid, include_failed=False) if wid is not None else []
-        if not rows:
+        best = database.best_record(wid) if wid is not None else None
+        if best is None:
             return {"ok": None, "rejected": rejected, "note": "no valid record"}
-        best = min(rows, key=lambda r: (r.mean_secs, r.id))  # the order a build's query uses
         if ref_lib is None:
             with build_context():
                 ref_lib = tvm.compile(reference_module(kernel.mod, target), target=target.target)
