@@ -80,9 +80,9 @@ def fast_build(mod, target, _params):
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from tvmfuse.tune.flash import expand
+    from tvmfuse.tune.expand import expand
 
-    mod = expand(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))  # flash-annotated attention
+    mod = expand(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))  # flash attention, wgmma GEMMs
     with build_context():
         return tvm_build(mod, target=target)
 

@@ -15,10 +15,12 @@ from tvmfuse._tvm import Target, tvm
 from tvmfuse.errors import TargetError
 
 # The H200 (Hopper, sm_90) as checked in shared/TVM-0.27-FACTS.md; used for "cuda" when no GPU is visible
-# (CUDA code can be built here with nvcc, only running it needs the GPU).
+# (CUDA code can be built here with nvcc, only running it needs the GPU). Hopper builds for "sm_90a", the
+# arch-specific target: its wgmma instructions (tvmfuse.tune.hopper) exist only there, and a tuned artifact
+# is specific to its GPU anyway.
 H200_CUDA = {
     "kind": "cuda",
-    "arch": "sm_90",
+    "arch": "sm_90a",
     "max_threads_per_block": 1024,
     "max_shared_memory_per_block": 49152,
     "thread_warp_size": 32,
@@ -88,7 +90,7 @@ def _cuda_json() -> dict:
     major, minor = str(dev.compute_version).split(".")
     return {
         **H200_CUDA,
-        "arch": f"sm_{major}{minor}",
+        "arch": f"sm_{major}{minor}" + ("a" if major == "9" else ""),
         "max_threads_per_block": int(dev.max_threads_per_block),
         "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
         "thread_warp_size": int(dev.warp_size),

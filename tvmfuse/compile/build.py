@@ -13,7 +13,8 @@ import numpy as np
 from tvmfuse._tvm import PrimFunc, build_context, const_value, default_gpu_rules, dlight, is_scheduled, relax, tvm
 from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
-from tvmfuse.tune.flash import expand, flash_kernel, spec_of
+from tvmfuse.tune.expand import expand
+from tvmfuse.tune.flash import flash_kernel, spec_of
 
 
 @dataclass(frozen=True)

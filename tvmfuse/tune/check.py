@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse._tvm import build_context, default_schedule, tvm
-from tvmfuse.tune.flash import expand
+from tvmfuse.tune.expand import expand
 from tvmfuse.verify import relative_error, tolerance
 
 

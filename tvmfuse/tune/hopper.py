@@ -111,7 +111,7 @@ def parse_config(name: str) -> WgmmaConfig:
 
 
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
-            stages=(4, 3, 5), raster=(8, 1), swizzle=(128, 0), inflight=(1, 0),
+            stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1),
             max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
     """The configs (from the given choices) whose tiles divide ``spec`` and fit registers and shared memory."""
     out = []
@@ -133,8 +133,11 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
 
 
 def default_config(spec: GemmSpec) -> WgmmaConfig:
+    """The fastest measured at 8192^3 where it fits (H200, 2026-11-30, BENCHMARKS.md): 128x256 tiles of two
+    warpgroups, 3 stages (1996 us), then 256x128 (2061 us), then 128x128 (2099 us)."""
     options = configs(spec)
-    for want in (WgmmaConfig(2, 1, 128, 64, 4, 8), WgmmaConfig(2, 1, 128, 64, 4, 1)):
+    for want in (WgmmaConfig(2, 1, 256, 64, 3, 8, 128, 0), WgmmaConfig(2, 2, 128, 64, 3, 8, 128, 0),
+                 WgmmaConfig(2, 1, 128, 64, 3, 8, 128, 0)):
         if want in options:
             return want
     return options[0]
@@ -281,3 +284,270 @@ def parse(source: str):
     from tvm.script import tirx as T
 
     return tvm.script.parse(source, extra_vars={"T": T})
+
+
+# ------------------------------------------------------------------------ the planner's GEMM kernels
+class Misfit(ValueError):
+    """The kernel is not a GEMM this template takes (the reason is the message)."""
+
+
+_BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "FloorDiv": "//", "FloorMod": "%", "LT": "<",
+           "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!="}
+_FUNCS = {"Max": "T.max", "Min": "T.min"}
+
+
+def _script(expr, env: dict, buffers: dict, acc) -> str:
+    """TVMScript text of an epilogue expression: variables through ``env`` (name -> text), loads of a function
+    parameter through ``buffers`` (buffer -> parameter name), and the load ``acc`` = (buffer, [vars]) of the
+    GEMM's result as ``{acc}``. Raises :class:`Misfit` on anything else."""
+    kind = type(expr).__name__
+    rec = lambda e: _script(e, env, buffers, acc)  # noqa: E731
+    if kind in ("TensorLoad", "BufferLoad"):
+        src = _name(expr)
+        if src == acc[0]:
+            if [str(i) for i in expr.indices] != acc[1]:
+                raise Misfit("the epilogue reads the product at other indices")
+            return "{acc}"
+        name = buffers.get(src)
+        if name is None:
+            raise Misfit(f"the epilogue reads an intermediate buffer ({src})")
+        return f"{name}[{', '.join(rec(i) for i in expr.indices)}]"
+    if kind == "Var":
+        if expr.name not in env:
+            raise Misfit(f"unknown variable {expr.name}")
+        return env[expr.name]
+    if kind in ("IntImm", "FloatImm"):
+        value = int(expr.value) if kind == "IntImm" else float(expr.value)
+        return f"T.{_dtype(expr)}({value!r})" if _dtype(expr) != "bool" else repr(bool(value))
+    if kind == "Cast":
+        return f"T.Cast('{_dtype(expr)}', {rec(expr.value)})"
+    if kind in _BINARY:
+        return f"({rec(expr.a)} {_BINARY[kind]} {rec(expr.b)})"
+    if kind in _FUNCS:
+        return f"{_FUNCS[kind]}({rec(expr.a)}, {rec(expr.b)})"
+    if kind in ("And", "Or"):
+        return f"T.{kind.lower()}({rec(expr.a)}, {rec(expr.b)})"
+    if kind == "Not":
+        return f"T.Not({rec(expr.a)})"
+    if kind == "Select":
+        return f"T.Select({rec(expr.condition)}, {rec(expr.true_value)}, {rec(expr.false_value)})"
+    if kind == "Call" and str(getattr(expr.op, "name", "")).startswith("tirx.") and "." not in expr.op.name[5:]:
+        name = expr.op.name[5:]
+        if name in ("exp", "exp2", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "fabs", "pow", "floor",
+                    "ceil", "round", "cos", "sin", "if_then_else"):
+            return f"T.{name}({', '.join(rec(a) for a in expr.args)})"
+    raise Misfit(f"the epilogue uses {kind} {getattr(getattr(expr, 'op', None), 'name', '')}".strip())
+
+
+def _dtype(expr) -> str:
+    """An expression's dtype (TVM 0.27: ``ty``; earlier: ``dtype``)."""
+    return str(expr.ty if hasattr(expr, "ty") else expr.dtype)
+
+
+def _name(node) -> str:
+    """The buffer a load reads or a store writes, by name (TVM 0.27 loads name a ``source``, stores a ``buffer``)."""
+    for field in ("source", "buffer"):
+        if hasattr(node, field):
+            return str(getattr(node, field).name)
+    raise Misfit(f"not a load or store: {type(node).__name__}")
+
+
+def _param_buffers(func) -> list:
+    """The buffers of ``func``'s parameters (TVM 0.27: the parameters are typed buffers; earlier: buffer_map)."""
+    return [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+
+
+def _extents(block) -> list[int]:
+    return [int(iv.dom.extent) for iv in block.iter_vars]
+
+
+def analyze(func) -> tuple[GemmSpec, dict]:
+    """The :class:`GemmSpec` of a planner GEMM PrimFunc (its elementwise intermediates inlined), and what the
+    kernel generator needs besides: ``a`` / ``b`` (parameter indices of A and B) and ``store`` (the epilogue's
+    store, with the fields of :func:`gemm_source`'s ``store``). Raises :class:`Misfit`."""
+    from tvmfuse._tvm import tvm
+    from tvmfuse.tune.spaces import _inline_all_but_outputs
+
+    sch = tvm.s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    reductions = [b for b in sch.get_child_blocks(root)
+                  if any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)]
+    if len(reductions) != 1:
+        raise Misfit("needs exactly one reduction block")
+    main_name = sch.get(reductions[0]).name_hint
+    _inline_all_but_outputs(sch, keep=(main_name,))
+    func = sch.mod["main"]
+    bufs = _param_buffers(func)
+    params = {str(buf.name): i for i, buf in enumerate(bufs)}
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    main = next(b for b in blocks if b.name_hint == main_name)
+    rest = [b for b in blocks if b.name_hint != main_name]
+    if main.init is None or type(main.body).__name__ != "BufferStore":
+        raise Misfit("the reduction is not an initialized accumulation")
+    spatial = [iv for iv in main.iter_vars if int(iv.iter_type) == 0]
+    red = [iv for iv in main.iter_vars if int(iv.iter_type) == 2]
+    if len(red) != 1 or len(spatial) < 2 or len(spatial) + 1 != len(main.iter_vars):
+        raise Misfit("needs spatial dims and one reduction dim")
+    c_store = main.body
+    c = _name(c_store)
+    names = [str(iv.var.name) for iv in spatial]
+    if [str(i) for i in c_store.indices] != names or str(c_store.buffer.dtype) != "float32":
+        raise Misfit("needs an fp32 accumulator indexed by the spatial dims")
+    value = c_store.value
+    if type(value).__name__ != "Add" or type(value.b).__name__ != "Mul":
+        raise Misfit("the reduction is not a multiply-accumulate")
+
+    def operand(e):
+        if type(e).__name__ == "Cast":
+            e = e.value
+        if type(e).__name__ not in ("TensorLoad", "BufferLoad") or _name(e) not in params:
+            raise Misfit("the operands are not parameters")
+        if str(bufs[params[_name(e)]].dtype) != "float16":
+            raise Misfit("the operands are not fp16")
+        return e
+    x, y = operand(value.b.a), operand(value.b.b)
+    *batch, i, j = names
+    k = str(red[0].var.name)
+    idx = lambda e: [str(t) for t in e.indices]  # noqa: E731
+    if i in idx(y):
+        x, y = y, x
+    ax, bx = idx(x), idx(y)
+    if ax[-2:] != [i, k] or ax[:-2] not in ([], batch):
+        raise Misfit(f"A is not [.., rows, K] ({ax})")
+    if bx[-2:] == [k, j]:
+        b_kmajor = False
+    elif bx[-2:] == [j, k]:
+        b_kmajor = True
+    else:
+        raise Misfit(f"B is not [.., K, N] or [.., N, K] ({bx})")
+    if bx[:-2] not in ([], batch):
+        raise Misfit("B is batched over part of the batch")
+    ext = [int(iv.dom.extent) for iv in spatial]
+    spec = GemmSpec(batch=tuple(ext[:len(batch)]), m=ext[-2], n=ext[-1], k=int(red[0].dom.extent),
+                    a_batched=bool(batch) and len(ax) > 2, b_batched=bool(batch) and len(bx) > 2,
+                    b_kmajor=b_kmajor)
+    if spec.b_batched and not spec.a_batched:
+        raise Misfit("B batched but A shared")
+    b_dims = [spec.n, spec.k] if b_kmajor else [spec.k, spec.n]
+    for load, dims in ((x, [*spec.batch[:len(ax) - 2], spec.m, spec.k]), (y, [*spec.batch[:len(bx) - 2], *b_dims])):
+        if [int(d) for d in bufs[params[_name(load)]].shape] != dims:
+            raise Misfit(f"{_name(load)}'s shape is not its loads' extents")
+
+    # the output index of (bz, row, col): rows fold the batch when B is shared
+    nb = len(spec.batch)
+    flat, inner_rows = ("{row}" + f" // {spec.m}", "{row}" + f" % {spec.m}") if spec.fold_batch else ("{bz}", "{row}")
+    bidx = []
+    for d in range(nb):
+        inner = math.prod(spec.batch[d + 1:])
+        e = f"({flat}) // {inner}" if inner > 1 else f"({flat})"
+        bidx.append(f"{e} % {spec.batch[d]}" if d else e)
+    out_idx = [*bidx, inner_rows, "{col}"]
+    pname = {name: f"p{n}" for name, n in params.items()}
+    if not rest:
+        if c not in params:
+            raise Misfit("no output")
+        store = f"{pname[c]}[{', '.join(out_idx)}] = {{acc}}"
+    else:
+        if len(rest) != 1 or type(rest[0].body).__name__ != "BufferStore":
+            raise Misfit("the epilogue is not one elementwise block")
+        epi = rest[0]
+        if _extents(epi) != ext or any(int(iv.iter_type) != 0 for iv in epi.iter_vars):
+            raise Misfit("the epilogue does not map the product elementwise")
+        evars = [str(iv.var.name) for iv in epi.iter_vars]
+        out = _name(epi.body)
+        if out not in params or [str(t) for t in epi.body.indices] != evars:
+            raise Misfit("the epilogue does not store a parameter elementwise")
+        env = dict(zip(evars, [f"({e})" for e in out_idx]))
+        expr = _script(epi.body.value, env, pname, (c, evars))
+        store = f"{pname[out]}[{', '.join(out_idx)}] = {expr}"
+    return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store}
+
+
+def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfig):
+    """The wgmma kernel of ``func`` (its parameters, in order, renamed ``p0, p1, ..``; its global symbol kept)."""
+    decls = []
+    for n, buf in enumerate(_param_buffers(func)):
+        decls.append(f"p{n}: T.Buffer({tuple(int(d) for d in buf.shape)!r}, '{buf.dtype}')")
+    kernel = parse(gemm_source(spec, cfg, decls, f"p{a}", f"p{b}", store))
+    symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+    return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
+
+
+def annotated(func):
+    """(spec, {a, b, store}, config) a tuned schedule annotated on ``func``'s root block, or None."""
+    block = getattr(getattr(func, "body", None), "block", None)
+    if block is None or any(k not in block.annotations for k in (SPEC, CANDIDATES, ANNOTATION)):
+        return None
+    info = json.loads(str(block.annotations[SPEC]))
+    names = str(block.annotations[CANDIDATES]).split(";")
+    index = int(block.annotations[ANNOTATION])
+    if not 0 <= index < len(names):
+        raise ValueError(f"wgmma config {index} of {len(names)} candidates")
+    return GemmSpec.from_json(json.dumps(info["spec"])), info, parse_config(names[index])
+
+
+def expand(mod):
+    """``mod`` with every wgmma-annotated GEMM PrimFunc replaced by the kernel its annotation selects."""
+    from tvmfuse._tvm import PrimFunc, tvm
+
+    updates = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, PrimFunc):
+            found = annotated(func)
+            if found is not None:
+                spec, info, cfg = found
+                updates[gv] = kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
+    if not updates:
+        return mod
+    return tvm.IRModule({gv: updates.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
+
+
+def supports(target) -> bool:
+    """wgmma needs an arch-specific Hopper target (``sm_90a``)."""
+    return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a"
+
+
+_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight")
+
+
+def schedule(sch, space) -> bool:
+    """The wgmma sketch of a GEMM kernel (``sch``, modified in place): its intermediates inlined, one config of
+    :func:`configs` sampled (the ``wgmma_*`` knobs give the choices and priors) and annotated on the root
+    block with the kernel's spec, and a plain thread binding that any GPU check accepts (the builder swaps
+    the whole PrimFunc for the annotated kernel, see :func:`expand`). False if the kernel does not fit."""
+    from tvmfuse.tune.spaces import _inline_all_but_outputs
+
+    try:
+        spec, info = analyze(sch.mod["main"])
+    except Misfit:
+        return False
+    knobs = {k: space.knobs.get(f"wgmma_{k}") for k in _KNOBS}
+    options = configs(spec, **{k: v.values for k, v in knobs.items() if v is not None},
+                      max_shared_bytes=int(space.extra.get("wgmma_max_shared_bytes", 227 * 1024)))
+    if not options:
+        return False
+    weights = []
+    for c in options:
+        w = 1.0
+        for k, knob in knobs.items():
+            if knob is not None:
+                w *= knob.probs[knob.values.index(getattr(c, k))]
+        weights.append(w)
+    total = sum(weights) or 1.0
+    root = sch.get_sblock("root")
+    index = sch.sample_categorical(candidates=list(range(len(options))), probs=[w / total for w in weights])
+    sch.annotate(root, SPEC, json.dumps({"spec": json.loads(spec.to_json()), **info}, sort_keys=True))
+    sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
+    sch.annotate(root, ANNOTATION, index)
+    reductions = [b for b in sch.get_child_blocks(root)
+                  if any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)]
+    _inline_all_but_outputs(sch, keep=(sch.get(reductions[0]).name_hint,))
+    for block in sch.get_child_blocks(root):
+        loops = sch.get_loops(block)
+        kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+        spatial = loops[:len(loops) - kinds.count(2)]
+        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        bx, tx = sch.split(fused, [None, 128])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    return True

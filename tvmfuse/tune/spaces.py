@@ -675,7 +675,8 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     func = mod["main"]
     cls = classify(func)
     space = spaces.for_class(cls)
-    info = {"sm_count": int(space.extra.get("sm_count", 132)), "target_kind": kind}
+    info = {"sm_count": int(space.extra.get("sm_count", 132)), "target_kind": kind,
+            "target_arch": str(target.attrs.get("arch", ""))}
     # (source, make the generator, its traces tensorize); MetaSchedule names its tensor-core rule sets *-tensorcore
     attempts: list[tuple[str, Callable, bool]] = []
     if space.template != "stock":

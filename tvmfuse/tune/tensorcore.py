@@ -50,6 +50,14 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     """
     stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
     kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
+    if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.tune.hopper) where it fits: its sketch alone
+        from tvmfuse.tune import hopper
+
+        kinds = [k for k in kinds if k != "wgmma"]
+        if info.get("target_arch") == "sm_90a":
+            s = sch.copy()
+            if hopper.schedule(s, space):
+                return [s]
     sketches, error = [], None
     for kind, n in [(kind, n) for kind in kinds for n in stages]:
         s = sch.copy()

@@ -1,0 +1,172 @@
+"""Hopper's wgmma GEMM template: which planner kernels it takes (and why not the others), how their epilogue
+becomes the kernel's store, how the space samples its tiles and a record selects the kernel a build runs, and
+that its kernels build for sm_90a without spills. (CUDA built here, not run: the kernels' numerics are
+checked on the H200 by scripts/wgmma_gemm.py and scripts/bench_gpu.py against PyTorch; see BENCHMARKS.md.)"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+
+import models  # noqa: E402
+from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
+from tvmfuse.bench.cases import CASES  # noqa: E402
+from tvmfuse.frontend import import_model, load_model  # noqa: E402
+from tvmfuse.plan import partition  # noqa: E402
+from tvmfuse.target import resolve_target  # noqa: E402
+from tvmfuse.tune import extract_kernels, hopper  # noqa: E402
+from tvmfuse.tune.expand import expand  # noqa: E402
+from tvmfuse.tune.spaces import classify, load_spaces, select_space  # noqa: E402
+
+SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024,
+                          "max_shared_memory_per_block": 49152, "thread_warp_size": 32})
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    target = resolve_target("cuda")
+    assert target.target.attrs["arch"] == "sm_90a"   # Hopper builds arch-specific code (wgmma needs it)
+    return target
+
+
+def _gemm_kernels(tmp_path, model, cuda):
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    fused, _ = partition(import_model(load_model(path)), target=cuda)
+    return [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) in ("gemm", "conv")]
+
+
+@pytest.fixture(scope="module")
+def gemm_kernel(tmp_path_factory, cuda):
+    model, _, _ = CASES["gemm_bias_relu"](M=256, K=256, N=256)
+    (k,) = _gemm_kernels(tmp_path_factory.mktemp("gemm"), model, cuda)
+    return k
+
+
+def _sketch(kernel, target, seed=0):
+    choice = select_space(kernel.mod, target)
+    ctx = ms.TuneContext(mod=kernel.mod, target=target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=seed)
+    return choice, ctx.generate_design_space()
+
+
+def test_analyze_reads_the_gemm_and_its_epilogue(gemm_kernel):
+    spec, info = hopper.analyze(gemm_kernel.mod["main"])
+    assert spec == hopper.GemmSpec(batch=(), m=256, n=256, k=256, a_batched=False, b_batched=False, b_kmajor=False)
+    assert (info["a"], info["b"]) == (0, 1)
+    # cast to fp16, the bias (indexed by the column), ReLU: applied to the accumulator, stored once
+    assert info["store"] == "p3[{row}, {col}] = T.max((T.Cast('float16', {acc}) + p2[({col})]), T.float16(0.0))"
+
+
+def _linear_gelu_residual(batch=2, m=64, k=128, n=64) -> onnx.ModelProto:
+    """[batch, m, k] @ [k, n] (a weight shared by the batch) -> bias -> GELU (erf) -> + residual."""
+    b = models._B(5)
+    h = b.op("Add", [b.op("MatMul", ["x", b.w(k, n)]), b.const(b.rng.standard_normal(n) * 0.1)])
+    h = b.op("Mul", [b.op("Mul", [h, b.op("Add", [b.op("Erf", [b.op("Div", [h, b.const(1.4142135)])]),
+                                                  b.const(1.0)])]), b.const(0.5)])
+    return models.to_fp16(b.model({"x": [batch, m, k], "r": [batch, m, n]}, b.op("Add", [h, "r"]), [batch, m, n]))
+
+
+def test_analyze_folds_a_shared_weight_batch_into_rows_and_keeps_the_epilogue(tmp_path, cuda):
+    (k,) = _gemm_kernels(tmp_path, _linear_gelu_residual(), cuda)
+    spec, info = hopper.analyze(k.mod["main"])
+    assert spec == hopper.GemmSpec((2,), 64, 64, 128, a_batched=True, b_batched=False, b_kmajor=False)
+    assert spec.fold_batch and spec.rows == 128 and spec.grid_batch == 1
+    store = info["store"]
+    # the output and the residual are indexed [row // 64, row % 64, col], the bias by the column; GELU kept
+    assert store.startswith("p") and "[({row} // 64), {row} % 64, {col}] = " in store
+    assert "T.max(T.min(" in store and "* T.float16(0.5)" in store and store.count("{row} % 64") >= 2
+    # the batched matmul of two activations keeps its batch on the grid
+    (k,) = _gemm_kernels(tmp_path, models.to_fp16(models.gemm_epilogue(m=64, k=128, n=64, batched=True)), cuda)
+    spec, _ = hopper.analyze(k.mod["main"])
+    assert spec.a_batched and spec.b_batched and not spec.fold_batch and spec.grid_batch == 4
+
+
+def test_analyze_declines_what_the_template_cannot_take(tmp_path, cuda):
+    conv = models.to_fp16(models.conv_bn_relu(n=1, cin=16, cout=16, hw=16))
+    (k,) = _gemm_kernels(tmp_path, conv, cuda)
+    with pytest.raises(hopper.Misfit):
+        hopper.analyze(k.mod["main"])
+    fp32 = models.gemm_epilogue(m=64, k=128, n=64)
+    (k,) = _gemm_kernels(tmp_path, fp32, cuda)
+    with pytest.raises(hopper.Misfit, match="fp16"):
+        hopper.analyze(k.mod["main"])
+
+
+def test_configs_divide_the_shape_and_respect_shared_memory():
+    spec = hopper.GemmSpec((), 8192, 8192, 8192, False, False, False)
+    options = hopper.configs(spec)
+    assert hopper.default_config(spec) == hopper.parse_config("g2 m1 n256 k64 s3 r8 z128 f0")
+    for c in options:
+        assert c.shared_bytes() <= 227 * 1024 and c.m_tiles * c.block_n // 2 <= 128
+        assert hopper.parse_config(c.name) == c
+    small = hopper.GemmSpec((), 192, 384, 128, False, False, True)   # 3 row tiles of 64, K two steps of 64
+    for c in hopper.configs(small):
+        assert 192 % c.block_m == 0 and 384 % c.block_n == 0 and c.stages - c.inflight - 1 <= 2
+        assert (192 // c.block_m) % c.raster == 0
+    assert not hopper.configs(hopper.GemmSpec((), 100, 256, 256, False, False, True))
+
+
+def test_the_space_offers_the_wgmma_sketch_only_where_it_fits(gemm_kernel, cuda):
+    choice, sketches = _sketch(gemm_kernel, cuda.target)
+    assert choice.source == "template:gemm_tensorcore"
+    (sketch,) = sketches
+    ann = sketch.mod["main"].body.block.annotations
+    names = str(ann[hopper.CANDIDATES]).split(";")
+    spec = hopper.GemmSpec.from_json(json.dumps(json.loads(str(ann[hopper.SPEC]))["spec"]))
+    assert [c.name for c in hopper.configs(spec, **_knob_values())] == names
+    # on sm_90 (no arch-specific features) the same kernel gets the mma / wmma sketches
+    choice, sketches = _sketch(gemm_kernel, SM90)
+    assert len(sketches) > 1 and all(hopper.CANDIDATES not in s.mod["main"].body.block.annotations for s in sketches)
+
+
+def _knob_values() -> dict:
+    knobs = load_spaces("cuda").for_class("gemm").knobs
+    return {k: knobs[f"wgmma_{k}"].values for k in hopper._KNOBS}
+
+
+def test_the_sampled_config_is_the_kernel_the_builder_compiles(gemm_kernel, cuda):
+    _, (sketch,) = _sketch(gemm_kernel, cuda.target)
+    names = str(sketch.mod["main"].body.block.annotations[hopper.CANDIDATES]).split(";")
+    seen = set()
+    for seed in range(1, 9):
+        sch = tvm.s_tir.Schedule(gemm_kernel.mod, seed=seed)
+        tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)   # decisions resampled
+        ann = sch.mod["main"].body.block.annotations
+        cfg = hopper.parse_config(names[int(ann[hopper.ANNOTATION])])
+        seen.add(cfg)
+        kernel = expand(sch.mod)["main"]
+        text = kernel.script()
+        assert f"m64n{cfg.block_n}k16" in text and f"thread_binding({cfg.threads}" in text
+    assert len(seen) > 1   # the config is a decision of the trace, not fixed
+    lib = fast_build(sch.mod, cuda.target, None)   # MetaSchedule's builder expands the annotated kernel
+    assert "wgmma.mma_async" in lib.imports[0].inspect_source()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s3 r8 z128 f0", False), ("g2 m2 n128 k64 s4 r1 z128 f1", True),
+                                          ("g1 m1 n64 k64 s3 r1 z0 f0", False)])
+def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_kmajor):
+    spec = hopper.GemmSpec((), 1024, 1024, 1024, False, False, b_kmajor)
+    b_shape = (1024, 1024)
+    decls = ["a: T.Buffer((1024, 1024), 'float16')", f"b: T.Buffer({b_shape}, 'float16')",
+             "c: T.Buffer((1024, 1024), 'float16')"]
+    func = hopper.parse(hopper.gemm_source(spec, hopper.parse_config(cfg), decls, "a", "b",
+                                           "c[{row}, {col}] = T.Cast('float16', {acc})"))
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A)
+    src = lib.mod.imports[0].inspect_source()
+    assert "wgmma.mma_async.sync.aligned" in src and "cp.async" in src
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                          str(cu)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]

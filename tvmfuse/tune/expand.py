@@ -1,0 +1,14 @@
+"""Swap hand-written template kernels in for the PrimFuncs whose schedules select them.
+
+Two templates are written as whole kernels rather than reached by schedule primitives: flash attention
+(``tvmfuse.tune.flash``) and Hopper's wgmma GEMM (``tvmfuse.tune.hopper``). A tuned schedule of such a
+kernel annotates its root block with the template's config; everything that builds a scheduled module
+(MetaSchedule's builder, the kernel check, ``compile``) passes it through :func:`expand` first.
+"""
+from __future__ import annotations
+
+
+def expand(mod):
+    from tvmfuse.tune import flash, hopper
+
+    return hopper.expand(flash.expand(mod))
