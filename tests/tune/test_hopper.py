@@ -170,3 +170,37 @@ def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_
                           str(cu)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+
+
+def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
+    from tvmfuse.compile.build import build
+    from tvmfuse.db import open_database
+    from tvmfuse.inspect import InspectConfig, inspect_database
+
+    model, _, _ = CASES["gemm_bias_relu"](M=256, K=256, N=256)
+    path = tmp_path / "g.onnx"
+    onnx.save(model, path)
+    fused, _ = partition(import_model(load_model(path)), target=cuda)
+    (kernel,) = [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "gemm"]
+    _, (sketch,) = _sketch(kernel, cuda.target)
+    names = str(sketch.mod["main"].body.block.annotations[hopper.CANDIDATES]).split(";")
+    spec, _ = hopper.analyze(kernel.mod["main"])
+    pick = next(i for i, n in enumerate(names) if hopper.parse_config(n) != hopper.default_config(spec))
+    inst = next(i for i in sketch.trace.insts if i.kind.name == "SampleCategorical")
+    trace = sketch.trace.with_decision(inst, pick, remove_postproc=True)
+    cfg = hopper.parse_config(names[pick])
+    db = open_database(tmp_path / "t.db", target=cuda)
+    try:
+        workload = db.ms_database.commit_workload(kernel.mod)
+        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
+            trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
+        result = build(fused, target=cuda, database=db)
+    finally:
+        db.close()
+    assert [k.schedule for k in result.kernels] == ["tuned"]
+    from test_flash import _cuda_source
+
+    src = _cuda_source(result.executable)
+    assert f"__launch_bounds__({cfg.threads})" in src and f"m64n{cfg.block_n}k16" in src
+    report = inspect_database(InspectConfig(db=tmp_path / "t.db", target="cuda"))
+    assert [k["wgmma_config"] for k in report["kernels"]] == [cfg.name]

@@ -71,6 +71,9 @@ def _print(r: dict) -> None:
         if k.get("flash_config"):
             out.print(f"{k['name']} (id {k['workload_id']}) runs the flash template with tiles {k['flash_config']} "
                       f"(warps, 16-row query tiles per warp, keys per step, K/V stages)")
+        if k.get("wgmma_config"):
+            out.print(f"{k['name']} (id {k['workload_id']}) runs the wgmma GEMM template with tiles {k['wgmma_config']} "
+                      f"(warpgroups, 64-row tiles each, N, K step, stages, raster, swizzle, batches in flight)")
     errs = [(k["name"], kind, n) for k in r["kernels"] for kind, n in k["errors"].items()]
     if errs:
         out.print(table("failed trials", ["kernel", "error", "trials"], [[a[:44], b, n] for a, b, n in errs]))

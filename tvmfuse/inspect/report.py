@@ -130,6 +130,18 @@ def _flash_config(db, mod, workload_id: int) -> str | None:
     return None if cfg is None else cfg.name
 
 
+def _wgmma_config(db, mod, workload_id: int) -> str | None:
+    """The wgmma tile config (``tvmfuse.tune.hopper``) the best valid record of a GEMM kernel selects."""
+    from tvmfuse.tune import hopper
+    from tvmfuse.tune.spaces import classify
+
+    best = db.best_record(workload_id) if classify(mod["main"]) == "gemm" else None
+    if best is None:
+        return None
+    found = hopper.annotated(db.schedule_of(best, mod)["main"])
+    return None if found is None else found[2].name
+
+
 def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None) -> dict:
     mod = db.workload_mod(w.workload_id)
     bufs = buffers(mod)
@@ -165,6 +177,7 @@ def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None)
         "bytes_fused": planned["bytes_fused"] if planned else None,
         "calls": calls if calls is not None else 1, "calls_source": "model" if calls is not None else "assumed",
         "flash_config": _flash_config(db, mod, w.workload_id),
+        "wgmma_config": _wgmma_config(db, mod, w.workload_id),
     }
     view["total_ms"] = None if best is None else best * 1e3 * view["calls"]
     return view
