@@ -148,7 +148,7 @@ def _indent(text: str, n: int) -> str:
     return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
 
 
-def _desc(buf: str, offset: str, lbo: int, sbo: int, swizzle: int) -> str:
+def desc(buf: str, offset: str, lbo: int, sbo: int, swizzle: int) -> str:
     """A wgmma shared-memory matrix descriptor for ``buf[offset]``: the start address, the leading and stride
     byte offsets (16-byte units; their meaning depends on the layout, see the PTX ISA's "Shared Memory Matrix
     Layout") and the swizzle mode (bits 62-63: 0 none, 1 128-byte)."""
@@ -158,35 +158,39 @@ def _desc(buf: str, offset: str, lbo: int, sbo: int, swizzle: int) -> str:
     return f"(((({addr}) & T.uint64(0x3FFFF)) >> T.uint64(4)) | T.uint64({const}))"
 
 
-def _layout(cfg: WgmmaConfig, kmajor: bool, outer: int):
-    """How a ``[outer, BK]`` (K-major) or ``[BK, outer]`` (MN-major) tile sits in shared memory.
+def tile_layout(swizzle: int, kmajor: bool, outer: int, kext: int):
+    """How a ``[outer, kext]`` (K-major) or ``[kext, outer]`` (MN-major) fp16 tile sits in shared memory for wgmma.
 
     Returns ``(chunk, desc)``: ``chunk(c)`` -> (outer index, k index, element offset) expressions for the
     tile's 16-byte chunk ``c`` (consecutive chunks: consecutive 16 bytes of one global row, so a warp's
     copies are coalesced, and eight consecutive threads fill one 128-byte line of shared memory: no bank
     conflicts); ``desc(kk)`` -> (element offset of K slice ``kk`` (16 deep), LBO, SBO) for the descriptor.
+    With the 128-byte swizzle the K-major extent, or the MN-major ``outer``, must be a multiple of 64.
     """
-    BK = cfg.block_k
-    if cfg.swizzle == 128:   # 8-row x 128-byte atoms, each 16-byte chunk XOR-ed with its row within the atom
-        if kmajor:           # row = outer index (64 K values = 128 bytes); atoms along M/N 1024 bytes apart
+    if swizzle == 128:   # 8-row x 128-byte atoms, each 16-byte chunk XOR-ed with its row within the atom
+        if kmajor:       # K in blocks of 64 (one 128-byte atom row), each block [outer, 64]; atoms 1024 B apart
+            nkb = kext // 64
+
             def chunk(c):
-                r, kc = f"({c} // 8)", f"({c} % 8)"
-                return r, f"{kc} * 8", f"{r} * 64 + T.bitwise_xor({kc}, {r} % 8) * 8"
-            return chunk, lambda kk: (kk * 16, 16, 1024)
+                r, kc = f"({c} // {8 * nkb})", f"({c} % 8)"
+                kb = f"({c} // 8 % {nkb})"
+                return (r, f"{kb} * 64 + {kc} * 8" if nkb > 1 else f"{kc} * 8",
+                        (f"{kb} * {outer * 64} + " if nkb > 1 else "") + f"{r} * 64 + T.bitwise_xor({kc}, {r} % 8) * 8")
+            return chunk, lambda kk: (kk // 4 * outer * 64 + kk % 4 * 16, 16, 1024)
         # MN-major: row = k, 64 MN values per atom row; atoms along K 1024 bytes apart, 64-wide MN blocks
-        # BK * 128 bytes apart
+        # kext * 128 bytes apart
         per_row = outer // 8
 
         def chunk(c):
             k, nc = f"({c} // {per_row})", f"({c} % {per_row})"
-            off = f"{nc} // 8 * {BK * 64} + {k} * 64 + T.bitwise_xor({nc} % 8, {k} % 8) * 8"
+            off = f"{nc} // 8 * {kext * 64} + {k} * 64 + T.bitwise_xor({nc} % 8, {k} % 8) * 8"
             return f"{nc} * 8", k, off
-        return chunk, lambda kk: (kk * 2 * 512, BK * 128, 1024)
+        return chunk, lambda kk: (kk * 2 * 512, kext * 128, 1024)
     # no swizzle: 8 x 16-byte core matrices of 128 contiguous bytes, chunk c at element c * 8
-    if kmajor:   # c = (row // 8) * BK + (k // 8) * 8 + row % 8; core matrices along K 128 B apart, along M BK*16
+    if kmajor:   # c = (row // 8) * K + (k // 8) * 8 + row % 8; core matrices along K 128 B apart, along M K*16
         def chunk(c):
-            return f"({c} // {BK} * 8 + {c} % 8)", f"({c} // 8 % {BK // 8} * 8)", f"{c} * 8"
-        return chunk, lambda kk: (kk * 128, 128, BK * 16)
+            return f"({c} // {kext} * 8 + {c} % 8)", f"({c} // 8 % {kext // 8} * 8)", f"{c} * 8"
+        return chunk, lambda kk: (kk * 128, 128, kext * 16)
 
     def chunk(c):   # c = (k // 8) * outer + (n // 8) * 8 + k % 8; along K outer * 16 B apart, along N 128 B
         return f"({c} // 8 % {outer // 8} * 8)", f"({c} // {outer} * 8 + {c} % 8)", f"{c} * 8"
@@ -210,8 +214,8 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # flat element offsets of the batch in A and B (0 where not batched, or where the batch folds into rows)
     a_batch = f"bz * {spec.m * K}" if spec.a_batched and not spec.fold_batch else "0"
     b_batch = f"bz * {N * K}" if spec.b_batched else "0"
-    a_chunk, a_desc = _layout(cfg, True, BM)
-    b_chunk, b_desc = _layout(cfg, spec.b_kmajor, BN)
+    a_chunk, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
+    b_chunk, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
 
     def copies(slot: str, step: str) -> str:
         out = ""
@@ -234,9 +238,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             a_off, a_lbo, a_sbo = a_desc(kk)
             b_off, b_lbo, b_sbo = b_desc(kk)
             # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
-            da = _desc("sa", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
+            da = desc("sa", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
                        cfg.swizzle)
-            db = _desc("sb", f"ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
+            db = desc("sb", f"ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
             wgmmas += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16({accs}, {da}, {db}, "
                        f"T.ptx.pred(1), 1, 1, 0, {0 if spec.b_kmajor else 1}))\n")
 
