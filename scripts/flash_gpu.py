@@ -6,7 +6,7 @@ output poisoned (NaN) first, and times it with TVM's time evaluator; SDPA (PyTor
 timed in the same run. Smaller variants (Kᵀ given transposed, an additive mask, mask before scale,
 head dim 64) are checked for correctness only. Prints a table last; ``--json`` writes the rows.
 
-    python scripts/flash_gpu.py [--json out.json] [--quick]
+    python scripts/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tvmfuse.plan.attention import AttentionSpec  # noqa: E402
-from tvmfuse.tune.flash import configs, flash_primfunc  # noqa: E402
+from tvmfuse.tune.flash import configs as all_configs, flash_primfunc  # noqa: E402
 
 
 def _reference(spec: AttentionSpec, q, k, v, mask):
@@ -47,7 +47,7 @@ def run_config(spec: AttentionSpec, cfg, *, time_it: bool, seed: int) -> dict:
     rec: dict = {"config": cfg.name}
     t0 = time.time()
     lib = tvm.compile(tvm.IRModule({"main": flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
-                      target=tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+                      target=tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
     rec["build_s"] = round(time.time() - t0, 2)
     g = torch.Generator(device="cuda").manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float16, generator=g)  # noqa: E731
@@ -103,7 +103,15 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="anchor case: the first config only")
     ap.add_argument("--part", choices=["all", "variants", "anchor"], default="all",
                     help="a CUDA error kills the process's context: run the parts in separate processes")
+    ap.add_argument("--kind", choices=["all", "mma", "wgmma"], default="all",
+                    help="mma.sync configs, Hopper wgmma configs (the ' h' ones), or both")
     a = ap.parse_args()
+
+    def configs(spec):
+        mma = all_configs(spec) if a.kind != "wgmma" else []
+        hopper = ([c for c in all_configs(spec, wgmma=(True,), max_shared_bytes=227 * 1024) if c.wgmma]
+                  if a.kind != "mma" else [])
+        return mma + hopper
     anchor = AttentionSpec(batch=(4, 32), seq_q=4096, seq_k=4096, head_dim=128, head_dim_v=128, dtype="float16",
                            scale=128 ** -0.5, mask_shape=None, k_rows=True)
     variants = [

@@ -44,6 +44,8 @@ class FlashConfig:
     stages: int = 1       # 1: one K/V buffer, plain loads; 2: two buffers filled by cp.async
     m_tiles: int = 1      # 16-row tiles per warp: 1 keeps Q in registers; 2 stages Q in shared memory and
     #                       uses each K/V fragment for both tiles (half the shared-memory reads per mma)
+    wgmma: bool = False   # Hopper (sm_90a): each warpgroup's 64 rows by wgmma from 128-byte-swizzled shared tiles
+    #                       (Q, K and V by cp.async), P fed to the PV wgmma from registers (m_tiles 1)
 
     @property
     def block_m(self) -> int:
@@ -51,9 +53,11 @@ class FlashConfig:
 
     @property
     def name(self) -> str:
-        return f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}"
+        return f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}" + (" h" if self.wgmma else "")
 
     def shared_bytes(self, spec: AttentionSpec) -> int:
+        if self.wgmma:   # unpadded (swizzled) tiles, Q staged too
+            return 2 * (self.stages * self.block_n * (spec.head_dim + spec.head_dim_v) + self.block_m * spec.head_dim)
         k_tile = self.block_n * (spec.head_dim + 8) if spec.k_rows else spec.head_dim * (self.block_n + 8)
         v_tile = self.block_n * (spec.head_dim_v + 8)
         q_tile = self.block_m * (spec.head_dim + 8) if self.m_tiles > 1 else 0
@@ -61,7 +65,7 @@ class FlashConfig:
 
 
 def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
-            max_shared_bytes: int = 100 * 1024) -> list[FlashConfig]:
+            max_shared_bytes: int = 100 * 1024, wgmma=(False,)) -> list[FlashConfig]:
     """The tile configs (from the given choices) that divide ``spec``'s sequences and fit its registers and
     ``max_shared_bytes`` of (dynamic) shared memory. 100 KB leaves room for two blocks on an H200 SM (228 KB).
     """
@@ -78,13 +82,26 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
                     if (spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0 and regs <= 200
                             and c.shared_bytes(spec) <= max_shared_bytes):
                         out.append(c)
+    if True in tuple(wgmma) and spec.head_dim % 64 == 0 and spec.head_dim_v % 64 == 0 and spec.head_dim_v <= 256:
+        for w in warps:
+            for n in block_n:
+                for st in stages:
+                    c = FlashConfig(int(w), int(n), int(st), 1, True)
+                    # scores (n / 2), P packed (n / 4) and O (dv / 2) fp32 registers per thread
+                    regs = c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2
+                    if (c.warps in (4, 8) and c.block_n in (64, 128) and regs <= 160
+                            and spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0
+                            and c.shared_bytes(spec) <= max_shared_bytes):
+                        out.append(c)
     return out
 
 
 def parse_config(name: str) -> FlashConfig:
     """The config :attr:`FlashConfig.name` names (``"w4 m2 n32 s1"``)."""
-    fields = dict((part[0], int(part[1:])) for part in name.split())
-    return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"])
+    parts = name.split()
+    fields = dict((part[0], int(part[1:])) for part in parts if part != "h")
+    return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"],
+                       wgmma="h" in parts)
 
 
 def default_config(spec: AttentionSpec) -> FlashConfig:
@@ -278,15 +295,33 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
                   f"({warp} * {16 * M} + mt * 16 + {lane} % 16) * {D + 8} + kk * 16 + {lane} // 16 * 8, "
                   f"dtype='float16'))\n")
         q_off = "mt * 8"
-    body = f"""
-ks = T.alloc_buffer(({stages * k_tile},), "float16", scope="shared.dyn", align=16)
+    allocs = f"""ks = T.alloc_buffer(({stages * k_tile},), "float16", scope="shared.dyn", align=16)
 vs = T.alloc_buffer(({stages * v_tile},), "float16", scope="shared.dyn", align=16)
 {f'qs = T.alloc_buffer(({BM * (D + 8)},), "float16", scope="shared.dyn", align=16)' if M > 1 else ''}
 qf = T.alloc_buffer(({D // 2 if M == 1 else 8 * M},), "float16", scope="local")
 kf = T.alloc_buffer((8,), "float16", scope="local")
 vf = T.alloc_buffer((8,), "float16", scope="local")
 pf = T.alloc_buffer(({M * SB},), "float16", scope="local")
-sacc = T.alloc_buffer(({M * SB},), "float32", scope="local")
+"""
+    s_block = f"""for kk in T.unroll({D // 16}):
+{_indent(q_frag, 4)}    for np in T.unroll({BN // 16}):
+        T.evaluate({k_ld})
+        for mt in T.unroll({M}):
+            T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=0, c="sacc", co=f"mt * {SB} + np * 8")})
+            T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=4, c="sacc", co=f"mt * {SB} + np * 8 + 4")})
+"""
+    pv_block = f"""# P (an m16n8 accumulator pair has the A operand's layout) times V
+for kv in T.unroll({BN // 16}):
+    for dp in T.unroll({DV // 16}):
+        T.evaluate({v_ld})
+        for mt in T.unroll({M}):
+            T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=0, c="oacc", co=f"mt * {OB} + dp * 8")})
+            T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=4, c="oacc", co=f"mt * {OB} + dp * 8 + 4")})
+"""
+    if cfg.wgmma:
+        allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
+    body = f"""
+{allocs}sacc = T.alloc_buffer(({M * SB},), "float32", scope="local")
 oacc = T.alloc_buffer(({M * OB},), "float32", scope="local")
 mrow = T.alloc_buffer(({2 * M},), "float32", scope="local")
 lrow = T.alloc_buffer(({2 * M},), "float32", scope="local")
@@ -300,13 +335,7 @@ for h in T.unroll({2 * M}):
 {prologue}for j in T.serial({nsteps}):
 {_indent(fill, 4)}    for i in T.unroll({M * SB}):
         sacc[i] = T.float32(0)
-    for kk in T.unroll({D // 16}):
-{_indent(q_frag, 8)}        for np in T.unroll({BN // 16}):
-            T.evaluate({k_ld})
-            for mt in T.unroll({M}):
-                T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=0, c="sacc", co=f"mt * {SB} + np * 8")})
-                T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=4, c="sacc", co=f"mt * {SB} + np * 8 + 4")})
-    # online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
+{_indent(s_block, 4)}    # online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
     for h in T.unroll({2 * M}):
         red[h] = T.float32(-1e30)
     for mt in T.unroll({M}):
@@ -327,14 +356,7 @@ for h in T.unroll({2 * M}):
             pf[mt * {SB} + i] = T.Cast("float16", sacc[mt * {SB} + i])
         for i in T.unroll({OB}):
             oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]
-    # P (an m16n8 accumulator pair has the A operand's layout) times V
-    for kv in T.unroll({BN // 16}):
-        for dp in T.unroll({DV // 16}):
-            T.evaluate({v_ld})
-            for mt in T.unroll({M}):
-                T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=0, c="oacc", co=f"mt * {OB} + dp * 8")})
-                T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=4, c="oacc", co=f"mt * {OB} + dp * 8 + 4")})
-{_indent(drain, 4)}for h in T.unroll({2 * M}):
+{_indent(pv_block, 4)}{_indent(drain, 4)}for h in T.unroll({2 * M}):
     lrow[h] = lrow[h] + {shfl.format(v="lrow[h]", m=1)}
     lrow[h] = lrow[h] + {shfl.format(v="lrow[h]", m=2)}
     lrow[h] = T.float32(1) / lrow[h]
@@ -358,3 +380,79 @@ def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):
     from tvmfuse.plan.attention import _parse
 
     return _parse(flash_source(spec, cfg), {"T": T})
+
+
+def _wgmma_parts(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], q_shape, k_shape, v_shape):
+    """The parts of :func:`flash_source` that differ on Hopper (``cfg.wgmma``): shared tiles in wgmma's 128-byte
+    swizzled layouts (``tvmfuse.tune.hopper.tile_layout``) filled by ``cp.async``; ``S = Q·Kᵀ`` as one warpgroup's
+    ``wgmma.mma_async.m64n{block_n}k16`` per 16-deep slice of the head dim (Q and K from shared memory); P
+    packed to fp16 pairs in registers, the A operand of ``O += P·V`` (``wgmma`` with A from registers, V read
+    N-major from shared memory). Each warp's accumulators have the m16n8 layout the softmax code expects."""
+    from tvmfuse.tune.hopper import desc, tile_layout
+
+    D, DV, BN, BM, NT, S = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m, 32 * cfg.warps, cfg.stages
+    SB, OB = BN // 2, DV // 2
+    q_tile, k_tile, v_tile = BM * D, BN * D, BN * DV
+    q_chunk, q_desc = tile_layout(128, True, BM, D)
+    # K as stored: rows of keys (K-major for S = Q·Kᵀ) or [d, key] (N-major, read transposed)
+    k_chunk, k_desc = tile_layout(128, spec.k_rows, BN, D)
+    v_chunk, v_desc = tile_layout(128, False, DV, BN)
+
+    def copy(dst: str, src: str, shape, tile_elems: int, chunk, index, slot: str) -> str:
+        o, kx, off = chunk(f"(it * {NT} + tx)")
+        return (f"for it in T.unroll({tile_elems // 8 // NT}):\n"
+                f"    T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {slot} * {tile_elems} + {off}, "
+                f"{src}.data, {_flat(shape, [*bidx, *index(o, kx)])}, 16))\n")
+
+    def loads(step: str, slot: str) -> str:
+        k_index = ((lambda o, kx: [f"({step}) * {BN} + {o}", kx]) if spec.k_rows
+                   else (lambda o, kx: [kx, f"({step}) * {BN} + {o}"]))
+        return (copy("ks", "k", k_shape, k_tile, k_chunk, k_index, slot)
+                + copy("vs", "v", v_shape, v_tile, v_chunk, lambda o, kx: [f"({step}) * {BN} + {kx}", o], slot))
+
+    ready = ("T.evaluate(T.ptx.fence.proxy.async_.shared__cta())\n"   # cp.async writes, seen by wgmma's async proxy
+             "T.tvm_storage_sync('shared')\n")
+    allocs = f"""qs = T.alloc_buffer(({q_tile},), "float16", scope="shared.dyn", align=1024)
+ks = T.alloc_buffer(({S * k_tile},), "float16", scope="shared.dyn", align=1024)
+vs = T.alloc_buffer(({S * v_tile},), "float16", scope="shared.dyn", align=1024)
+pf = T.alloc_buffer(({SB},), "float16", scope="local")
+pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
+"""
+    q_init = (copy("qs", "q", q_shape, q_tile, q_chunk, lambda o, kx: [f"bx * {BM} + {o}", kx], "0")
+              + "T.evaluate(T.ptx.cp.async_.commit_group())\n")
+    nsteps = spec.seq_k // BN
+    if S == 1:
+        prologue = ""
+        fill = (loads("j", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(0))\n" + ready)
+    else:
+        prologue = loads("0", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+        fill = (f"if j + 1 < {nsteps}:\n" + _indent(loads("j + 1", "(j + 1) % 2"), 4)
+                + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + ready)
+    slot = "0" if S == 1 else "j % 2"
+    wg = "(tx // 128)"
+    accs = ", ".join(f"sacc[{i}]" for i in range(SB))
+    s_block = "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n"
+    for kk in range(D // 16):
+        q_off, q_lbo, q_sbo = q_desc(kk)
+        k_off, k_lbo, k_sbo = k_desc(kk)
+        s_block += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16({accs}, "
+                    f"{desc('qs', f'{wg} * {64 * 64} + {q_off}', q_lbo, q_sbo, 128)}, "
+                    f"{desc('ks', f'{slot} * {k_tile} + {k_off}', k_lbo, k_sbo, 128)}, "
+                    f"T.ptx.pred(1), 1, 1, 0, {0 if spec.k_rows else 1}))\n")
+    s_block += ("T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
+                "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n")
+    half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', pf[{i}]))"
+    pv_block = (f"for u in T.unroll({SB // 2}):\n"
+                f"    pu[u] = {half.format(i='u * 2')} | ({half.format(i='u * 2 + 1')} << T.uint32(16))\n"
+                "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n")
+    oaccs = ", ".join(f"oacc[{i}]" for i in range(OB))
+    for kv in range(BN // 16):
+        v_off, v_lbo, v_sbo = v_desc(kv)
+        pv_block += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{DV}k16.f32.f16.f16({oaccs}, "
+                     f"{', '.join(f'pu[{kv * 4 + r}]' for r in range(4))}, "
+                     f"{desc('vs', f'{slot} * {v_tile} + {v_off}', v_lbo, v_sbo, 128)}, T.ptx.pred(1), 1, 1, 1))\n")
+    pv_block += ("T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
+                 "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n")
+    return allocs, q_init, prologue, fill, s_block, pv_block
