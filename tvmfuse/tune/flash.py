@@ -398,27 +398,30 @@ def _wgmma_parts(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], q_shape
     k_chunk, k_desc = tile_layout(128, spec.k_rows, BN, D)
     v_chunk, v_desc = tile_layout(128, False, DV, BN)
 
-    def copy(dst: str, src: str, shape, tile_elems: int, chunk, index, slot: str) -> str:
+    # one shared buffer for all tiles: Q at 0, then K's and V's stages (each a multiple of 1024 bytes, the
+    # swizzle atom). Separate buffers would be merged by TVM's shared-memory planner, which does not see the
+    # wgmma descriptors' reads and let K overwrite Q
+    q_base, k_base, v_base = 0, q_tile, q_tile + S * k_tile
+
+    def copy(base: int, src: str, shape, tile_elems: int, chunk, index, slot: str) -> str:
         o, kx, off = chunk(f"(it * {NT} + tx)")
         return (f"for it in T.unroll({tile_elems // 8 // NT}):\n"
-                f"    T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {slot} * {tile_elems} + {off}, "
+                f"    T.evaluate(T.s_tir.cp_async_raw('float16', hs.data, {base} + {slot} * {tile_elems} + {off}, "
                 f"{src}.data, {_flat(shape, [*bidx, *index(o, kx)])}, 16))\n")
 
     def loads(step: str, slot: str) -> str:
         k_index = ((lambda o, kx: [f"({step}) * {BN} + {o}", kx]) if spec.k_rows
                    else (lambda o, kx: [kx, f"({step}) * {BN} + {o}"]))
-        return (copy("ks", "k", k_shape, k_tile, k_chunk, k_index, slot)
-                + copy("vs", "v", v_shape, v_tile, v_chunk, lambda o, kx: [f"({step}) * {BN} + {kx}", o], slot))
+        return (copy(k_base, "k", k_shape, k_tile, k_chunk, k_index, slot)
+                + copy(v_base, "v", v_shape, v_tile, v_chunk, lambda o, kx: [f"({step}) * {BN} + {kx}", o], slot))
 
     ready = ("T.evaluate(T.ptx.fence.proxy.async_.shared__cta())\n"   # cp.async writes, seen by wgmma's async proxy
              "T.tvm_storage_sync('shared')\n")
-    allocs = f"""qs = T.alloc_buffer(({q_tile},), "float16", scope="shared.dyn", align=1024)
-ks = T.alloc_buffer(({S * k_tile},), "float16", scope="shared.dyn", align=1024)
-vs = T.alloc_buffer(({S * v_tile},), "float16", scope="shared.dyn", align=1024)
+    allocs = f"""hs = T.alloc_buffer(({q_tile + S * (k_tile + v_tile)},), "float16", scope="shared.dyn", align=1024)
 pf = T.alloc_buffer(({SB},), "float16", scope="local")
 pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
 """
-    q_init = (copy("qs", "q", q_shape, q_tile, q_chunk, lambda o, kx: [f"bx * {BM} + {o}", kx], "0")
+    q_init = (copy(q_base, "q", q_shape, q_tile, q_chunk, lambda o, kx: [f"bx * {BM} + {o}", kx], "0")
               + "T.evaluate(T.ptx.cp.async_.commit_group())\n")
     nsteps = spec.seq_k // BN
     if S == 1:
@@ -438,8 +441,8 @@ pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
         q_off, q_lbo, q_sbo = q_desc(kk)
         k_off, k_lbo, k_sbo = k_desc(kk)
         s_block += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16({accs}, "
-                    f"{desc('qs', f'{wg} * {64 * 64} + {q_off}', q_lbo, q_sbo, 128)}, "
-                    f"{desc('ks', f'{slot} * {k_tile} + {k_off}', k_lbo, k_sbo, 128)}, "
+                    f"{desc('hs', f'{q_base} + {wg} * {64 * 64} + {q_off}', q_lbo, q_sbo, 128)}, "
+                    f"{desc('hs', f'{k_base} + {slot} * {k_tile} + {k_off}', k_lbo, k_sbo, 128)}, "
                     f"T.ptx.pred(1), 1, 1, 0, {0 if spec.k_rows else 1}))\n")
     s_block += ("T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
                 "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n")
@@ -452,7 +455,7 @@ pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
         v_off, v_lbo, v_sbo = v_desc(kv)
         pv_block += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{DV}k16.f32.f16.f16({oaccs}, "
                      f"{', '.join(f'pu[{kv * 4 + r}]' for r in range(4))}, "
-                     f"{desc('vs', f'{slot} * {v_tile} + {v_off}', v_lbo, v_sbo, 128)}, T.ptx.pred(1), 1, 1, 1))\n")
+                     f"{desc('hs', f'{v_base} + {slot} * {v_tile} + {v_off}', v_lbo, v_sbo, 128)}, T.ptx.pred(1), 1, 1, 1))\n")
     pv_block += ("T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
                  "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n")
     return allocs, q_init, prologue, fill, s_block, pv_block
