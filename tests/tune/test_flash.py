@@ -212,3 +212,69 @@ def test_flash_kernels_build_for_sm90_without_register_spills(tmp_path, case, cf
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+
+
+# ------------------------------------------------------------------------------------ Hopper (wgmma) kernels
+SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+def test_wgmma_configs_take_head_dims_of_64_and_one_tile_per_warpgroup():
+    spec = SPECS["rows+mask"]
+    hopper = flash.configs(spec, wgmma=(True,))
+    assert hopper and all(c.wgmma and c.m_tiles == 1 and c.block_n in (64, 128) for c in hopper)
+    assert not any(c.wgmma for c in flash.configs(spec))   # mma.sync only unless asked
+    assert {c.name for c in flash.configs(spec, wgmma=(True, False))} == {c.name for c in hopper + flash.configs(spec)}
+    for c in hopper:
+        assert flash.parse_config(c.name) == c and c.name.endswith(" h")
+    d16 = AttentionSpec(batch=(2,), seq_q=128, seq_k=128, head_dim=16, head_dim_v=16, dtype="float16", scale=None,
+                        mask_shape=None)
+    assert not flash.configs(d16, wgmma=(True,))
+    assert flash.default_config(spec, wgmma=True) == flash.parse_config("w4 m1 n64 s1 h")
+    assert not flash.default_config(d16, wgmma=True).wgmma   # falls back to the mma.sync default
+
+
+def test_on_sm90a_the_space_offers_wgmma_tiles_and_the_default_is_one(tmp_path, cuda):
+    from tvmfuse.tune.spaces import flash_default_schedule
+
+    assert cuda.target.attrs["arch"] == "sm_90a"
+    _, kernel = _attention_kernel(tmp_path, cuda, seq=128, dim=64)
+    names = []
+    flash_schedule(kernel.mod, cuda.target, lambda n: names.extend(n) or 0)
+    assert any(n.endswith(" h") for n in names) and any(not n.endswith(" h") for n in names)
+    sch = flash_default_schedule(kernel.mod, cuda.target)
+    cfg = flash.annotated_config(sch.mod["main"])
+    assert cfg == flash.parse_config("w4 m1 n64 s1 h")
+    src = fast_build(sch.mod, cuda.target, None).imports[0].inspect_source()
+    assert "wgmma.mma_async.sync.aligned.m64n64k16" in src and "__launch_bounds__(128)" in src
+    # a plain sm_90 target gets mma.sync tiles only
+    sm90 = tvm.target.Target({**{k: v for k, v in cuda.target.export().items() if k in (
+        "kind", "max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")}, "arch": "sm_90"})
+    names = []
+    flash_schedule(kernel.mod, sm90, lambda n: names.extend(n) or 0)
+    assert names and not any(n.endswith(" h") for n in names)
+
+
+def test_untuned_hopper_build_runs_the_wgmma_flash_kernel(tmp_path, cuda):
+    fused, _ = partition(_fp16_attention(tmp_path, seq=128, dim=64), target=cuda)
+    result = build(fused, target=cuda)
+    assert [k.schedule for k in result.kernels] == ["flash-default"]
+    src = _cuda_source(result.executable)
+    assert "wgmma.mma_async" in src and "cp.async" in src
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("case,cfg", [("rows+mask", "w4 m1 n64 s1 h"), ("rows+mask", "w8 m1 n128 s2 h"),
+                                      ("kT", "w8 m1 n64 s2 h")])
+def test_wgmma_flash_kernels_build_for_sm90a_without_register_spills(tmp_path, case, cfg):
+    spec, cfg = SPECS[case], flash.parse_config(cfg)
+    assert cfg in flash.configs(spec, wgmma=(True,), max_shared_bytes=227 * 1024)
+    lib = tvm.compile(tvm.IRModule({"main": flash.flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
+                      target=SM90A)
+    src = lib.mod.imports[0].inspect_source()
+    assert src.count("wgmma.mma_async") >= 2 and "mma.sync" not in src
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                          str(cu)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]

@@ -14,6 +14,7 @@ from tvmfuse._tvm import PrimFunc, build_context, const_value, default_gpu_rules
 from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.expand import expand
+from tvmfuse.tune import hopper
 from tvmfuse.tune.flash import flash_kernel, spec_of
 
 
@@ -71,7 +72,7 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
         elif target.kind == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
             # untuned attention: the flash template's default tiles (dlight would schedule the scalar kernel).
             # The planner forms attention on CUDA only where the template fits; a module planned elsewhere may not.
-            updates[gv] = flash_kernel(func)
+            updates[gv] = flash_kernel(func, wgmma=hopper.supports(target.target))
             statuses.append(KernelStatus(name, "flash-default"))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))

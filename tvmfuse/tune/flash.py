@@ -70,7 +70,7 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
     ``max_shared_bytes`` of (dynamic) shared memory. 100 KB leaves room for two blocks on an H200 SM (228 KB).
     """
     out = []
-    for m in m_tiles:
+    for m in m_tiles if False in tuple(wgmma) else ():
         for w in warps:
             for n in block_n:
                 for st in stages:
@@ -104,11 +104,18 @@ def parse_config(name: str) -> FlashConfig:
                        wgmma="h" in parts)
 
 
-def default_config(spec: AttentionSpec) -> FlashConfig:
-    """The config an untuned build uses: the fastest measured at the anchor size, where it fits.
+def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
+    """The config an untuned build uses: the fastest measured at the anchor size, where it fits (``wgmma``: on
+    Hopper, ``sm_90a``, the wgmma configs first).
 
-    H200, B4 H32 S4096 D128 (BENCHMARKS.md, 2026-11-30): w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
+    H200, B4 H32 S4096 D128 (BENCHMARKS.md, 2026-11-30): wgmma w4 m1 n64 s1 2236 us, w8 m1 n64 s2 2295 us;
+    mma.sync w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
     """
+    if wgmma:
+        options = configs(spec, wgmma=(True,))
+        for want in (FlashConfig(4, 64, 1, 1, True), FlashConfig(8, 64, 2, 1, True)):
+            if want in options:
+                return want
     options = configs(spec)
     for want in (FlashConfig(4, 32, 1, 2), FlashConfig(8, 128, 1, 1)):
         if want in options:
@@ -156,10 +163,11 @@ def expand(mod):
     return tvm.IRModule({gv: updates.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
 
 
-def flash_kernel(func, cfg: FlashConfig | None = None):
-    """The flash kernel for the planner's attention PrimFunc ``func`` (its global symbol kept)."""
+def flash_kernel(func, cfg: FlashConfig | None = None, wgmma: bool = False):
+    """The flash kernel for the planner's attention PrimFunc ``func`` (its global symbol kept); without ``cfg``,
+    the default tiles (``wgmma``: Hopper's where they fit)."""
     spec = spec_of(func)
-    kernel = flash_primfunc(spec, cfg or default_config(spec))
+    kernel = flash_primfunc(spec, cfg or default_config(spec, wgmma))
     symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
     return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
 

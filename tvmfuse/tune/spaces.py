@@ -574,8 +574,12 @@ def template_attention(sch, space: ClassSpace, info: dict) -> list:
     root = sch.get_sblock("root")
     spec = flash.spec_of(sch.mod["main"])
     if info.get("target_kind") == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
-        knobs = {k: space.knobs.get(f"flash_{k}") for k in ("warps", "m_tiles", "block_n", "stages")}
-        options = flash.configs(spec, **{k: v.values for k, v in knobs.items() if v is not None},
+        knobs = {k: space.knobs.get(f"flash_{k}") for k in ("warps", "m_tiles", "block_n", "stages", "wgmma")}
+        choices = {k: v.values for k, v in knobs.items() if v is not None}
+        # Hopper's wgmma kernels need the arch-specific target
+        choices["wgmma"] = tuple(bool(v) for v in choices.get("wgmma", (False,))
+                                 if not v or info.get("target_arch") == "sm_90a") or (False,)
+        options = flash.configs(spec, **choices,
                                 max_shared_bytes=int(space.extra.get("flash_max_shared_bytes", 100 * 1024)))
         if options:
             def prior(cfg) -> float:
@@ -739,12 +743,12 @@ def flash_schedule(mod, target, choose, spaces: SpaceFile | None = None):
 def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
     """:func:`flash_schedule` at the untuned build's config (``tvmfuse.tune.flash.default_config``), or None
     when the space's candidates leave it out."""
-    from tvmfuse.tune import flash
+    from tvmfuse.tune import flash, hopper
 
     spec = flash.spec_of(mod["main"])
     if spec is None:
         return None
-    want = flash.default_config(spec).name
+    want = flash.default_config(spec, wgmma=hopper.supports(target)).name
     return flash_schedule(mod, target, lambda names: names.index(want) if want in names else None, spaces)
 
 
