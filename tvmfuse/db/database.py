@@ -264,10 +264,14 @@ class TuningDatabase(ms.database.PyDatabase):
         rows = self.records(workload_id, include_failed=False)
         return min(rows, key=lambda r: (r.mean_secs, r.id)) if rows else None
 
+    def record_json(self, row: RecordRow) -> str:
+        """One stored record as MetaSchedule's JSON text (its trace, run times, target)."""
+        (rec_json,), = self.store.query("SELECT record_json FROM records WHERE id=?", (row.id,))
+        return rec_json
+
     def schedule_of(self, row: RecordRow, mod):
         """The scheduled IRModule of one stored record: its trace replayed on ``mod`` (the workload)."""
-        (rec_json,), = self.store.query("SELECT record_json FROM records WHERE id=?", (row.id,))
-        record = self._to_record(rec_json, self._workload(row.workload_id, mod))
+        record = self._to_record(self.record_json(row), self._workload(row.workload_id, mod))
         sch = tvm.s_tir.Schedule(mod)
         record.trace.apply_to_schedule(sch, remove_postproc=False)
         return sch.mod

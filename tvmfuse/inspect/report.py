@@ -136,7 +136,9 @@ def _wgmma_config(db, mod, workload_id: int) -> str | None:
     from tvmfuse.tune.spaces import classify
 
     best = db.best_record(workload_id) if classify(mod["main"]) == "gemm" else None
-    if best is None:
+    # only a wgmma sketch's trace names its candidates; other GEMM traces tensorize (replaying them would need
+    # the tensor intrinsics registered, a 40 s import) and select no wgmma tiles
+    if best is None or hopper.CANDIDATES not in db.record_json(best):
         return None
     found = hopper.annotated(db.schedule_of(best, mod)["main"])
     return None if found is None else found[2].name
