@@ -204,3 +204,31 @@ def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
     assert f"__launch_bounds__({cfg.threads})" in src and f"m64n{cfg.block_n}k16" in src
     report = inspect_database(InspectConfig(db=tmp_path / "t.db", target="cuda"))
     assert [k["wgmma_config"] for k in report["kernels"]] == [cfg.name]
+
+
+def test_inspect_reads_mma_gemm_records_without_the_tensor_intrinsics(tmp_path, cuda):
+    """Only a wgmma trace is replayed to name its tiles: an mma-template trace tensorizes, and replaying it in a
+    process that has not registered the tensor intrinsics (the CLI's) failed (the H200's BERT database)."""
+    from tvmfuse.db import open_database
+
+    model, _, _ = CASES["gemm_bias_relu"](M=64, K=64, N=64)   # one K step: too small for wgmma, mma sketches
+    (kernel,) = _gemm_kernels(tmp_path, model, cuda)
+    _, sketches = _sketch(kernel, cuda.target)
+    sketch = sketches[0]
+    assert hopper.CANDIDATES not in sketch.mod["main"].body.block.annotations
+    assert any(i.kind.name == "Tensorize" for i in sketch.trace.insts)
+    db = open_database(tmp_path / "t.db", target=cuda)
+    try:
+        workload = db.ms_database.commit_workload(kernel.mod)
+        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
+            sketch.trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
+    finally:
+        db.close()
+    script = ("import json, sys\n"
+              "from tvmfuse.inspect import InspectConfig, inspect_database\n"
+              "r = inspect_database(InspectConfig(db=sys.argv[1], target='cuda'))\n"
+              "print(json.dumps([k['wgmma_config'] for k in r['kernels']]))\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "t.db")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [None]
