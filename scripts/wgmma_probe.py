@@ -12,7 +12,8 @@ one walks K and which walks M/N), and reports which one computes A·Bᵀ.
     python scripts/wgmma_probe.py               # on an H200: build, run, check, print a table
     python scripts/wgmma_probe.py --build-only  # anywhere with nvcc: build for sm_90a and run ptxas
 
-Built with nvcc on the CPU (ptxas accepts it, 2026-11-30); not yet run on a GPU.
+Ran on the H200 (2026-11-30): the reading where LBO walks K computes A·Bᵀ (relative error 7.7e-8), the other
+gives 1.42. tvmfuse.tune.hopper encodes its descriptors that way (and, swizzled, as the PTX ISA's canonical layouts).
 """
 from __future__ import annotations
 

@@ -18,6 +18,10 @@ FlashAttention-2 style kernel, with its tiles as parameters (:class:`FlashConfig
 * ``O`` stays in registers, is rescaled per row as the max moves, and is divided by the row sum once,
   at the store.
 
+On Hopper (``sm_90a``) a config may instead be a wgmma kernel (``FlashConfig.wgmma``, names ending ``" h"``):
+each warpgroup computes ``S`` for 64 query rows with ``wgmma`` from 128-byte-swizzled Q and K tiles, and
+feeds ``P`` from its registers to the ``O += P·V`` wgmma; the softmax and the store are the same code.
+
 The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. Rows and keys must
 be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`); the planner keeps other attention
 unfused on GPUs. Tuning picks a config among
