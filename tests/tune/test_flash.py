@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
-from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
+from cuda_checks import assert_ptxas_without_spills, commit_record  # noqa: E402
+from tvmfuse._tvm import fast_build, tvm  # noqa: E402
 from tvmfuse.compile.build import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
@@ -137,11 +137,9 @@ def test_a_tuned_record_selects_the_flash_kernel_a_build_runs(tmp_path, cuda):
     sch = _sketch_with(kernel, cuda, 1)
     cfg = flash.annotated_config(sch.mod["main"])
     assert cfg != flash.default_config(spec)  # so the build below cannot pass on the default
+    commit_record(tmp_path / "t.db", cuda, kernel, sch.trace)
     db = open_database(tmp_path / "t.db", target=cuda)
     try:
-        workload = db.ms_database.commit_workload(kernel.mod)
-        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
-            sch.trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
         result = build(fused, target=cuda, database=db)
     finally:
         db.close()
@@ -206,12 +204,7 @@ def test_flash_kernels_build_for_sm90_without_register_spills(tmp_path, case, cf
                       target=SM90)
     src = lib.mod.imports[0].inspect_source()
     assert src.count("mma.sync") >= 2 and ("ldmatrix.sync.aligned.m8n8.x4.trans" in src)
-    cu = tmp_path / "k.cu"
-    cu.write_text(src)
-    out = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+    assert_ptxas_without_spills(src, tmp_path, "sm_90")
 
 
 # ------------------------------------------------------------------------------------ Hopper (wgmma) kernels
@@ -272,9 +265,4 @@ def test_wgmma_flash_kernels_build_for_sm90a_without_register_spills(tmp_path, c
                       target=SM90A)
     src = lib.mod.imports[0].inspect_source()
     assert src.count("wgmma.mma_async") >= 2 and "mma.sync" not in src
-    cu = tmp_path / "k.cu"
-    cu.write_text(src)
-    out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                          str(cu)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")

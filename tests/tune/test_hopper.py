@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
+from cuda_checks import assert_ptxas_without_spills, commit_record  # noqa: E402
 from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
 from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -164,12 +165,7 @@ def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A)
     src = lib.mod.imports[0].inspect_source()
     assert "wgmma.mma_async.sync.aligned" in src and "cp.async" in src
-    cu = tmp_path / "k.cu"
-    cu.write_text(src)
-    out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                          str(cu)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")
 
 
 def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
@@ -189,11 +185,9 @@ def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
     inst = next(i for i in sketch.trace.insts if i.kind.name == "SampleCategorical")
     trace = sketch.trace.with_decision(inst, pick, remove_postproc=True)
     cfg = hopper.parse_config(names[pick])
+    commit_record(tmp_path / "t.db", cuda, kernel, trace)
     db = open_database(tmp_path / "t.db", target=cuda)
     try:
-        workload = db.ms_database.commit_workload(kernel.mod)
-        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
-            trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
         result = build(fused, target=cuda, database=db)
     finally:
         db.close()
@@ -209,21 +203,13 @@ def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
 def test_inspect_reads_mma_gemm_records_without_the_tensor_intrinsics(tmp_path, cuda):
     """Only a wgmma trace is replayed to name its tiles: an mma-template trace tensorizes, and replaying it in a
     process that has not registered the tensor intrinsics (the CLI's) failed (the H200's BERT database)."""
-    from tvmfuse.db import open_database
-
     model, _, _ = CASES["gemm_bias_relu"](M=64, K=64, N=64)   # one K step: too small for wgmma, mma sketches
     (kernel,) = _gemm_kernels(tmp_path, model, cuda)
     _, sketches = _sketch(kernel, cuda.target)
     sketch = sketches[0]
     assert hopper.CANDIDATES not in sketch.mod["main"].body.block.annotations
     assert any(i.kind.name == "Tensorize" for i in sketch.trace.insts)
-    db = open_database(tmp_path / "t.db", target=cuda)
-    try:
-        workload = db.ms_database.commit_workload(kernel.mod)
-        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
-            sketch.trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
-    finally:
-        db.close()
+    commit_record(tmp_path / "t.db", cuda, kernel, sketch.trace)
     script = ("import json, sys\n"
               "from tvmfuse.inspect import InspectConfig, inspect_database\n"
               "r = inspect_database(InspectConfig(db=sys.argv[1], target='cuda'))\n"

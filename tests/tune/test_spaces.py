@@ -212,20 +212,14 @@ def test_tiny_llvm_tuning_improves_on_its_first_candidate(tmp_path, llvm):
 def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
     """Its traces hold transform_layout IndexMaps, which TVM 0.27's own record JSON converter rejects."""
     from tvmfuse._tvm import ms
-    from tvmfuse.db import open_database
+    from cuda_checks import commit_record
 
     kernel = _mma_kernel("conv_bn_relu", cuda)
     choice = select_space(kernel.mod, cuda.target)
     ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=3)
     sketch = ctx.generate_design_space()[-1]  # the cp.async sketch
-    db = open_database(tmp_path / "t.db", target=cuda)
-    try:
-        workload = db.ms_database.commit_workload(kernel.mod)
-        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
-            sketch.trace, workload, [1e-3], cuda.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
-    finally:
-        db.close()
+    commit_record(tmp_path / "t.db", cuda, kernel, sketch.trace)
     # read back in a fresh process, where nothing has registered the wmma intrinsics the trace names
     # (a build from a carried-in database on the GPU machine failed that way before the fix)
     script = (

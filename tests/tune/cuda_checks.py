@@ -1,0 +1,29 @@
+"""Shared checks of the CUDA-template tests: ptxas on generated code, and a tuning record written to a database."""
+from __future__ import annotations
+
+import subprocess
+
+from tvmfuse._tvm import ms
+
+
+def assert_ptxas_without_spills(src: str, tmp_path, arch: str) -> None:
+    """Build CUDA source ``src`` with nvcc for ``arch`` and require no register spills and no stack frame."""
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                          str(cu)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+
+
+def commit_record(db_path, target, kernel, trace, secs: float = 1e-3) -> None:
+    """Store ``trace`` as a tuning record of ``kernel`` (a workload) in the tvmfuse database at ``db_path``."""
+    from tvmfuse.db import open_database
+
+    db = open_database(db_path, target=target)
+    try:
+        workload = db.ms_database.commit_workload(kernel.mod)
+        db.ms_database.commit_tuning_record(ms.database.TuningRecord(
+            trace, workload, [secs], target.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
+    finally:
+        db.close()
