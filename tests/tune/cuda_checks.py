@@ -27,3 +27,16 @@ def commit_record(db_path, target, kernel, trace, secs: float = 1e-3) -> None:
             trace, workload, [secs], target.target, ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])))
     finally:
         db.close()
+
+
+def build_with_record(db_path, target, fused, kernel, trace):
+    """``compile``'s build of ``fused`` with ``trace`` stored as ``kernel``'s only tuning record."""
+    from tvmfuse.compile.build import build
+    from tvmfuse.db import open_database
+
+    commit_record(db_path, target, kernel, trace)
+    db = open_database(db_path, target=target)
+    try:
+        return build(fused, target=target, database=db)
+    finally:
+        db.close()

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
-from cuda_checks import assert_ptxas_without_spills, commit_record  # noqa: E402
+from cuda_checks import assert_ptxas_without_spills, build_with_record  # noqa: E402
 from tvmfuse._tvm import fast_build, tvm  # noqa: E402
 from tvmfuse.compile.build import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -130,19 +130,12 @@ def test_the_space_samples_flash_tiles_from_the_yaml_knobs(tmp_path, cuda):
 
 
 def test_a_tuned_record_selects_the_flash_kernel_a_build_runs(tmp_path, cuda):
-    from tvmfuse.db import open_database
-
     fused, kernel = _attention_kernel(tmp_path, cuda)
     spec = flash.spec_of(kernel.mod["main"])
     sch = _sketch_with(kernel, cuda, 1)
     cfg = flash.annotated_config(sch.mod["main"])
     assert cfg != flash.default_config(spec)  # so the build below cannot pass on the default
-    commit_record(tmp_path / "t.db", cuda, kernel, sch.trace)
-    db = open_database(tmp_path / "t.db", target=cuda)
-    try:
-        result = build(fused, target=cuda, database=db)
-    finally:
-        db.close()
+    result = build_with_record(tmp_path / "t.db", cuda, fused, kernel, sch.trace)
     assert [k.schedule for k in result.kernels] == ["tuned"]
     src = _cuda_source(result.executable)
     assert f"__launch_bounds__({32 * cfg.warps})" in src and "mma.sync" in src

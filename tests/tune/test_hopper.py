@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
-from cuda_checks import assert_ptxas_without_spills, commit_record  # noqa: E402
+from cuda_checks import assert_ptxas_without_spills, build_with_record, commit_record  # noqa: E402
 from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
 from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -169,8 +169,6 @@ def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_
 
 
 def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
-    from tvmfuse.compile.build import build
-    from tvmfuse.db import open_database
     from tvmfuse.inspect import InspectConfig, inspect_database
 
     model, _, _ = CASES["gemm_bias_relu"](M=256, K=256, N=256)
@@ -185,12 +183,7 @@ def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
     inst = next(i for i in sketch.trace.insts if i.kind.name == "SampleCategorical")
     trace = sketch.trace.with_decision(inst, pick, remove_postproc=True)
     cfg = hopper.parse_config(names[pick])
-    commit_record(tmp_path / "t.db", cuda, kernel, trace)
-    db = open_database(tmp_path / "t.db", target=cuda)
-    try:
-        result = build(fused, target=cuda, database=db)
-    finally:
-        db.close()
+    result = build_with_record(tmp_path / "t.db", cuda, fused, kernel, trace)
     assert [k.schedule for k in result.kernels] == ["tuned"]
     from test_flash import _cuda_source
 
