@@ -167,8 +167,9 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     for vi in list(model.graph.input) + list(model.graph.output):
         vi.type.tensor_type.elem_type = TensorProto.FLOAT16
     for i, init in enumerate(model.graph.initializer):
-        model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
-                                                                    init.name))
+        if init.data_type == TensorProto.FLOAT:   # shapes (int64) stay as they are
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
+                                                                        init.name))
     return model
 
 

@@ -211,3 +211,73 @@ def test_inspect_reads_mma_gemm_records_without_the_tensor_intrinsics(tmp_path, 
                          timeout=300)
     assert out.returncode == 0, out.stderr[-1500:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [None]
+
+
+def _head_split(batch=2, m=128, k=128, heads=2) -> onnx.ModelProto:
+    """A projection whose epilogue splits heads: ([batch, m, k] @ [k, n] + bias) reshaped to
+    [batch, m, heads, n / heads] and transposed to [batch, heads, m, n / heads] (BERT's Q/K/V)."""
+    b = models._B(9)
+    p = b.op("Add", [b.op("MatMul", ["x", b.w(k, k)]), b.const(b.rng.standard_normal(k) * 0.1)])
+    r = b.op("Reshape", [p, models._int64(b, [batch, m, heads, k // heads])])
+    y = b.op("Transpose", [r], perm=[0, 2, 1, 3])
+    return models.to_fp16(b.model({"x": [batch, m, k]}, y, [batch, heads, m, k // heads]))
+
+
+_KMAJOR = """
+@T.prim_func(s_tir=True)
+def main(x: T.Buffer((128, 128), "float16"), w: T.Buffer((192, 128), "float16"), bias: T.Buffer((192,), "float16"),
+         y: T.Buffer((128, 192), "float16")):
+    T.func_attr({"tirx.noalias": True})
+    acc = T.sblock_alloc_buffer((128, 192))
+    for i0, i1, k in T.grid(128, 192, 128):
+        with T.sblock("matmul"):
+            vi, vj, vk = T.axis.remap("SSR", [i0, i1, k])
+            with T.init():
+                acc[vi, vj] = T.float32(0)
+            acc[vi, vj] = acc[vi, vj] + T.Cast("float32", x[vi, vk]) * T.Cast("float32", w[vj, vk])
+    for i0, i1 in T.grid(128, 192):
+        with T.sblock("epilogue"):
+            vi, vj = T.axis.remap("SS", [i0, i1])
+            y[vi, vj] = T.max(T.Cast("float16", acc[vi, vj]) + bias[vj], T.float16(0))
+"""
+
+
+@pytest.mark.parametrize("case", ["gemm_bias_relu", "gelu_residual", "head_split", "batched", "transposed_weight"])
+def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, cuda, case):
+    """wgmma cannot run here, so the kernel's scalar twin (the same spec, flat A/B addressing, batch folding and
+    epilogue store, one element per iteration) is built for the CPU and must equal the planner's PrimFunc on
+    the same random inputs. A wrong spec, index inversion or epilogue translation shows up here."""
+    import numpy as np
+
+    if case == "transposed_weight":   # a weight stored [N, K] (K-major B): written as TIR, since the planner's
+        func = hopper.parse(_KMAJOR)   # imports transpose constant weights to [K, N]
+    else:
+        model = {"gemm_bias_relu": lambda: CASES["gemm_bias_relu"](M=128, K=128, N=128)[0],
+                 "gelu_residual": _linear_gelu_residual, "head_split": _head_split,
+                 "batched": lambda: models.to_fp16(models.gemm_epilogue(m=64, k=128, n=64, batched=True))}[case]()
+        (kernel,) = _gemm_kernels(tmp_path, model, cuda)
+        func = kernel.mod["main"]
+    spec, info = hopper.analyze(func)
+    assert hopper.configs(spec), spec   # the shapes are ones the template takes
+    if case == "transposed_weight":
+        assert spec.b_kmajor
+    if case == "head_split":
+        assert "// T.int64(64)" in info["store"] and "% T.int64(64)" in info["store"]
+    twin = tvm.compile(tvm.IRModule({"main": hopper.reference_for(func)}), target="llvm")
+    fused = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    rng = np.random.default_rng(0)
+    bufs = hopper._param_buffers(func)
+    inputs = [(rng.standard_normal([int(d) for d in b.shape]) * 0.5).astype(str(b.dtype)) for b in bufs]
+    outs = []
+    for lib in (twin, fused):
+        args = [tvm.runtime.tensor(a.copy()) for a in inputs]
+        args[-1] = tvm.runtime.tensor(np.full(inputs[-1].shape, np.nan, inputs[-1].dtype))
+        lib["main"](*args)
+        outs.append(args[-1].numpy().astype("float32"))
+    assert not np.isnan(outs[0]).any()
+    assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 2e-3
+    # and the kernel itself builds for Hopper
+    kernel_func = hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], hopper.configs(spec)[0])
+    src = tvm.compile(tvm.IRModule({"main": kernel_func.with_attr("global_symbol", "main")}),
+                      target=SM90A).mod.imports[0].inspect_source()
+    assert "wgmma.mma_async" in src

@@ -283,6 +283,38 @@ def main({", ".join(params)}):
 """
 
 
+def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: str) -> str:
+    """TVMScript of a scalar twin of :func:`gemm_source` for any target: the same flat A/B addressing (batch
+    folding included) and the same ``store``, one output element per iteration. Built for the CPU, it checks
+    a kernel's spec and epilogue translation numerically where wgmma cannot run."""
+    M, N, K = spec.rows, spec.n, spec.k
+    a_batch = f"bz * {spec.m * K}" if spec.a_batched and not spec.fold_batch else "0"
+    b_batch = f"bz * {N * K}" if spec.b_batched else "0"
+    b_at = f"{b_batch} + col * {K} + kk" if spec.b_kmajor else f"{b_batch} + kk * {N} + col"
+    stored = store.format(bz="bz", row="row", col="col", acc="acc[0]")
+    return f"""
+@T.prim_func(s_tir=True)
+def main({", ".join(params)}):
+    T.func_attr({{"tirx.noalias": True}})
+    acc = T.alloc_buffer((1,), "float32")
+    af = T.decl_buffer(({spec.grid_batch * spec.m * K if spec.a_batched else M * K},), "float16", data={a}.data)
+    bf = T.decl_buffer(({(spec.grid_batch if spec.b_batched else 1) * N * K},), "float16", data={b}.data)
+    for bz, row, col in T.grid({spec.grid_batch}, {M}, {N}):
+        acc[0] = T.float32(0)
+        for kk in range({K}):
+            acc[0] = acc[0] + T.Cast("float32", af[{a_batch} + row * {K} + kk]) * T.Cast("float32", bf[{b_at}])
+        {stored}
+"""
+
+
+def reference_for(func):
+    """The scalar twin (:func:`reference_source`) of ``func``'s wgmma kernel, its parameters as the kernel's."""
+    spec, info = analyze(func)
+    decls = [f"p{n}: T.Buffer({tuple(int(d) for d in buf.shape)!r}, '{buf.dtype}')"
+             for n, buf in enumerate(_param_buffers(func))]
+    return parse(reference_source(spec, decls, f"p{info['a']}", f"p{info['b']}", info["store"]))
+
+
 def parse(source: str):
     from tvmfuse._tvm import tvm
     from tvm.script import tirx as T
@@ -455,16 +487,54 @@ def analyze(func) -> tuple[GemmSpec, dict]:
         if len(rest) != 1 or type(rest[0].body).__name__ != "BufferStore":
             raise Misfit("the epilogue is not one elementwise block")
         epi = rest[0]
-        if _extents(epi) != ext or any(int(iv.iter_type) != 0 for iv in epi.iter_vars):
-            raise Misfit("the epilogue does not map the product elementwise")
-        evars = [str(iv.var.name) for iv in epi.iter_vars]
         out = _name(epi.body)
-        if out not in params or [str(t) for t in epi.body.indices] != evars:
+        if out not in params or any(int(iv.iter_type) != 0 for iv in epi.iter_vars):
             raise Misfit("the epilogue does not store a parameter elementwise")
-        env = dict(zip(evars, [f"({e})" for e in out_idx]))
-        expr = _script(epi.body.value, env, pname, (c, evars))
-        store = f"{pname[out]}[{', '.join(out_idx)}] = {expr}"
+        evars = [str(iv.var.name) for iv in epi.iter_vars]
+        reads = {tuple(str(i) for i in ld.indices) for ld in _loads(epi.body.value) if _name(ld) == c}
+        if len(reads) != 1:
+            raise Misfit("the epilogue reads the product at more than one index")
+        (read,) = reads
+        if list(read) == evars and _extents(epi) == ext:   # elementwise: the product's index is the output's
+            env = dict(zip(evars, [f"({e})" for e in out_idx]))
+        else:   # a reshape / transpose of the product (heads split off): invert the read's index map
+            env = _inverted_env(epi, c, out_idx, math.prod(ext))
+        expr = _script(epi.body.value, env, pname, (c, list(read)))
+        store = f"{pname[out]}[{', '.join(_script(i, env, pname, (c, list(read))) for i in epi.body.indices)}] = {expr}"
     return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store}
+
+
+def _loads(expr) -> list:
+    """Every buffer load in an expression (the node kinds :func:`_script` translates)."""
+    kind = type(expr).__name__
+    if kind in ("TensorLoad", "BufferLoad"):
+        return [expr] + [ld for i in expr.indices for ld in _loads(i)]
+    children = {"Cast": ("value",), "Not": ("a",), "Select": ("condition", "true_value", "false_value")}.get(
+        kind, ("a", "b") if kind in _BINARY or kind in _FUNCS or kind in ("And", "Or") else ())
+    out = [ld for f in children for ld in _loads(getattr(expr, f))]
+    if kind == "Call":
+        out += [ld for a in expr.args for ld in _loads(a)]
+    return out
+
+
+def _inverted_env(epi, c: str, out_idx: list[str], size: int) -> dict:
+    """The epilogue's iteration variables as TVMScript of the product's index (``out_idx``: batch dims, row,
+    column), when the epilogue reads the product through a bijective index map (a reshape or transpose)."""
+    from tvmfuse._tvm import tvm
+
+    read = next(ld for ld in _loads(epi.body.value) if _name(ld) == c)
+    ext = _extents(epi)
+    if math.prod(ext) != size:
+        raise Misfit("the epilogue's iteration space is not the product's")
+    try:
+        inverse = tvm.tirx.function.IndexMap([iv.var for iv in epi.iter_vars], list(read.indices), None).inverse(ext)
+    except Exception as err:  # noqa: BLE001 - TVM raises when the map is not bijective
+        raise Misfit(f"the epilogue's read of the product is not invertible ({str(err).strip()[:80]})") from None
+    if len(inverse.initial_indices) != len(out_idx):
+        raise Misfit("the epilogue's read of the product has another rank")
+    penv = {str(v.name): f"({e})" for v, e in zip(inverse.initial_indices, out_idx)}
+    evars = [str(iv.var.name) for iv in epi.iter_vars]
+    return {name: f"({_script(e, penv, {}, ('', []))})" for name, e in zip(evars, inverse.final_indices)}
 
 
 def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfig):
