@@ -64,7 +64,7 @@ def test_analyze_reads_the_gemm_and_its_epilogue(gemm_kernel):
     assert spec == hopper.GemmSpec(batch=(), m=256, n=256, k=256, a_batched=False, b_batched=False, b_kmajor=False)
     assert (info["a"], info["b"]) == (0, 1)
     # cast to fp16, the bias (indexed by the column), ReLU: applied to the accumulator, stored once
-    assert info["store"] == "p3[{row}, {col}] = T.max((T.Cast('float16', {acc}) + p2[({col})]), T.float16(0.0))"
+    assert info["store"] == "p3[({row}), ({col})] = T.max((T.Cast('float16', {acc}) + p2[({col})]), T.float16(0.0))"
 
 
 def _linear_gelu_residual(batch=2, m=64, k=128, n=64) -> onnx.ModelProto:
@@ -83,7 +83,7 @@ def test_analyze_folds_a_shared_weight_batch_into_rows_and_keeps_the_epilogue(tm
     assert spec.fold_batch and spec.rows == 128 and spec.grid_batch == 1
     store = info["store"]
     # the output and the residual are indexed [row // 64, row % 64, col], the bias by the column; GELU kept
-    assert store.startswith("p") and "[({row} // 64), {row} % 64, {col}] = " in store
+    assert store.startswith("p") and "[(({row} // 64)), ({row} % 64), ({col})] = " in store
     assert "T.max(T.min(" in store and "* T.float16(0.5)" in store and store.count("{row} % 64") >= 2
     # the batched matmul of two activations keeps its batch on the grid
     (k,) = _gemm_kernels(tmp_path, models.to_fp16(models.gemm_epilogue(m=64, k=128, n=64, batched=True)), cuda)
