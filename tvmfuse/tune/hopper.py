@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass
 ANNOTATION = "tvmfuse.wgmma_config"
 CANDIDATES = "tvmfuse.wgmma_candidates"
 SPEC = "tvmfuse.wgmma_spec"
-_EPILOGUE = "tvmfuse_wgmma_epilogue"   # placeholder extern the generated store calls; replaced by the epilogue
 
 
 @dataclass(frozen=True)
@@ -197,6 +196,13 @@ def tile_layout(swizzle: int, kmajor: bool, outer: int, kext: int):
     return chunk, lambda kk: (kk * 2 * outer * 8, outer * 16, 128)
 
 
+def _batch_offsets(spec: GemmSpec) -> tuple[str, str]:
+    """Flat element offsets of batch ``bz`` in A and in B (0 where not batched, or where the batch folds into
+    the rows)."""
+    return (f"bz * {spec.m * spec.k}" if spec.a_batched and not spec.fold_batch else "0",
+            f"bz * {spec.n * spec.k}" if spec.b_batched else "0")
+
+
 def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
                 store: str) -> str:
     """TVMScript of the kernel: ``params`` the function's parameter declarations, ``a`` / ``b`` the names of the
@@ -211,9 +217,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     pid_m = f"(bx // {R * tiles_n} * {R} + bx % {R * tiles_n} % {R})"
     pid_n = f"(bx % {R * tiles_n} // {R})"
     a_tile, b_tile = BM * BK, BN * BK
-    # flat element offsets of the batch in A and B (0 where not batched, or where the batch folds into rows)
-    a_batch = f"bz * {spec.m * K}" if spec.a_batched and not spec.fold_batch else "0"
-    b_batch = f"bz * {N * K}" if spec.b_batched else "0"
+    a_batch, b_batch = _batch_offsets(spec)
     a_chunk, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
     b_chunk, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
 
@@ -288,8 +292,7 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
     folding included) and the same ``store``, one output element per iteration. Built for the CPU, it checks
     a kernel's spec and epilogue translation numerically where wgmma cannot run."""
     M, N, K = spec.rows, spec.n, spec.k
-    a_batch = f"bz * {spec.m * K}" if spec.a_batched and not spec.fold_batch else "0"
-    b_batch = f"bz * {N * K}" if spec.b_batched else "0"
+    a_batch, b_batch = _batch_offsets(spec)
     b_at = f"{b_batch} + col * {K} + kk" if spec.b_kmajor else f"{b_batch} + kk * {N} + col"
     stored = store.format(bz="bz", row="row", col="col", acc="acc[0]")
     return f"""
@@ -310,9 +313,7 @@ def main({", ".join(params)}):
 def reference_for(func):
     """The scalar twin (:func:`reference_source`) of ``func``'s wgmma kernel, its parameters as the kernel's."""
     spec, info = analyze(func)
-    decls = [f"p{n}: T.Buffer({tuple(int(d) for d in buf.shape)!r}, '{buf.dtype}')"
-             for n, buf in enumerate(_param_buffers(func))]
-    return parse(reference_source(spec, decls, f"p{info['a']}", f"p{info['b']}", info["store"]))
+    return parse(reference_source(spec, _param_decls(func), f"p{info['a']}", f"p{info['b']}", info["store"]))
 
 
 def parse(source: str):
@@ -393,6 +394,17 @@ def _param_buffers(func) -> list:
     return [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
 
 
+def _param_decls(func) -> list[str]:
+    """TVMScript declarations of ``func``'s parameters, renamed ``p0, p1, ..`` (the names a store refers to)."""
+    return [f"p{n}: T.Buffer({tuple(int(d) for d in buf.shape)!r}, '{buf.dtype}')"
+            for n, buf in enumerate(_param_buffers(func))]
+
+
+def _reduction_blocks(sch) -> list:
+    return [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+            if any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)]
+
+
 def _extents(block) -> list[int]:
     return [int(iv.dom.extent) for iv in block.iter_vars]
 
@@ -405,9 +417,7 @@ def analyze(func) -> tuple[GemmSpec, dict]:
     from tvmfuse.tune.spaces import _inline_all_but_outputs
 
     sch = tvm.s_tir.Schedule(func)
-    root = sch.get_sblock("root")
-    reductions = [b for b in sch.get_child_blocks(root)
-                  if any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)]
+    reductions = _reduction_blocks(sch)
     if len(reductions) != 1:
         raise Misfit("needs exactly one reduction block")
     main_name = sch.get(reductions[0]).name_hint
@@ -539,10 +549,7 @@ def _inverted_env(epi, c: str, out_idx: list[str], size: int) -> dict:
 
 def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfig):
     """The wgmma kernel of ``func`` (its parameters, in order, renamed ``p0, p1, ..``; its global symbol kept)."""
-    decls = []
-    for n, buf in enumerate(_param_buffers(func)):
-        decls.append(f"p{n}: T.Buffer({tuple(int(d) for d in buf.shape)!r}, '{buf.dtype}')")
-    kernel = parse(gemm_source(spec, cfg, decls, f"p{a}", f"p{b}", store))
+    kernel = parse(gemm_source(spec, cfg, _param_decls(func), f"p{a}", f"p{b}", store))
     symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
     return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
 
@@ -589,6 +596,7 @@ def schedule(sch, space) -> bool:
     :func:`configs` sampled (the ``wgmma_*`` knobs give the choices and priors) and annotated on the root
     block with the kernel's spec, and a plain thread binding that any GPU check accepts (the builder swaps
     the whole PrimFunc for the annotated kernel, see :func:`expand`). False if the kernel does not fit."""
+    from tvmfuse.tune.knobs import sample_option
     from tvmfuse.tune.spaces import _inline_all_but_outputs
 
     try:
@@ -600,22 +608,12 @@ def schedule(sch, space) -> bool:
                       max_shared_bytes=int(space.extra.get("wgmma_max_shared_bytes", 227 * 1024)))
     if not options:
         return False
-    weights = []
-    for c in options:
-        w = 1.0
-        for k, knob in knobs.items():
-            if knob is not None:
-                w *= knob.probs[knob.values.index(getattr(c, k))]
-        weights.append(w)
-    total = sum(weights) or 1.0
     root = sch.get_sblock("root")
-    index = sch.sample_categorical(candidates=list(range(len(options))), probs=[w / total for w in weights])
+    index = sample_option(sch, options, knobs)
     sch.annotate(root, SPEC, json.dumps({"spec": json.loads(spec.to_json()), **info}, sort_keys=True))
     sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
     sch.annotate(root, ANNOTATION, index)
-    reductions = [b for b in sch.get_child_blocks(root)
-                  if any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)]
-    _inline_all_but_outputs(sch, keep=(sch.get(reductions[0]).name_hint,))
+    _inline_all_but_outputs(sch, keep=(sch.get(_reduction_blocks(sch)[0]).name_hint,))
     for block in sch.get_child_blocks(root):
         loops = sch.get_loops(block)
         kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]

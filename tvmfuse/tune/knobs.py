@@ -31,6 +31,20 @@ def sample(sch, knob: Knob):
     return sch.sample_categorical(candidates=list(knob.values), probs=list(knob.probs))
 
 
+def sample_option(sch, options: list, knobs: dict):
+    """A MetaSchedule decision: an index into ``options`` (template configs), each weighted by the product of
+    the priors its fields have in ``knobs`` (field name -> Knob, or None for a field without a knob)."""
+    weights = []
+    for option in options:
+        w = 1.0
+        for field, knob in knobs.items():
+            if knob is not None:
+                w *= knob.probs[knob.values.index(getattr(option, field))]
+        weights.append(w)
+    total = sum(weights) or 1.0
+    return sch.sample_categorical(candidates=list(range(len(options))), probs=[w / total for w in weights])
+
+
 def names_in(expr) -> set[str]:
     """The identifiers in a TIR expression's text."""
     return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", str(expr)))

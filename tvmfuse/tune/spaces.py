@@ -25,7 +25,7 @@ import yaml
 
 from tvmfuse._tvm import ms, tvm
 from tvmfuse.errors import TvmfuseError
-from tvmfuse.tune.knobs import Knob, names_in, sample
+from tvmfuse.tune.knobs import Knob, names_in, sample, sample_option
 from tvmfuse.tune.tensorcore import tensorcore_postprocs, template_gemm_tensorcore
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -582,16 +582,7 @@ def template_attention(sch, space: ClassSpace, info: dict) -> list:
         options = flash.configs(spec, **choices,
                                 max_shared_bytes=int(space.extra.get("flash_max_shared_bytes", 100 * 1024)))
         if options:
-            def prior(cfg) -> float:
-                p = 1.0
-                for k, knob in knobs.items():
-                    if knob is not None:
-                        p *= knob.probs[knob.values.index(getattr(cfg, k))]
-                return p
-
-            weights = [prior(c) for c in options]
-            total = sum(weights) or 1.0
-            index = sch.sample_categorical(candidates=list(range(len(options))), probs=[w / total for w in weights])
+            index = sample_option(sch, options, knobs)
             sch.annotate(root, flash.CANDIDATES, ";".join(c.name for c in options))
             sch.annotate(root, flash.ANNOTATION, index)
     blocks = sch.get_child_blocks(root)
