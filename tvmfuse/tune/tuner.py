@@ -185,8 +185,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     workers = config.max_workers or max(1, min(4, _cores(target)))
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers,
                                       timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
-    runner = ms.runner.LocalRunner(timeout_sec=config.runner_timeout_s,
-                                   evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
+    runner = _local_runner(config.runner_timeout_s)
     # MetaSchedule's per-task logs: kept under config.log_dir when given, else in a temporary folder removed at the end
     log_root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="tvmfuse-tune-"))
     try:
@@ -195,6 +194,21 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     finally:
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
+
+
+# LocalRunner checks its worker at construction under the trials' own timeout: a short runner timeout made
+# that check itself time out (a TimeoutError traceback before any trial, seen in CI 2026-11-30). The worker
+# is checked under this bound and the trials then run under the configured one.
+_WORKER_START_S = 60.0
+
+
+def _local_runner(timeout_s):
+    runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S),
+                                   evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
+    inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper
+    inst.timeout_sec = timeout_s
+    inst.pool._timeout = timeout_s  # PopenPoolExecutor reads it on each submit (TVM 0.27)
+    return runner
 
 
 def _tune_all(kernels, budgets, spent, results, *, target, database, config, spaces, builder, runner, log_root,
