@@ -92,9 +92,9 @@ def test_analyze_folds_a_shared_weight_batch_into_rows_and_keeps_the_epilogue(tm
 
 
 def test_analyze_declines_what_the_template_cannot_take(tmp_path, cuda):
-    conv = models.to_fp16(models.conv_bn_relu(n=1, cin=16, cout=16, hw=16))
+    conv = models.to_fp16(models.conv_bn_relu(n=1, cin=16, cout=16, hw=16))   # 16 channels: not a K step
     (k,) = _gemm_kernels(tmp_path, conv, cuda)
-    with pytest.raises(hopper.Misfit):
+    with pytest.raises(hopper.Misfit, match="multiple of 64"):
         hopper.analyze(k.mod["main"])
     fp32 = models.gemm_epilogue(m=64, k=128, n=64)
     (k,) = _gemm_kernels(tmp_path, fp32, cuda)
@@ -111,9 +111,13 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
         assert hopper.parse_config(c.name) == c
     small = hopper.GemmSpec((), 192, 384, 128, False, False, True)   # 3 row tiles of 64, K two steps of 64
     for c in hopper.configs(small):
-        assert 192 % c.block_m == 0 and 384 % c.block_n == 0 and c.stages - c.inflight - 1 <= 2
-        assert (192 // c.block_m) % c.raster == 0
-    assert not hopper.configs(hopper.GemmSpec((), 100, 256, 256, False, False, True))
+        assert 384 % c.block_n == 0 and c.stages - c.inflight - 1 <= 2
+        assert -(-192 // c.block_m) % c.raster == 0   # a partial last tile row counts as a tile row
+    assert {c.block_m for c in hopper.configs(small)} == {64, 128, 256}
+    # rows need not divide (the last tile row is predicated); columns and K must
+    assert hopper.configs(hopper.GemmSpec((), 100, 256, 256, False, False, True))
+    assert not hopper.configs(hopper.GemmSpec((), 128, 100, 256, False, False, True))
+    assert not hopper.configs(hopper.GemmSpec((), 128, 256, 96, False, False, True))
 
 
 def test_the_space_offers_the_wgmma_sketch_only_where_it_fits(gemm_kernel, cuda):
@@ -127,6 +131,23 @@ def test_the_space_offers_the_wgmma_sketch_only_where_it_fits(gemm_kernel, cuda)
     # on sm_90 (no arch-specific features) the same kernel gets the mma / wmma sketches
     choice, sketches = _sketch(gemm_kernel, SM90)
     assert len(sketches) > 1 and all(hopper.CANDIDATES not in s.mod["main"].body.block.annotations for s in sketches)
+
+
+def test_a_conv_gets_the_implicit_gemm_sketch_beside_the_mma_sketches(tmp_path, cuda):
+    """On sm_90a a conv with 64-channel K steps gets the wgmma implicit-GEMM sketch; not yet run on a GPU, it
+    competes with the mma/wmma sketches rather than replacing them. Its sampled kernel expands and builds."""
+    (kernel,) = _gemm_kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=2, cin=64, cout=64, hw=8)), cuda)
+    choice, sketches = _sketch(kernel, cuda.target)
+    assert choice.source == "template:gemm_tensorcore"
+    wgmma = [s for s in sketches if hopper.CANDIDATES in s.mod["main"].body.block.annotations]
+    assert len(wgmma) == 1 and len(sketches) > 1
+    spec, _, cfg = hopper.annotated(wgmma[0].mod["main"])
+    assert spec.conv is not None and (spec.rows, spec.n, spec.k) == (128, 64, 576)
+    lib = fast_build(wgmma[0].mod, cuda.target, None)
+    src = lib.imports[0].inspect_source()
+    assert f"m64n{cfg.block_n}k16" in src and "cp.async" in src
+    _, sketches = _sketch(kernel, SM90)
+    assert all(hopper.CANDIDATES not in s.mod["main"].body.block.annotations for s in sketches)
 
 
 def _knob_values() -> dict:
@@ -242,11 +263,36 @@ def main(x: T.Buffer((128, 128), "float16"), w: T.Buffer((192, 128), "float16"),
 """
 
 
-@pytest.mark.parametrize("case", ["gemm_bias_relu", "gelu_residual", "head_split", "batched", "transposed_weight"])
+def _conv(n=2, cin=64, cout=64, hw=8, k=3, stride=1, pad=1, dilation=1) -> onnx.ModelProto:
+    """Conv (+ bias) -> ReLU, NCHW in and out (the GPU plan runs it channels-last, the output transposed back)."""
+    b = models._B(11)
+    c = b.op("Conv", ["x", b.w(cout, cin, k, k, scale=0.1), b.const(b.rng.standard_normal(cout) * 0.1)],
+             kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, dilations=[dilation, dilation])
+    out = (hw + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    return models.to_fp16(b.model({"x": [n, cin, hw, hw]}, b.op("Relu", [c]), [n, cout, out, out]))
+
+
+_CONVS = {   # (model, what the spec must say)
+    "conv3x3_bn_relu": (lambda: models.to_fp16(models.conv_bn_relu(n=2, cin=64, cout=64, hw=8)),
+                        dict(r=3, stride=(1, 1), pad=(1, 1), padded=True, tail=False)),
+    "conv3x3_stride2_odd": (lambda: _conv(cin=64, cout=128, hw=9, stride=2),   # 2 x 5 x 5 = 50 rows: a tail
+                            dict(r=3, stride=(2, 2), pad=(1, 1), padded=True, tail=True)),
+    "conv1x1_stride2": (lambda: _conv(cin=128, cout=64, hw=16, k=1, stride=2, pad=0),
+                        dict(r=1, stride=(2, 2), pad=(0, 0), padded=False, tail=False)),
+    "conv3x3_dilated": (lambda: _conv(n=1, cin=64, cout=64, hw=7, pad=2, dilation=2),
+                        dict(r=3, stride=(1, 1), pad=(2, 2), dilation=(2, 2), padded=True, tail=True)),
+    "conv_residual": (lambda: models.to_fp16(models.conv_bn_relu_residual(n=1, c=64, hw=8)),
+                      dict(r=3, pad=(1, 1), padded=True, tail=False)),
+}
+
+
+@pytest.mark.parametrize("case", ["gemm_bias_relu", "gelu_residual", "head_split", "batched", "transposed_weight",
+                                  *_CONVS])
 def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, cuda, case):
-    """wgmma cannot run here, so the kernel's scalar twin (the same spec, flat A/B addressing, batch folding and
-    epilogue store, one element per iteration) is built for the CPU and must equal the planner's PrimFunc on
-    the same random inputs. A wrong spec, index inversion or epilogue translation shows up here."""
+    """wgmma cannot run here, so the kernel's scalar twin (the same spec, flat A/B addressing, batch folding,
+    implicit-GEMM gather with its zero fill, row-tail predicates and epilogue store, one element per iteration)
+    is built for the CPU and must equal the planner's PrimFunc on the same random inputs. A wrong spec, conv
+    geometry, index inversion or epilogue translation shows up here."""
     import numpy as np
 
     if case == "transposed_weight":   # a weight stored [N, K] (K-major B): written as TIR, since the planner's
@@ -254,7 +300,8 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
     else:
         model = {"gemm_bias_relu": lambda: CASES["gemm_bias_relu"](M=128, K=128, N=128)[0],
                  "gelu_residual": _linear_gelu_residual, "head_split": _head_split,
-                 "batched": lambda: models.to_fp16(models.gemm_epilogue(m=64, k=128, n=64, batched=True))}[case]()
+                 "batched": lambda: models.to_fp16(models.gemm_epilogue(m=64, k=128, n=64, batched=True)),
+                 **{name: make for name, (make, _) in _CONVS.items()}}[case]()
         (kernel,) = _gemm_kernels(tmp_path, model, cuda)
         func = kernel.mod["main"]
     spec, info = hopper.analyze(func)
@@ -263,6 +310,13 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         assert spec.b_kmajor
     if case == "head_split":
         assert "// T.int64(64)" in info["store"] and "% T.int64(64)" in info["store"]
+    if case in _CONVS:
+        want = dict(_CONVS[case][1])
+        padded, tail = want.pop("padded"), want.pop("tail")
+        g = spec.conv
+        assert g is not None and spec.b_kmajor and {f: getattr(g, f) for f in want} == want, g
+        assert g.padded == padded and (spec.rows % 64 != 0) == tail and spec.k == g.r * g.s * g.c
+        assert hopper.GemmSpec.from_json(spec.to_json()) == spec
     twin = tvm.compile(tvm.IRModule({"main": hopper.reference_for(func)}), target="llvm")
     fused = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
     rng = np.random.default_rng(0)

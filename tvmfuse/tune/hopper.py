@@ -37,6 +37,34 @@ SPEC = "tvmfuse.wgmma_spec"
 
 
 @dataclass(frozen=True)
+class ConvGeometry:
+    """An NHWC conv read as an implicit GEMM: input ``[n, h, w, c]``, filter ``[f, r, s, c]`` (OHWI), output
+    ``[n, oh, ow, f]``. GEMM row ``(n, oh, ow)``, column ``f``, K ``(r, s, c)`` in the filter's order, so the
+    filter is a K-major B as stored; A's element ``(row, k)`` is the input at ``(n, oh * stride - pad + r *
+    dilation, ...)``, zero outside it. ``c`` is a multiple of the K step (64): each K step has one ``(r, s)``
+    and reads 64 contiguous channels of a pixel, whole 16-byte copies."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    oh: int
+    ow: int
+    r: int
+    s: int
+    stride: tuple[int, int]
+    pad: tuple[int, int]        # top, left (bottom / right padding: reads past the input, zero like the rest)
+    dilation: tuple[int, int]
+
+    @property
+    def padded(self) -> bool:
+        """Whether some window reads outside the input (needs the zero fill)."""
+        (sh, sw), (pt, pl), (dh, dw) = self.stride, self.pad, self.dilation
+        return (pt > 0 or pl > 0 or (self.oh - 1) * sh + (self.r - 1) * dh - pt >= self.h
+                or (self.ow - 1) * sw + (self.s - 1) * dw - pl >= self.w)
+
+
+@dataclass(frozen=True)
 class GemmSpec:
     """What the template needs of a planner GEMM kernel: ``out[b, i, j] = epilogue(sum_k A[b?, i, k] B[b?, .])``.
 
@@ -52,6 +80,7 @@ class GemmSpec:
     a_batched: bool
     b_batched: bool
     b_kmajor: bool
+    conv: ConvGeometry | None = None   # A is a conv's input read as im2col rows (implicit GEMM)
 
     @property
     def fold_batch(self) -> bool:
@@ -65,13 +94,24 @@ class GemmSpec:
     def grid_batch(self) -> int:
         return 1 if self.fold_batch else math.prod(self.batch)
 
+    @property
+    def a_elements(self) -> int:
+        """A's size in elements (a conv's: its input's)."""
+        if self.conv is not None:
+            g = self.conv
+            return g.n * g.h * g.w * g.c
+        return (self.grid_batch * self.m if self.a_batched else self.rows) * self.k
+
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "batch": list(self.batch)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "GemmSpec":
         d = json.loads(text)
-        return cls(**{**d, "batch": tuple(d["batch"])})
+        conv = d.get("conv")
+        if conv is not None:
+            conv = ConvGeometry(**{k: tuple(v) if isinstance(v, list) else v for k, v in conv.items()})
+        return cls(**{**d, "batch": tuple(d["batch"]), "conv": conv})
 
 
 @dataclass(frozen=True)
@@ -112,7 +152,8 @@ def parse_config(name: str) -> WgmmaConfig:
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
             stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1),
             max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
-    """The configs (from the given choices) whose tiles divide ``spec`` and fit registers and shared memory."""
+    """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
+    partial tile) and fit registers and shared memory."""
     out = []
     for g in warpgroups:
         for mt in m_tiles:
@@ -121,8 +162,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                     for st in stages:
                         for r, z, f in [(r, z, f) for r in raster for z in swizzle for f in inflight]:
                             c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f))
-                            tiles_m = spec.rows // c.block_m if spec.rows % c.block_m == 0 else 0
-                            if (tiles_m and spec.n % c.block_n == 0 and spec.k % c.block_k == 0
+                            tiles_m = -(-spec.rows // c.block_m)   # a partial last tile row is predicated
+                            if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
+                                    and (spec.conv is None or spec.conv.c % c.block_k == 0)
                                     and spec.k // c.block_k >= c.stages - 1 and tiles_m % c.raster == 0
                                     and c.stages - c.inflight >= 2 and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
@@ -203,6 +245,25 @@ def _batch_offsets(spec: GemmSpec) -> tuple[str, str]:
             f"bz * {spec.n * spec.k}" if spec.b_batched else "0")
 
 
+def _a_read(spec: GemmSpec, row: str, kbase: str, kin: str, tail: bool) -> tuple[str | None, str]:
+    """A's element (``row``, ``kbase + kin``) as (a predicate, None where it always holds; its flat offset in A),
+    for ``kbase`` a multiple of 64 and ``kin`` below 64. False on rows past ``spec.rows`` (``tail``: a partial
+    last tile row) and, for a conv, on window taps outside the input: the element is zero there."""
+    conds = [f"{row} < {spec.rows}"] if tail else []
+    if spec.conv is None:
+        a_batch, _ = _batch_offsets(spec)
+        return " and ".join(conds) or None, f"{a_batch} + {row} * {spec.k} + {kbase} + {kin}"
+    g = spec.conv
+    (sh, sw), (pt, pl), (dh, dw) = g.stride, g.pad, g.dilation
+    rs = f"({kbase}) // {g.c}"   # the K step's filter tap (r, s): c is a multiple of 64
+    ih = f"({row} // {g.ow} % {g.oh} * {sh} + {rs} // {g.s} * {dh} - {pt})"
+    iw = f"({row} % {g.ow} * {sw} + {rs} % {g.s} * {dw} - {pl})"
+    if g.padded:
+        conds += [f"0 <= {ih}", f"{ih} < {g.h}", f"0 <= {iw}", f"{iw} < {g.w}"]
+    pixel = f"({row} // {g.oh * g.ow} * {g.h} + {ih}) * {g.w} + {iw}"
+    return " and ".join(conds) or None, f"({pixel}) * {g.c} + ({kbase}) % {g.c} + {kin}"
+
+
 def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
                 store: str) -> str:
     """TVMScript of the kernel: ``params`` the function's parameter declarations, ``a`` / ``b`` the names of the
@@ -211,27 +272,33 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     ``{acc}`` (the fp32 accumulator)."""
     BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
     M, N, K = spec.rows, spec.n, spec.k
-    tiles_m, tiles_n, kt = M // BM, N // BN, K // BK
+    tiles_m, tiles_n, kt = -(-M // BM), N // BN, K // BK
+    tail = M % BM != 0   # the last tile row reads zeros past row M and stores nothing there
     R, F = cfg.raster, cfg.inflight
     # tile coordinates: groups of R tile rows walk the columns together
     pid_m = f"(bx // {R * tiles_n} * {R} + bx % {R * tiles_n} % {R})"
     pid_n = f"(bx % {R * tiles_n} // {R})"
     a_tile, b_tile = BM * BK, BN * BK
-    a_batch, b_batch = _batch_offsets(spec)
+    _, b_batch = _batch_offsets(spec)
     a_chunk, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
     b_chunk, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
 
     def copies(slot: str, step: str) -> str:
         out = ""
         for dst, src, tile, chunk, glob in (
-                ("sa", a, a_tile, a_chunk, lambda o, k: f"{a_batch} + ({pid_m} * {BM} + {o}) * {K} + {step} * {BK} + {k}"),
+                ("sa", a, a_tile, a_chunk, lambda o, k: _a_read(spec, f"({pid_m} * {BM} + {o})", f"{step} * {BK}", k,
+                                                                tail)),
                 ("sb", b, b_tile, b_chunk,
-                 (lambda o, k: f"{b_batch} + ({pid_n} * {BN} + {o}) * {K} + {step} * {BK} + {k}") if spec.b_kmajor
-                 else (lambda o, k: f"{b_batch} + ({step} * {BK} + {k}) * {N} + {pid_n} * {BN} + {o}"))):
+                 (lambda o, k: (None, f"{b_batch} + ({pid_n} * {BN} + {o}) * {K} + {step} * {BK} + {k}"))
+                 if spec.b_kmajor else
+                 (lambda o, k: (None, f"{b_batch} + ({step} * {BK} + {k}) * {N} + {pid_n} * {BN} + {o}")))):
             o, k, off = chunk(f"(it * {NT} + tx)")
-            out += (f"for it in T.unroll({tile // 8 // NT}):\n"
-                    f"    T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {slot} * {tile} + {off}, "
-                    f"{src}.data, {glob(o, k)}, 16))\n")
+            pred, at = glob(o, k)
+            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {slot} * {tile} + {off}, {src}.data, {at}, 16))"
+            if pred is not None:   # 16 zero bytes where the element is not read (a conv's padding, rows past M)
+                copy = (f"if {pred}:\n    {copy}\nelse:\n    for v in T.vectorized(8):\n"
+                        f"        {dst}[{slot} * {tile} + {off} + v] = T.float16(0)")
+            out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
         return out
 
     wg = "(tx // 128)"
@@ -252,6 +319,8 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     row = (f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {warp} * 16 + {lane} // 4 + i % 4 // 2 * 8")
     col = f"{pid_n} * {BN} + i // 4 * 8 + {lane} % 4 * 2 + i % 2"
     stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + i]")
+    if tail:
+        stored = f"if {row} < {M}:\n    {stored}"
     # Loads run L = S - 1 - F tiles ahead: a stage is refilled once the wgmma batches that read it are done
     # (with F batches left in flight at a step's end, the stage read F + 1 steps ago; the barrier at the top
     # of each step orders every warpgroup's wait before anyone's refill). One cp.async group per tile.
@@ -283,8 +352,7 @@ def main({", ".join(params)}):
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
                 for t in T.unroll({MT}):
                     for i in T.unroll({BN // 2}):
-                        {stored}
-"""
+{_indent(stored, 24)}"""
 
 
 def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: str) -> str:
@@ -292,22 +360,27 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
     folding included) and the same ``store``, one output element per iteration. Built for the CPU, it checks
     a kernel's spec and epilogue translation numerically where wgmma cannot run."""
     M, N, K = spec.rows, spec.n, spec.k
-    a_batch, b_batch = _batch_offsets(spec)
+    _, b_batch = _batch_offsets(spec)
     b_at = f"{b_batch} + col * {K} + kk" if spec.b_kmajor else f"{b_batch} + kk * {N} + col"
+    tail = M % 64 != 0   # rows run on to a whole 64-row tile, through the kernel's predicates
+    pred, a_at = _a_read(spec, "row", "kk // 64 * 64", "kk % 64", tail)
+    mac = f"acc[0] = acc[0] + T.Cast('float32', af[{a_at}]) * T.Cast('float32', bf[{b_at}])"
+    if pred is not None:
+        mac = f"if {pred}:\n    {mac}"
     stored = store.format(bz="bz", row="row", col="col", acc="acc[0]")
+    if tail:
+        stored = f"if row < {M}:\n    {stored}"
     return f"""
 @T.prim_func(s_tir=True)
 def main({", ".join(params)}):
     T.func_attr({{"tirx.noalias": True}})
     acc = T.alloc_buffer((1,), "float32")
-    af = T.decl_buffer(({spec.grid_batch * spec.m * K if spec.a_batched else M * K},), "float16", data={a}.data)
+    af = T.decl_buffer(({spec.a_elements},), "float16", data={a}.data)
     bf = T.decl_buffer(({(spec.grid_batch if spec.b_batched else 1) * N * K},), "float16", data={b}.data)
-    for bz, row, col in T.grid({spec.grid_batch}, {M}, {N}):
+    for bz, row, col in T.grid({spec.grid_batch}, {-(-M // 64) * 64}, {N}):
         acc[0] = T.float32(0)
         for kk in range({K}):
-            acc[0] = acc[0] + T.Cast("float32", af[{a_batch} + row * {K} + kk]) * T.Cast("float32", bf[{b_at}])
-        {stored}
-"""
+{_indent(mac, 12)}{_indent(stored, 8)}"""
 
 
 def reference_for(func):
@@ -432,8 +505,9 @@ def analyze(func) -> tuple[GemmSpec, dict]:
         raise Misfit("the reduction is not an initialized accumulation")
     spatial = [iv for iv in main.iter_vars if int(iv.iter_type) == 0]
     red = [iv for iv in main.iter_vars if int(iv.iter_type) == 2]
-    if len(red) != 1 or len(spatial) < 2 or len(spatial) + 1 != len(main.iter_vars):
-        raise Misfit("needs spatial dims and one reduction dim")
+    conv = len(red) == 3 and len(spatial) == 4   # an NHWC conv: (n, oh, ow, f) x (r, s, c)
+    if not conv and len(red) != 1 or len(spatial) < 2 or len(spatial) + len(red) != len(main.iter_vars):
+        raise Misfit("needs spatial dims and one reduction dim (a conv: four and three)")
     c_store = main.body
     c = _name(c_store)
     names = [str(iv.var.name) for iv in spatial]
@@ -442,52 +516,14 @@ def analyze(func) -> tuple[GemmSpec, dict]:
     value = c_store.value
     if type(value).__name__ != "Add" or type(value.b).__name__ != "Mul":
         raise Misfit("the reduction is not a multiply-accumulate")
-
-    def operand(e):
-        if type(e).__name__ == "Cast":
-            e = e.value
-        if type(e).__name__ not in ("TensorLoad", "BufferLoad") or _name(e) not in params:
-            raise Misfit("the operands are not parameters")
-        if str(bufs[params[_name(e)]].dtype) != "float16":
-            raise Misfit("the operands are not fp16")
-        return e
-    x, y = operand(value.b.a), operand(value.b.b)
-    *batch, i, j = names
-    k = str(red[0].var.name)
-    idx = lambda e: [str(t) for t in e.indices]  # noqa: E731
-    if i in idx(y):
-        x, y = y, x
-    ax, bx = idx(x), idx(y)
-    if ax[-2:] != [i, k] or ax[:-2] not in ([], batch):
-        raise Misfit(f"A is not [.., rows, K] ({ax})")
-    if bx[-2:] == [k, j]:
-        b_kmajor = False
-    elif bx[-2:] == [j, k]:
-        b_kmajor = True
-    else:
-        raise Misfit(f"B is not [.., K, N] or [.., N, K] ({bx})")
-    if bx[:-2] not in ([], batch):
-        raise Misfit("B is batched over part of the batch")
     ext = [int(iv.dom.extent) for iv in spatial]
-    spec = GemmSpec(batch=tuple(ext[:len(batch)]), m=ext[-2], n=ext[-1], k=int(red[0].dom.extent),
-                    a_batched=bool(batch) and len(ax) > 2, b_batched=bool(batch) and len(bx) > 2,
-                    b_kmajor=b_kmajor)
-    if spec.b_batched and not spec.a_batched:
-        raise Misfit("B batched but A shared")
-    b_dims = [spec.n, spec.k] if b_kmajor else [spec.k, spec.n]
-    for load, dims in ((x, [*spec.batch[:len(ax) - 2], spec.m, spec.k]), (y, [*spec.batch[:len(bx) - 2], *b_dims])):
-        if [int(d) for d in bufs[params[_name(load)]].shape] != dims:
-            raise Misfit(f"{_name(load)}'s shape is not its loads' extents")
-
-    # the output index of (bz, row, col): rows fold the batch when B is shared
-    nb = len(spec.batch)
-    flat, inner_rows = ("{row}" + f" // {spec.m}", "{row}" + f" % {spec.m}") if spec.fold_batch else ("{bz}", "{row}")
-    bidx = []
-    for d in range(nb):
-        inner = math.prod(spec.batch[d + 1:])
-        e = f"({flat}) // {inner}" if inner > 1 else f"({flat})"
-        bidx.append(f"{e} % {spec.batch[d]}" if d else e)
-    out_idx = [*bidx, inner_rows, "{col}"]
+    if conv:
+        spec, x, y = _conv_spec(value.b, names, red, ext, bufs, params)
+        g = spec.conv
+        out_idx = ["{row}" + f" // {g.oh * g.ow}", "{row}" + f" // {g.ow} % {g.oh}", "{row}" + f" % {g.ow}", "{col}"]
+    else:
+        spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params)
+        out_idx = _gemm_out_index(spec)
     pname = {name: f"p{n}" for name, n in params.items()}
     if not rest:
         if c not in params:
@@ -507,11 +543,122 @@ def analyze(func) -> tuple[GemmSpec, dict]:
         (read,) = reads
         if list(read) == evars and _extents(epi) == ext:   # elementwise: the product's index is the output's
             env = dict(zip(evars, [f"({e})" for e in out_idx]))
-        else:   # a reshape / transpose of the product (heads split off): invert the read's index map
+        else:   # a reshape / transpose of the product (heads split off, NHWC back to NCHW): invert the read
             env = _inverted_env(epi, c, out_idx, math.prod(ext))
         expr = _script(epi.body.value, env, pname, (c, list(read)))
         store = f"{pname[out]}[{', '.join(_script(i, env, pname, (c, list(read))) for i in epi.body.indices)}] = {expr}"
     return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store}
+
+
+def _fp16_param(e, bufs, params):
+    """The fp16 parameter load ``e`` is (through a cast), or :class:`Misfit`."""
+    if type(e).__name__ == "Cast":
+        e = e.value
+    if type(e).__name__ not in ("TensorLoad", "BufferLoad") or _name(e) not in params:
+        raise Misfit("the operands are not parameters")
+    if str(bufs[params[_name(e)]].dtype) != "float16":
+        raise Misfit("the operands are not fp16")
+    return e
+
+
+def _gemm_spec(mul, names, red, ext, bufs, params):
+    """(spec, A's load, B's load) of a (batched) GEMM's multiply ``mul`` over the spatial ``names``."""
+    x, y = _fp16_param(mul.a, bufs, params), _fp16_param(mul.b, bufs, params)
+    *batch, i, j = names
+    k = str(red.var.name)
+    idx = lambda e: [str(t) for t in e.indices]  # noqa: E731
+    if i in idx(y):
+        x, y = y, x
+    ax, bx = idx(x), idx(y)
+    if ax[-2:] != [i, k] or ax[:-2] not in ([], batch):
+        raise Misfit(f"A is not [.., rows, K] ({ax})")
+    if bx[-2:] == [k, j]:
+        b_kmajor = False
+    elif bx[-2:] == [j, k]:
+        b_kmajor = True
+    else:
+        raise Misfit(f"B is not [.., K, N] or [.., N, K] ({bx})")
+    if bx[:-2] not in ([], batch):
+        raise Misfit("B is batched over part of the batch")
+    spec = GemmSpec(batch=tuple(ext[:len(batch)]), m=ext[-2], n=ext[-1], k=int(red.dom.extent),
+                    a_batched=bool(batch) and len(ax) > 2, b_batched=bool(batch) and len(bx) > 2,
+                    b_kmajor=b_kmajor)
+    if spec.b_batched and not spec.a_batched:
+        raise Misfit("B batched but A shared")
+    b_dims = [spec.n, spec.k] if b_kmajor else [spec.k, spec.n]
+    for load, dims in ((x, [*spec.batch[:len(ax) - 2], spec.m, spec.k]), (y, [*spec.batch[:len(bx) - 2], *b_dims])):
+        if [int(d) for d in bufs[params[_name(load)]].shape] != dims:
+            raise Misfit(f"{_name(load)}'s shape is not its loads' extents")
+    return spec, x, y
+
+
+def _conv_spec(mul, names, red, ext, bufs, params):
+    """(spec, the input's load, the filter's load) of an NHWC conv's multiply ``mul``: the output ``(n, oh, ow,
+    f)`` over ``names``, the filter read ``[f, r, s, c]`` and the input ``[n, oh * sh + r * dh - pt, ow * sw + s *
+    dw - pl, c]``, zero-padded through an ``if_then_else`` where a window leaves the input."""
+    from tvm import sym
+
+    from tvmfuse._tvm import tvm
+
+    loads = []
+    for e in (mul.a, mul.b):
+        e = e.value if type(e).__name__ == "Cast" else e
+        guarded = type(e).__name__ == "Call" and str(getattr(e.op, "name", "")).endswith(".if_then_else")
+        if guarded:   # the padding, inlined: if_then_else(inside the input, the load, 0)
+            zero = e.args[2]
+            if type(zero).__name__ not in ("FloatImm", "IntImm") or float(zero.value) != 0.0:
+                raise Misfit("the conv pads with a nonzero value")
+            e = e.args[1]
+        loads.append((_fp16_param(e, bufs, params), guarded))
+    n, oh, ow, f = names
+    r, s_, c = (str(iv.var.name) for iv in red)
+    idx = lambda e: [str(t) for t in e.indices]  # noqa: E731
+    if idx(loads[0][0]) == [f, r, s_, c]:
+        loads.reverse()
+    (x, guarded), (y, _) = loads
+    if idx(y) != [f, r, s_, c]:
+        raise Misfit(f"the filter is not read [f, r, s, c] (OHWI) ({idx(y)})")
+    if len(x.indices) != 4 or idx(x)[0] != n or idx(x)[3] != c:
+        raise Misfit(f"the input is not read [n, .., .., c] (NHWC) ({idx(x)})")
+    geo = []
+    for index, out_var, tap in ((x.indices[1], oh, r), (x.indices[2], ow, s_)):
+        free = {str(v.name): v for v in tvm.tirx.analysis.undefined_vars(index, [])}
+        if set(free) != {out_var, tap}:
+            raise Misfit("the input's spatial index is not stride * out + dilation * tap + offset")
+        coef = sym.detect_linear_equation(index, [free[out_var], free[tap]])
+        if len(coef) != 3 or not all(type(k).__name__ == "IntImm" for k in coef):
+            raise Misfit("the input's spatial index is not linear")
+        stride, dilation, offset = (int(k.value) for k in coef)
+        if stride < 1 or dilation < 1 or offset > 0:
+            raise Misfit("a conv window this template does not take")
+        geo.append((stride, dilation, -offset))
+    (sh, dh, pt), (sw, dw, pl) = geo
+    in_shape = [int(d) for d in bufs[params[_name(x)]].shape]
+    f_shape = [int(d) for d in bufs[params[_name(y)]].shape]
+    ks = [int(iv.dom.extent) for iv in red]
+    if f_shape != [ext[3], *ks] or in_shape[0] != ext[0] or in_shape[3] != ks[2]:
+        raise Misfit("the conv's buffers are not its loads' extents")
+    g = ConvGeometry(n=ext[0], h=in_shape[1], w=in_shape[2], c=ks[2], oh=ext[1], ow=ext[2], r=ks[0], s=ks[1],
+                     stride=(sh, sw), pad=(pt, pl), dilation=(dh, dw))
+    if g.padded and not guarded:
+        raise Misfit("the conv reads outside its input without padding")
+    if g.c % 64:
+        raise Misfit(f"the conv's input channels ({g.c}) are not a multiple of 64")
+    spec = GemmSpec(batch=(), m=g.n * g.oh * g.ow, n=ext[3], k=g.r * g.s * g.c, a_batched=False, b_batched=False,
+                    b_kmajor=True, conv=g)
+    return spec, x, y
+
+
+def _gemm_out_index(spec: GemmSpec) -> list[str]:
+    """The product's index of (bz, row, col) as format strings: rows fold the batch when B is shared."""
+    nb = len(spec.batch)
+    flat, inner_rows = ("{row}" + f" // {spec.m}", "{row}" + f" % {spec.m}") if spec.fold_batch else ("{bz}", "{row}")
+    bidx = []
+    for d in range(nb):
+        inner = math.prod(spec.batch[d + 1:])
+        e = f"({flat}) // {inner}" if inner > 1 else f"({flat})"
+        bidx.append(f"{e} % {spec.batch[d]}" if d else e)
+    return [*bidx, inner_rows, "{col}"]
 
 
 def _loads(expr) -> list:
@@ -591,23 +738,24 @@ def supports(target) -> bool:
 _KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight")
 
 
-def schedule(sch, space) -> bool:
-    """The wgmma sketch of a GEMM kernel (``sch``, modified in place): its intermediates inlined, one config of
-    :func:`configs` sampled (the ``wgmma_*`` knobs give the choices and priors) and annotated on the root
-    block with the kernel's spec, and a plain thread binding that any GPU check accepts (the builder swaps
-    the whole PrimFunc for the annotated kernel, see :func:`expand`). False if the kernel does not fit."""
+def schedule(sch, space) -> GemmSpec | None:
+    """The wgmma sketch of a GEMM or conv kernel (``sch``, modified in place): its intermediates inlined, one
+    config of :func:`configs` sampled (the ``wgmma_*`` knobs give the choices and priors) and annotated on the
+    root block with the kernel's spec, and a plain thread binding that any GPU check accepts (the builder swaps
+    the whole PrimFunc for the annotated kernel, see :func:`expand`). Returns the spec, None if the kernel
+    does not fit."""
     from tvmfuse.tune.knobs import sample_option
     from tvmfuse.tune.spaces import _inline_all_but_outputs
 
     try:
         spec, info = analyze(sch.mod["main"])
     except Exception:  # noqa: BLE001 - Misfit, or a kernel shape analyze() did not foresee: decline, and the
-        return False   # GEMM space keeps its mma/wmma sketches rather than failing as a whole
+        return None    # GEMM space keeps its mma/wmma sketches rather than failing as a whole
     knobs = {k: space.knobs.get(f"wgmma_{k}") for k in _KNOBS}
     options = configs(spec, **{k: v.values for k, v in knobs.items() if v is not None},
                       max_shared_bytes=int(space.extra.get("wgmma_max_shared_bytes", 227 * 1024)))
     if not options:
-        return False
+        return None
     root = sch.get_sblock("root")
     index = sample_option(sch, options, knobs)
     sch.annotate(root, SPEC, json.dumps({"spec": json.loads(spec.to_json()), **info}, sort_keys=True))
@@ -622,4 +770,4 @@ def schedule(sch, space) -> bool:
         bx, tx = sch.split(fused, [None, 128])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-    return True
+    return spec

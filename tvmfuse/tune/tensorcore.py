@@ -50,15 +50,19 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     """
     stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
     kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
-    if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.tune.hopper) where it fits: its sketch alone
+    sketches, error = [], None
+    if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.tune.hopper) where it fits
         from tvmfuse.tune import hopper
 
         kinds = [k for k in kinds if k != "wgmma"]
         if info.get("target_arch") == "sm_90a":
             s = sch.copy()
-            if hopper.schedule(s, space):
-                return [s]
-    sketches, error = [], None
+            spec = hopper.schedule(s, space)
+            if spec is not None and spec.conv is None:
+                return [s]   # a GEMM: its sketch alone (measured on the H200 at 2x the mma sketches)
+            if spec is not None:
+                # a conv (implicit GEMM): not yet run on a GPU, so the mma sketches, measured, stay in the search
+                sketches.append(s)
     for kind, n in [(kind, n) for kind in kinds for n in stages]:
         s = sch.copy()
         try:
