@@ -6,7 +6,12 @@ with the output poisoned (NaN) first, and times it with TVM's time evaluator; ``
 (cuBLAS) and ``relu(A @ W + b)`` are timed in the same run. A small K-major case (W stored [N, K]) is
 checked too. ``--build-only`` builds for sm_90a and runs ptxas (no GPU).
 
-    python scripts/wgmma_gemm.py [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json] [--build-only]
+``--conv``: the same for the template's implicit-GEMM conv, on the ANCHORS.md conv case (64 x 256 x 56 x 56,
+3x3, pad 1, 256 filters; NHWC in and out, ``relu(conv + bias)``) beside cuDNN's channels-last conv
+(``torch.nn.functional.conv2d`` alone and with bias + ReLU). A ResNet-50 7x7 conv (batch 32, 512 channels:
+1568 rows, a partial last tile row) is checked too.
+
+    python scripts/wgmma_gemm.py [--conv] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json] [--build-only]
 """
 from __future__ import annotations
 
@@ -22,12 +27,26 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tvmfuse.tune.hopper import GemmSpec, configs, gemm_source, parse, parse_config  # noqa: E402
+from tvmfuse.tune.hopper import ConvGeometry, GemmSpec, configs, gemm_source, parse, parse_config  # noqa: E402
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
 
+def conv_spec(n, c, hw, f, r=3, pad=1) -> GemmSpec:
+    g = ConvGeometry(n=n, h=hw, w=hw, c=c, oh=hw + 2 * pad - r + 1, ow=hw + 2 * pad - r + 1, r=r, s=r,
+                     stride=(1, 1), pad=(pad, pad), dilation=(1, 1))
+    return GemmSpec((), n * g.oh * g.ow, f, r * r * c, False, False, True, conv=g)
+
+
 def kernel(spec: GemmSpec, cfg):
+    if spec.conv is not None:
+        g = spec.conv
+        params = [f"x: T.Buffer(({g.n}, {g.h}, {g.w}, {g.c}), 'float16')",
+                  f"w: T.Buffer(({spec.n}, {g.r}, {g.s}, {g.c}), 'float16')",
+                  f"bias: T.Buffer(({spec.n},), 'float16')", f"out: T.Buffer(({g.n}, {g.oh}, {g.ow}, {spec.n}), 'float16')"]
+        store = ("out[{row} // " + f"{g.oh * g.ow}, " + "{row} // " + f"{g.ow} % {g.oh}, " + "{row} % " + f"{g.ow}, "
+                 "{col}] = T.max(T.Cast('float16', {acc}) + bias[{col}], T.float16(0))")
+        return parse(gemm_source(spec, cfg, params, "x", "w", store))
     M, N, K = spec.m, spec.n, spec.k
     b_shape = (N, K) if spec.b_kmajor else (K, N)
     params = [f"a: T.Buffer(({M}, {K}), 'float16')", f"w: T.Buffer({b_shape!r}, 'float16')",
@@ -58,7 +77,8 @@ def run_case(spec, cfg, timing: bool) -> dict:
     import torch
     import tvm
 
-    rec = {"config": cfg.name, "b": "kmajor" if spec.b_kmajor else "nmajor", "shape": [spec.m, spec.n, spec.k]}
+    rec = {"config": cfg.name, "b": "conv" if spec.conv else "kmajor" if spec.b_kmajor else "nmajor",
+           "shape": [spec.m, spec.n, spec.k]}
     t0 = time.time()
     try:
         lib = build(spec, cfg)
@@ -67,12 +87,7 @@ def run_case(spec, cfg, timing: bool) -> dict:
         return rec
     rec["build_s"] = round(time.time() - t0, 2)
     dev = tvm.cuda(0)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    A = torch.randn(spec.m, spec.k, device="cuda", dtype=torch.float16, generator=g)
-    W = torch.randn(*((spec.n, spec.k) if spec.b_kmajor else (spec.k, spec.n)), device="cuda", dtype=torch.float16,
-                    generator=g) * 0.02
-    bias = torch.randn(spec.n, device="cuda", dtype=torch.float16, generator=g)
-    out = torch.full((spec.m, spec.n), float("nan"), device="cuda", dtype=torch.float16)
+    A, W, bias, out, reference = inputs(spec)
     args = [tvm.runtime.from_dlpack(t) for t in (A, W, bias, out)]
     try:
         lib["main"](*args)
@@ -80,8 +95,7 @@ def run_case(spec, cfg, timing: bool) -> dict:
     except Exception as err:  # noqa: BLE001 - e.g. more shared memory than a block may have
         rec["error"] = str(err).strip().splitlines()[-1][:200]
         return rec
-    Wk = W.t() if spec.b_kmajor else W
-    ref = torch.relu((A.float() @ Wk.float()) + bias.float())
+    ref = reference()
     got = out.float()
     rec["unwritten"] = int(torch.isnan(got).sum())
     rec["rel_error"] = float(torch.linalg.norm(torch.nan_to_num(got - ref)) / torch.linalg.norm(ref))
@@ -94,12 +108,28 @@ def run_case(spec, cfg, timing: bool) -> dict:
     return rec
 
 
-def torch_us(spec) -> dict:
+def inputs(spec):
+    """(A, B, bias, the output poisoned with NaN, a function of the fp32 reference) on the GPU, seeded."""
     import torch
 
-    A = torch.randn(spec.m, spec.k, device="cuda", dtype=torch.float16)
-    W = torch.randn(spec.k, spec.n, device="cuda", dtype=torch.float16)
-    b = torch.randn(spec.n, device="cuda", dtype=torch.float16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float16, generator=g)  # noqa: E731
+    bias = rand(spec.n)
+    if spec.conv is not None:
+        c = spec.conv
+        x, w = rand(c.n, c.h, c.w, c.c), rand(spec.n, c.r, c.s, c.c) * 0.02
+        out = torch.full((c.n, c.oh, c.ow, spec.n), float("nan"), device="cuda", dtype=torch.float16)
+        return x, w, bias, out, lambda: torch.relu(torch.nn.functional.conv2d(
+            x.float().permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2), bias.float(), padding=c.pad,
+            stride=c.stride, dilation=c.dilation)).permute(0, 2, 3, 1)
+    A = rand(spec.m, spec.k)
+    W = rand(*((spec.n, spec.k) if spec.b_kmajor else (spec.k, spec.n))) * 0.02
+    out = torch.full((spec.m, spec.n), float("nan"), device="cuda", dtype=torch.float16)
+    return A, W, bias, out, lambda: torch.relu((A.float() @ (W.t() if spec.b_kmajor else W).float()) + bias.float())
+
+
+def torch_us(spec) -> dict:
+    import torch
 
     def t(f):
         for _ in range(5):
@@ -116,6 +146,16 @@ def torch_us(spec) -> dict:
             times.append(s.elapsed_time(e) * 1e3 / 20)
         return float(np.median(times))
 
+    b = torch.randn(spec.n, device="cuda", dtype=torch.float16)
+    if spec.conv is not None:   # cuDNN, channels-last
+        c = spec.conv
+        x = torch.randn(c.n, c.c, c.h, c.w, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        w = torch.randn(spec.n, c.c, c.r, c.s, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        conv = torch.nn.functional.conv2d
+        return {"cublas_us": round(t(lambda: conv(x, w, padding=c.pad)), 1),
+                "torch_fused_us": round(t(lambda: torch.relu(conv(x, w, b, padding=c.pad))), 1)}
+    A = torch.randn(spec.m, spec.k, device="cuda", dtype=torch.float16)
+    W = torch.randn(spec.k, spec.n, device="cuda", dtype=torch.float16)
     return {"cublas_us": round(t(lambda: A @ W), 1), "torch_fused_us": round(t(lambda: torch.relu(A @ W + b)), 1)}
 
 
@@ -125,18 +165,22 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--json", default=None)
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--conv", action="store_true", help="the implicit-GEMM conv instead of the GEMM")
     a = ap.parse_args()
-    spec = GemmSpec(batch=(), m=a.size, n=a.size, k=a.size, a_batched=False, b_batched=False, b_kmajor=False)
+    if a.conv:
+        spec, small = conv_spec(64, 256, 56, 256), conv_spec(32, 512, 7, 512)
+    else:
+        spec = GemmSpec(batch=(), m=a.size, n=a.size, k=a.size, a_batched=False, b_batched=False, b_kmajor=False)
+        small = GemmSpec((), 1024, 1024, 1024, False, False, True)
     cfgs = [parse_config(c) for c in a.configs] if a.configs else configs(spec)
     if a.build_only:
         for c in cfgs:
-            for s in (spec, GemmSpec((), 1024, 1024, 1024, False, False, True)):
+            for s in (spec, small):
                 t0 = time.time()
-                print(c.name, "kmajor" if s.b_kmajor else "nmajor", ptxas(build(s, c)), f"{time.time() - t0:.1f}s",
+                print(c.name, "conv" if s.conv else "kmajor" if s.b_kmajor else "nmajor", ptxas(build(s, c)), f"{time.time() - t0:.1f}s",
                       flush=True)
         return 0
     rows = []
-    small = GemmSpec((), 1024, 1024, 1024, False, False, True)
     for c in cfgs[:3]:
         if c in configs(small):
             rows.append(run_case(small, c, timing=False))
@@ -147,9 +191,10 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"torch": base, "rows": rows}, indent=1))
-    print(f"\ncuBLAS A@W {base['cublas_us']} us ({2 * a.size ** 3 / base['cublas_us'] / 1e6:.0f} TFLOP/s), "
-          f"torch relu(A@W+b) {base['torch_fused_us']} us")
-    print(f"{'config':24} {'B':7} {'ok':5} {'rel err':>9} {'us':>9} {'TFLOP/s':>8} {'x cuBLAS':>8}")
+    lib, op = ("cuDNN", "conv") if a.conv else ("cuBLAS", "A@W")
+    print(f"\n{lib} {op} {base['cublas_us']} us ({2 * spec.m * spec.n * spec.k / base['cublas_us'] / 1e6:.0f} "
+          f"TFLOP/s), torch relu({op}+b) {base['torch_fused_us']} us")
+    print(f"{'config':24} {'B':7} {'ok':5} {'rel err':>9} {'us':>9} {'TFLOP/s':>8} {'x ' + lib:>8}")
     for r in rows:
         us = r.get("us")
         print(f"{r['config']:24} {r['b']:7} {str(r.get('ok', r.get('error', '')))[:5]:5} "
