@@ -118,6 +118,8 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     assert hopper.configs(hopper.GemmSpec((), 100, 256, 256, False, False, True))
     assert not hopper.configs(hopper.GemmSpec((), 128, 100, 256, False, False, True))
     assert not hopper.configs(hopper.GemmSpec((), 128, 256, 96, False, False, True))
+    # a single K step: only the shallowest pipeline (its missing prologue tiles are empty cp.async groups)
+    assert {c.stages for c in hopper.configs(hopper.GemmSpec((), 128, 256, 64, False, False, True))} == {3}
 
 
 def test_the_space_offers_the_wgmma_sketch_only_where_it_fits(gemm_kernel, cuda):
@@ -279,6 +281,8 @@ _CONVS = {   # (model, what the spec must say)
                             dict(r=3, stride=(2, 2), pad=(1, 1), padded=True, tail=True)),
     "conv1x1_stride2": (lambda: _conv(cin=128, cout=64, hw=16, k=1, stride=2, pad=0),
                         dict(r=1, stride=(2, 2), pad=(0, 0), padded=False, tail=False)),
+    "conv1x1_one_k_step": (lambda: _conv(cin=64, cout=64, hw=8, k=1, pad=0),   # K = 64: fewer steps than stages
+                           dict(r=1, stride=(1, 1), pad=(0, 0), padded=False, tail=False)),
     "conv3x3_dilated": (lambda: _conv(n=1, cin=64, cout=64, hw=7, pad=2, dilation=2),
                         dict(r=3, stride=(1, 1), pad=(2, 2), dilation=(2, 2), padded=True, tail=True)),
     "conv_residual": (lambda: models.to_fp16(models.conv_bn_relu_residual(n=1, c=64, hw=8)),

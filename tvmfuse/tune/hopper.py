@@ -165,7 +165,8 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                             tiles_m = -(-spec.rows // c.block_m)   # a partial last tile row is predicated
                             if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
                                     and (spec.conv is None or spec.conv.c % c.block_k == 0)
-                                    and spec.k // c.block_k >= c.stages - 1 and tiles_m % c.raster == 0
+                                    and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
+                                    and tiles_m % c.raster == 0
                                     and c.stages - c.inflight >= 2 and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
                                     and c.shared_bytes() <= max_shared_bytes):
@@ -325,7 +326,8 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # (with F batches left in flight at a step's end, the stage read F + 1 steps ago; the barrier at the top
     # of each step orders every warpgroup's wait before anyone's refill). One cp.async group per tile.
     L = S - 1 - F
-    prologue = "".join(copies(str(s_), str(s_)) + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+    # (with fewer K steps than that, the missing tiles' groups are committed empty, so the waits keep counting)
+    prologue = "".join((copies(str(s_), str(s_)) if s_ < kt else "") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
                        for s_ in range(L))
     refill = copies(f"(ko + {L}) % {S}", f"(ko + {L})")
     return f"""
