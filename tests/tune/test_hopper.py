@@ -216,6 +216,37 @@ def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
     assert [k["wgmma_config"] for k in report["kernels"]] == [cfg.name]
 
 
+def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_kernel(tmp_path, cuda):
+    """Without a record a GEMM on sm_90a runs the wgmma template at its default tiles (dlight's GEMM schedule
+    has no tensor cores), and the tuner's baseline, the record that keeps a build from being slower than the
+    untuned one, is that same kernel. Convs and partial row tiles, not yet run on a GPU, keep dlight."""
+    from test_flash import _cuda_source
+
+    from tvmfuse.compile.build import build
+    from tvmfuse.tune.spaces import default_template_schedule
+
+    model, _, _ = CASES["gemm_bias_relu"](M=256, K=256, N=256)
+    onnx.save(model, tmp_path / "g.onnx")
+    fused, _ = partition(import_model(load_model(tmp_path / "g.onnx")), target=cuda)
+    (kernel,) = [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "gemm"]
+    spec, _ = hopper.analyze(kernel.mod["main"])
+    want = hopper.default_config(spec)
+    result = build(fused, target=cuda)
+    assert [k.schedule for k in result.kernels] == ["wgmma-default"]
+    src = _cuda_source(result.executable)
+    assert f"__launch_bounds__({want.threads})" in src and f"m64n{want.block_n}k16" in src
+    sch = default_template_schedule(kernel.mod, cuda.target)
+    assert hopper.annotated(sch.mod["main"])[2] == want
+    assert default_template_schedule(kernel.mod, SM90) is None and hopper.default_kernel(kernel.mod["main"], SM90) is None
+    # a conv and a GEMM whose rows end in a partial tile: no untuned wgmma kernel
+    (conv,) = _gemm_kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=2, cin=64, cout=64, hw=8)), cuda)
+    assert hopper.configs(hopper.analyze(conv.mod["main"])[0]) and hopper.default_kernel(conv.mod["main"], cuda.target) is None
+    (tail,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=96, K=128, N=128)[0], cuda)
+    assert hopper.configs(hopper.analyze(tail.mod["main"])[0])
+    assert hopper.default_kernel(tail.mod["main"], cuda.target) is None and default_template_schedule(
+        tail.mod, cuda.target) is None
+
+
 def test_inspect_reads_mma_gemm_records_without_the_tensor_intrinsics(tmp_path, cuda):
     """Only a wgmma trace is replayed to name its tiles: an mma-template trace tensorizes, and replaying it in a
     process that has not registered the tensor intrinsics (the CLI's) failed (the H200's BERT database)."""

@@ -22,7 +22,8 @@ from tvmfuse.tune.flash import flash_kernel, spec_of
 class KernelStatus:
     name: str
     schedule: str  # tuned | default (llvm, untuned) | dlight (cuda fallback) | flash-default (cuda attention,
-    #                untuned: the flash template's default tiles) | prescheduled
+    #                untuned: the flash template's default tiles) | wgmma-default (a GEMM on sm_90a, untuned:
+    #                the wgmma template's default tiles) | prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:
@@ -74,6 +75,10 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             # The planner forms attention on CUDA only where the template fits; a module planned elsewhere may not.
             updates[gv] = flash_kernel(func, wgmma=hopper.supports(target.target))
             statuses.append(KernelStatus(name, "flash-default"))
+        elif target.kind == "cuda" and (wgmma := hopper.default_kernel(func, target.target)) is not None:
+            # untuned GEMM on Hopper: the wgmma template's default tiles (dlight's GEMM has no tensor cores)
+            updates[gv] = wgmma.with_attr("global_symbol", name)
+            statuses.append(KernelStatus(name, "wgmma-default"))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
     # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)

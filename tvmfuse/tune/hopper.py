@@ -178,6 +178,8 @@ def default_config(spec: GemmSpec) -> WgmmaConfig:
     """The fastest measured at 8192^3 where it fits (H200, 2026-11-30, BENCHMARKS.md): 128x256 tiles of two
     warpgroups, 3 stages (1996 us), then 256x128 (2061 us), then 128x128 (2099 us)."""
     options = configs(spec)
+    whole = [c for c in options if spec.rows % c.block_m == 0]   # tiles without a predicated last row first
+    options = whole + [c for c in options if c not in whole]
     for want in (WgmmaConfig(2, 1, 256, 64, 3, 8, 128, 0), WgmmaConfig(2, 2, 128, 64, 3, 8, 128, 0),
                  WgmmaConfig(2, 1, 128, 64, 3, 8, 128, 0)):
         if want in options:
@@ -701,6 +703,24 @@ def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfi
     kernel = parse(gemm_source(spec, cfg, _param_decls(func), f"p{a}", f"p{b}", store))
     symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
     return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
+
+
+def default_kernel(func, target, *, build: bool = True):
+    """What an untuned build on ``target`` runs for the GEMM ``func``: the kernel at :func:`default_config`
+    (its :class:`WgmmaConfig` with ``build=False``), or None where the target is not sm_90a, the kernel does not
+    fit, or it takes paths not yet run on a GPU (a conv; rows ending in a partial tile), which keep dlight."""
+    if not supports(target):
+        return None
+    try:
+        spec, info = analyze(func)
+    except Exception:  # noqa: BLE001 - as schedule(): anything analyze() cannot take keeps the default path
+        return None
+    if spec.conv is not None or not configs(spec):
+        return None
+    cfg = default_config(spec)
+    if spec.rows % cfg.block_m:
+        return None
+    return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg) if build else cfg
 
 
 def annotated(func):

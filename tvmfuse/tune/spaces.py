@@ -704,24 +704,22 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     return SpaceChoice(cls, "post-order-apply", "post-order-apply", spaces.version, "; ".join(notes))
 
 
-def flash_schedule(mod, target, choose, spaces: SpaceFile | None = None):
-    """An attention kernel's space sketch on CUDA with its flash config decided by ``choose`` (the candidates'
-    names -> an index, or None): a Schedule whose trace a database can keep. None where the flash template
-    does not apply or ``choose`` declines."""
-    from tvmfuse.tune import flash
-
-    if target.kind.name != "cuda" or flash.spec_of(mod["main"]) is None:
+def _config_schedule(mod, target, choose, source: str, candidates: str, spaces: SpaceFile | None = None):
+    """The first sketch of ``mod``'s space on CUDA, where it comes from the template ``source`` and annotates
+    config ``candidates`` (the flash and wgmma templates), with its config decided by ``choose`` (the
+    candidates' names -> an index, or None): a Schedule whose trace a database can keep, or None."""
+    if target.kind.name != "cuda":
         return None
     choice = select_space(mod, target, spaces)
-    if choice.source != "template:attention":
+    if choice.source != source:
         return None
     ctx = ms.TuneContext(mod=mod, target=target, space_generator=choice.generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="flash")
-    (sketch,) = ctx.generate_design_space()
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="template")
+    sketch = ctx.generate_design_space()[0]
     annotations = sketch.mod["main"].body.block.annotations
-    if flash.CANDIDATES not in annotations:
+    if candidates not in annotations:
         return None
-    index = choose(str(annotations[flash.CANDIDATES]).split(";"))
+    index = choose(str(annotations[candidates]).split(";"))
     if index is None:
         return None
     first = next(i for i in sketch.trace.insts if i.kind.name == "SampleCategorical")  # the config comes first
@@ -729,6 +727,16 @@ def flash_schedule(mod, target, choose, spaces: SpaceFile | None = None):
     sch = tvm.s_tir.Schedule(mod)
     trace.apply_to_schedule(sch, remove_postproc=True)
     return sch
+
+
+def flash_schedule(mod, target, choose, spaces: SpaceFile | None = None):
+    """An attention kernel's flash sketch on CUDA with its config decided by ``choose`` (see
+    :func:`_config_schedule`); None where the flash template does not apply or ``choose`` declines."""
+    from tvmfuse.tune import flash
+
+    if flash.spec_of(mod["main"]) is None:
+        return None
+    return _config_schedule(mod, target, choose, "template:attention", flash.CANDIDATES, spaces)
 
 
 def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
@@ -741,6 +749,25 @@ def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
         return None
     want = flash.default_config(spec, wgmma=hopper.supports(target)).name
     return flash_schedule(mod, target, lambda names: names.index(want) if want in names else None, spaces)
+
+
+def wgmma_default_schedule(mod, target, spaces: SpaceFile | None = None):
+    """A GEMM's wgmma sketch on sm_90a at the untuned build's config (``tvmfuse.tune.hopper.default_kernel``),
+    or None where that build has no wgmma kernel or the space's candidates leave its config out."""
+    from tvmfuse.tune import hopper
+
+    found = hopper.default_kernel(mod["main"], target, build=False)
+    if found is None:
+        return None
+    want = found.name
+    return _config_schedule(mod, target, lambda names: names.index(want) if want in names else None,
+                            "template:gemm_tensorcore", hopper.CANDIDATES, spaces)
+
+
+def default_template_schedule(mod, target, spaces: SpaceFile | None = None):
+    """The schedule an untuned CUDA build gives a template kernel (flash attention, a wgmma GEMM on sm_90a) as
+    a traced sketch, or None for other kernels."""
+    return flash_default_schedule(mod, target, spaces) or wgmma_default_schedule(mod, target, spaces)
 
 
 def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0) -> list:

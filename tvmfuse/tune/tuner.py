@@ -363,11 +363,12 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
     whose im2col reads are gathers) costs nothing. Its trace also seeds the evolutionary search.
     Returns (records committed: 0 or 1, mean seconds or None when it did not build or run).
     """
-    from tvmfuse.tune.spaces import flash_default_schedule
+    from tvmfuse.tune.spaces import default_template_schedule
 
-    # attention on CUDA: an untuned build runs the flash template's default tiles, not dlight's scalar kernel
-    sch = flash_default_schedule(kernel.mod, target.target) or default_schedule(kernel.mod, target.target,
-                                                                                 is_gpu=target.is_gpu)
+    # on CUDA an untuned build runs attention on the flash template's default tiles, not dlight's scalar
+    # kernel, and a GEMM on sm_90a on the wgmma template's default tiles
+    sch = default_template_schedule(kernel.mod, target.target) or default_schedule(kernel.mod, target.target,
+                                                                                    is_gpu=target.is_gpu)
     if sch is None:
         return 0, None
     args = ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])
