@@ -304,6 +304,44 @@ def test_softmax_shared_sketch_reads_its_input_once_with_vector_loads(cuda):
     assert any("uint4" in ln for ln in staged), staged
 
 
+@pytest.mark.parametrize("case,cols", [("softmax", 2048), ("add_layernorm", 8192)])
+def test_registers_row_sketch_reads_each_element_once_into_its_threads_registers(tmp_path, case, cols, cuda):
+    """The `registers` sketch: each thread holds a contiguous slice of its row (cols / threads elements, at most
+    row_register_elements) loaded once from HBM with vector loads; every later pass reads those registers,
+    only the cross-thread reductions meet in shared memory (a few words), and nothing spills."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cuda_checks import assert_ptxas_without_spills
+
+    (kernel,) = [k for k in _kernels(case, cuda, dict(M=64, N=cols)) if classify(k.mod["main"]) == "row_reduction"]
+    most = load_spaces("cuda").for_class("row_reduction").extra["row_register_elements"]
+    seen = []
+    for _, sch in _space_points(kernel, cuda, range(1, 5)):
+        with build_context():
+            src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()
+        body = src[src.index('extern "C" __global__ void __launch_bounds__'):]
+        staged = re.findall(r"half (\w+)_local_ptr\[(\d+)\];", body)
+        rows = [(name, int(n)) for name, n in staged if int(n) > 8]   # the row slices (vector caches hold <= 8)
+        if not rows or re.search(r"__shared__ alignas\(\d+\) half \w+\[(\d{3,})\]", body):
+            continue   # the shared or recompute sketch
+        threads = int(re.search(r"__launch_bounds__\((\d+)\)", body).group(1))
+        for _, n in rows:
+            assert n <= most and cols % n == 0 and threads % (cols // n) == 0, (rows, threads)
+        # each input row is read from HBM at exactly one place (the loop filling the slice; add+LayerNorm's
+        # x + r is computed there), with vector loads
+        inputs = ["x_ptr", "r_ptr"] if case == "add_layernorm" else ["x_ptr"]
+        for ptr in inputs:
+            loads = [ln for ln in body.splitlines() if f"{ptr} +" in ln]
+            assert len(loads) == 1 and re.search(r"\*\(half2|half4|uint2|uint4\*\)\(" + ptr, loads[0]), loads
+        shared = [int(n) for n in re.findall(r"__shared__ alignas\(\d+\) \w+ \w+\[(\d+)\]", body)]
+        assert all(n <= 32 for n in shared), shared
+        assert "__shfl_down_sync" in body
+        assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+        seen.append((threads, rows))
+    assert seen, "no registers candidate sampled"
+
+
 def test_shared_row_sketch_gives_each_warp_group_its_own_row(cuda):
     """Several rows per block in the shared sketch used to make every warp stage and reduce every row of the
     block (compute_at relaxes threadIdx.y for a shared buffer; 2 rows ran 1.3-1.6x slower on the H200). Now

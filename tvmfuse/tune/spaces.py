@@ -433,8 +433,12 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
 
     Sketch ``shared``: the row (the prologue's result, or the input the reductions read) is staged in
     shared memory with vectorized loads, the reductions read it from there (cross-thread reductions
-    lower to warp shuffles), the epilogue writes with vectorized stores. Sketch ``recompute``: no
-    staging, each pass re-reads the inputs.
+    lower to warp shuffles), the epilogue writes with vectorized stores. Sketch ``registers``: the same
+    rows staged in registers instead: each thread owns a contiguous ``cols / threads`` slice of its row
+    (at most ``row_register_elements``), loaded once with vector loads; every pass reads the thread's
+    own registers, and only the cross-thread reductions meet (warp shuffles, one small shared buffer):
+    one read and one write of HBM per element, no shared-memory passes or barriers between them.
+    Sketch ``recompute``: no staging, each pass re-reads the inputs.
     """
     root = sch.get_sblock("root")
     outs = sch.get_output_blocks(root)
@@ -464,7 +468,9 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     sketches = []
     for storage in storages:
         s = sch.copy()
-        keep = {n for n, _ in prologue} if storage == "shared" else set()
+        staging = storage in ("shared", "registers")
+        scope = "local" if storage == "registers" else "shared"
+        keep = {n for n, _ in prologue} if staging else set()
         _inline_all_but_outputs(s, keep=keep)
         root_s = s.get_sblock("root")
         _flatten_rows(s, shape)
@@ -475,10 +481,10 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
             raise ValueError("row_reduction template: no reduction left")
         staged_bytes = 0
         staged = []
-        if storage == "shared":
+        if staging:
             for b in blocks:
                 if s.get(b).name_hint in keep:
-                    s.set_scope(b, 0, "shared")
+                    s.set_scope(b, 0, scope)
                     staged.append(b)
                     staged_bytes += cols * _dtype_bytes(s.get(b).writes[0].source.dtype)
             # Full-row inputs a reduction reads straight from HBM are staged too (softmax's max reads x before
@@ -490,10 +496,10 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                     src = region.source
                     if [int(d) for d in src.shape] != shape or src.scope() != "global":
                         continue
-                    cb = s.cache_read(red, str(src.name), "shared")  # every consumer reads the staged row
+                    cb = s.cache_read(red, str(src.name), scope)  # every consumer reads the staged row
                     staged.append(cb)
                     staged_bytes += cols * _dtype_bytes(src.dtype)
-            if not staged or staged_bytes > max_shared:
+            if not staged or (storage == "shared" and staged_bytes > max_shared):
                 continue
         # the row loop: fuse the output's leading loops; rows_per_block rows share a block (threadIdx.y)
         loops = s.get_loops(out)
@@ -502,10 +508,21 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         col = s.get_loops(out)[-1]
         threads_k = space.knobs["threads"].filtered(lambda t: int(t) <= max(32, cols))
         vec_k = _vector_knob(space.knobs["vector_lanes"], cols, max(ebytes, 2))
+        if storage == "registers":
+            # each thread's slice: whole vectors (of the widest lanes, so any sampled width divides it), and
+            # at most row_register_elements per staged row
+            widest = max(int(v) for v in vec_k.values)
+            most = int(space.extra.get("row_register_elements", 64))
+            threads_k = threads_k.filtered(lambda t: cols % (int(t) * widest) == 0 and cols // int(t) <= most)
+            if not threads_k.values:
+                continue
         threads = sample(s, threads_k)
         vec = sample(s, vec_k)
-        co, lanes = s.split(col, [None, vec])
-        _, tx = s.split(co, [None, threads])
+        if storage == "registers":   # column = (tx, co, lanes): a thread's slice is contiguous
+            tx, co, lanes = s.split(col, [threads, None, vec])
+        else:                        # column = (co, tx, lanes): a warp's vectors are contiguous
+            co, lanes = s.split(col, [None, vec])
+            _, tx = s.split(co, [None, threads])
         rows_k = space.knobs.get("rows_per_block")
         ty = None
         if rows_k is not None:
@@ -537,11 +554,17 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
             inner = s.get_loops(b)[-1]
             if _REDUCE in types:
                 s.set_scope(b, 0, "local")
-                _, rtx = s.split(inner, [None, threads])
+                if storage == "registers":   # over the thread's own slice, then across the threads
+                    rtx, _ = s.split(inner, [threads, None])
+                else:
+                    _, rtx = s.split(inner, [None, threads])
                 s.bind(rtx, "threadIdx.x")
             else:
-                bo, bl = s.split(inner, [None, vec])
-                _, btx = s.split(bo, [None, threads])
+                if storage == "registers":
+                    btx, _, bl = s.split(inner, [threads, None, vec])
+                else:
+                    bo, bl = s.split(inner, [None, vec])
+                    _, btx = s.split(bo, [None, threads])
                 s.bind(btx, "threadIdx.x")
                 s.vectorize(bl)
         # the epilogue: vector loads of its row operands into registers, scalar math, one vector store
@@ -550,7 +573,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         row_reads = [str(r.source.name) for r in s.get(out).reads
                      if str(r.source.name) not in red_out and len(r.source.shape) >= 1
                      and int(r.source.shape[-1]) == cols]
-        _stage_through_registers(s, out, tx, lanes, reads=row_reads, flatten=False)
+        _stage_through_registers(s, out, co if storage == "registers" else tx, lanes, reads=row_reads, flatten=False)
         if "unroll" in space.knobs:
             s.annotate(root_s, "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
