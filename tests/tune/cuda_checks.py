@@ -6,14 +6,18 @@ import subprocess
 from tvmfuse._tvm import ms
 
 
-def assert_ptxas_without_spills(src: str, tmp_path, arch: str) -> None:
-    """Build CUDA source ``src`` with nvcc for ``arch`` and require no register spills and no stack frame."""
+def assert_ptxas_without_spills(src: str, tmp_path, arch: str, *, serialized: bool = False) -> None:
+    """Build CUDA source ``src`` with nvcc for ``arch`` and require no register spills and no stack frame, and
+    that ptxas kept the kernel's ``wgmma`` instructions asynchronous (``serialized``: require that it did not;
+    ptxas reports "C7514 ... wgmma.mma_async instructions are serialized" where it cannot prove that no other
+    instruction touches a wgmma's accumulators while it runs, and the tensor cores then wait on each)."""
     cu = tmp_path / "k.cu"
     cu.write_text(src)
     out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
                           str(cu)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+    assert ("wgmma.mma_async instructions are serialized" in out.stderr) == serialized, out.stderr[-800:]
 
 
 def commit_record(db_path, target, kernel, trace, secs: float = 1e-3) -> None:

@@ -176,9 +176,12 @@ def test_the_sampled_config_is_the_kernel_the_builder_compiles(gemm_kernel, cuda
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s3 r8 z128 f0", False), ("g2 m2 n128 k64 s4 r1 z128 f1", True),
-                                          ("g1 m1 n64 k64 s3 r1 z0 f0", False)])
+@pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s3 r8 z128 f0", False), ("g2 m2 n128 k64 s4 r1 z128 f0", True),
+                                          ("g1 m1 n64 k64 s3 r1 z0 f0", False), ("g2 m1 n256 k64 s4 r8 z128 f1", False)])
 def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_kmajor):
+    """No spills, and the wgmma instructions stay asynchronous. Leaving a batch in flight across K steps (f1)
+    makes ptxas serialize them (C7514, nvcc 13.0), which is why f1 ran slower on the H200 and is out of the
+    space; should a later ptxas stop doing so, this test says to measure f1 again."""
     spec = hopper.GemmSpec((), 1024, 1024, 1024, False, False, b_kmajor)
     b_shape = (1024, 1024)
     decls = ["a: T.Buffer((1024, 1024), 'float16')", f"b: T.Buffer({b_shape}, 'float16')",
@@ -188,7 +191,7 @@ def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A)
     src = lib.mod.imports[0].inspect_source()
     assert "wgmma.mma_async.sync.aligned" in src and "cp.async" in src
-    assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a", serialized=cfg.endswith("f1"))
 
 
 def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
@@ -370,3 +373,5 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
     src = tvm.compile(tvm.IRModule({"main": kernel_func.with_attr("global_symbol", "main")}),
                       target=SM90A).mod.imports[0].inspect_source()
     assert "wgmma.mma_async" in src
+    if case == "conv3x3_bn_relu":   # the gather's predicates and zero fill keep the wgmmas asynchronous
+        assert_ptxas_without_spills(src, tmp_path, "sm_90a")
