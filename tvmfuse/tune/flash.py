@@ -210,29 +210,10 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
     M, SB, OB = cfg.m_tiles, BN // 2, DV // 2   # per m-tile: score and output accumulator elements per thread
     row = f"bx * {BM} + {warp} * {16 * M} + mt * 16 + {g} + i % 4 // 2 * 8"   # query row of element i of tile mt
-    mask = None
     if spec.mask_shape is not None:
         params.append(buf("mask", spec.mask_shape, spec.mask_dtype))
-        full, full_ext = [*bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2"], [*spec.batch, spec.seq_q,
-                                                                                        spec.seq_k]
-        off = nb + 2 - len(spec.mask_shape)
-        mask = "mask[" + ", ".join("0" if d == 1 and full_ext[off + i] != 1 else full[off + i]
-                                   for i, d in enumerate(spec.mask_shape)) + "]"
-        if spec.mask_dtype != "float32":
-            mask = f"T.Cast('float32', {mask})"
     params.append(buf("out", o_shape))
-    scale = 1.0 if spec.scale is None else float(spec.scale)
-    # the score in base 2: t = log2(e) * (scale * s + mask), or log2(e) * scale * (s + mask) when masked first
-    if mask is None:
-        score = f"sacc[mt * {SB} + i] * T.float32({scale * _LOG2E!r})"
-    elif spec.scale_first:
-        score = f"(sacc[mt * {SB} + i] * T.float32({scale!r}) + {mask}) * T.float32({_LOG2E!r})"
-    else:
-        score = f"(sacc[mt * {SB} + i] + {mask}) * T.float32({scale * _LOG2E!r})"
-    if mask is not None:
-        # a mask of float32's lowest value (-3.4e38) overflows to -inf in base 2: clamp to the running max's
-        # start, so a row masked everywhere gets softmax's uniform weights, as the reference does, not 0 / 0
-        score = f"T.max({score}, T.float32(-1e30))"
+    score = _score(spec, bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[mt * {SB} + i]")
 
     # shared tiles (rows padded by 8 halves = 16 bytes); with 2 stages, two of each
     k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
@@ -386,6 +367,30 @@ def flash_attention({', '.join(params)}):
 {_indent(body, 16)}"""
 
 
+def _score(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -> str:
+    """The score of accumulator element ``acc`` (query ``row``, key ``col``) in base 2: log2(e) * (scale * s +
+    mask), or log2(e) * scale * (s + mask) when the mask comes first."""
+    mask = None
+    if spec.mask_shape is not None:
+        nb = len(spec.batch)
+        full, full_ext = [*bidx, row, col], [*spec.batch, spec.seq_q, spec.seq_k]
+        off = nb + 2 - len(spec.mask_shape)
+        mask = "mask[" + ", ".join("0" if d == 1 and full_ext[off + i] != 1 else full[off + i]
+                                   for i, d in enumerate(spec.mask_shape)) + "]"
+        if spec.mask_dtype != "float32":
+            mask = f"T.Cast('float32', {mask})"
+    scale = 1.0 if spec.scale is None else float(spec.scale)
+    if mask is None:
+        return f"{acc} * T.float32({scale * _LOG2E!r})"
+    if spec.scale_first:
+        score = f"({acc} * T.float32({scale!r}) + {mask}) * T.float32({_LOG2E!r})"
+    else:
+        score = f"({acc} + {mask}) * T.float32({scale * _LOG2E!r})"
+    # a mask of float32's lowest value (-3.4e38) overflows to -inf in base 2: clamp to the running max's
+    # start, so a row masked everywhere gets softmax's uniform weights, as the reference does, not 0 / 0
+    return f"T.max({score}, T.float32(-1e30))"
+
+
 def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):
     from tvm.script import tirx as T  # noqa: F401  (the template's T)
 
@@ -394,48 +399,108 @@ def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):
     return _parse(flash_source(spec, cfg), {"T": T})
 
 
-def _wgmma_parts(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], q_shape, k_shape, v_shape):
-    """The parts of :func:`flash_source` that differ on Hopper (``cfg.wgmma``): shared tiles in wgmma's 128-byte
-    swizzled layouts (``tvmfuse.tune.hopper.tile_layout``) filled by ``cp.async``; ``S = Q·Kᵀ`` as one warpgroup's
-    ``wgmma.mma_async.m64n{block_n}k16`` per 16-deep slice of the head dim (Q and K from shared memory); P
-    packed to fp16 pairs in registers, the A operand of ``O += P·V`` (``wgmma`` with A from registers, V read
-    N-major from shared memory). Each warp's accumulators have the m16n8 layout the softmax code expects."""
-    from tvmfuse.tune.hopper import desc, tile_layout
+class _WgmmaTiles:
+    """The Hopper kernels' shared tiles: one buffer ``hs`` holding Q (``block_m x d``) at 0, then ``slots`` K tiles
+    and ``slots`` V tiles (each a multiple of 1024 bytes, the swizzle atom), all in wgmma's 128-byte swizzled
+    layouts (``tvmfuse.tune.hopper.tile_layout``) and filled by 16-byte ``cp.async`` copies. One buffer because
+    TVM's shared-memory planner does not see the wgmma descriptors' reads: as separate buffers it merged them and
+    let K overwrite Q."""
 
-    D, DV, BN, BM, NT, S = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m, 32 * cfg.warps, cfg.stages
-    SB, OB = BN // 2, DV // 2
-    q_tile, k_tile, v_tile = BM * D, BN * D, BN * DV
-    q_chunk, q_desc = tile_layout(128, True, BM, D)
-    # K as stored: rows of keys (K-major for S = Q·Kᵀ) or [d, key] (N-major, read transposed)
-    k_chunk, k_desc = tile_layout(128, spec.k_rows, BN, D)
-    v_chunk, v_desc = tile_layout(128, False, DV, BN)
+    def __init__(self, spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], slots: int):
+        from tvmfuse.tune.hopper import tile_layout
 
-    # one shared buffer for all tiles: Q at 0, then K's and V's stages (each a multiple of 1024 bytes, the
-    # swizzle atom). Separate buffers would be merged by TVM's shared-memory planner, which does not see the
-    # wgmma descriptors' reads and let K overwrite Q
-    q_base, k_base, v_base = 0, q_tile, q_tile + S * k_tile
+        self.spec, self.cfg, self.bidx = spec, cfg, bidx
+        D, DV, BN, BM = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m
+        self.q_tile, self.k_tile, self.v_tile = BM * D, BN * D, BN * DV
+        self.q_chunk, self.q_desc = tile_layout(128, True, BM, D)
+        # K as stored: rows of keys (K-major for S = Q·Kᵀ) or [d, key] (N-major, read transposed)
+        self.k_chunk, self.k_desc = tile_layout(128, spec.k_rows, BN, D)
+        self.v_chunk, self.v_desc = tile_layout(128, False, DV, BN)
+        self.q_base, self.k_base = 0, self.q_tile
+        self.v_base = self.q_tile + slots * self.k_tile
+        self.elems = self.q_tile + slots * (self.k_tile + self.v_tile)
+        self.shapes = ((*spec.batch, spec.seq_q, D),
+                       (*spec.batch, spec.seq_k, D) if spec.k_rows else (*spec.batch, D, spec.seq_k),
+                       (*spec.batch, spec.seq_k, DV))
 
-    def copy(base: int, src: str, shape, tile_elems: int, chunk, index, slot: str) -> str:
-        o, kx, off = chunk(f"(it * {NT} + tx)")
-        return (f"for it in T.unroll({tile_elems // 8 // NT}):\n"
+    def _copy(self, base: int, src: str, shape, tile_elems: int, chunk, index, slot: str) -> str:
+        nt = 32 * self.cfg.warps
+        o, kx, off = chunk(f"(it * {nt} + tx)")
+        return (f"for it in T.unroll({tile_elems // 8 // nt}):\n"
                 f"    T.evaluate(T.s_tir.cp_async_raw('float16', hs.data, {base} + {slot} * {tile_elems} + {off}, "
-                f"{src}.data, {_flat(shape, [*bidx, *index(o, kx)])}, 16))\n")
+                f"{src}.data, {_flat(shape, [*self.bidx, *index(o, kx)])}, 16))\n")
+
+    def q_copy(self) -> str:
+        return self._copy(self.q_base, "q", self.shapes[0], self.q_tile, self.q_chunk,
+                          lambda o, kx: [f"bx * {self.cfg.block_m} + {o}", kx], "0")
+
+    def k_copy(self, step: str, slot: str) -> str:
+        BN = self.cfg.block_n
+        index = ((lambda o, kx: [f"({step}) * {BN} + {o}", kx]) if self.spec.k_rows
+                 else (lambda o, kx: [kx, f"({step}) * {BN} + {o}"]))
+        return self._copy(self.k_base, "k", self.shapes[1], self.k_tile, self.k_chunk, index, slot)
+
+    def v_copy(self, step: str, slot: str) -> str:
+        BN = self.cfg.block_n
+        return self._copy(self.v_base, "v", self.shapes[2], self.v_tile, self.v_chunk,
+                          lambda o, kx: [f"({step}) * {BN} + {kx}", o], slot)
+
+    def s_wgmma(self, acc: str, slot: str) -> str:
+        """``acc[0 .. block_n / 2) += Q·K(slot)ᵀ`` for this warpgroup's 64 rows, committed as one wgmma group."""
+        from tvmfuse.tune.hopper import desc
+
+        BN, SB = self.cfg.block_n, self.cfg.block_n // 2
+        accs = ", ".join(f"{acc}[{i}]" for i in range(SB))
+        out = "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n"
+        for kk in range(self.spec.head_dim // 16):
+            q_off, q_lbo, q_sbo = self.q_desc(kk)
+            k_off, k_lbo, k_sbo = self.k_desc(kk)
+            out += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16({accs}, "
+                    f"{desc('hs', f'{self.q_base} + (tx // 128) * {64 * 64} + {q_off}', q_lbo, q_sbo, 128)}, "
+                    f"{desc('hs', f'{self.k_base} + {slot} * {self.k_tile} + {k_off}', k_lbo, k_sbo, 128)}, "
+                    f"T.ptx.pred(1), 1, 1, 0, {0 if self.spec.k_rows else 1}))\n")
+        return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
+
+    def pv_wgmma(self, pf: str, slot: str) -> str:
+        """P (``pf``, fp16, packed into ``pu`` as the register A operand) times V(slot) into ``oacc``, committed
+        as one wgmma group."""
+        from tvmfuse.tune.hopper import desc
+
+        BN, DV, SB = self.cfg.block_n, self.spec.head_dim_v, self.cfg.block_n // 2
+        half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', " + pf + "[{i}]))"
+        out = (f"for u in T.unroll({SB // 2}):\n"
+               f"    pu[u] = {half.format(i='u * 2')} | ({half.format(i='u * 2 + 1')} << T.uint32(16))\n"
+               "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n")
+        oaccs = ", ".join(f"oacc[{i}]" for i in range(DV // 2))
+        for kv in range(BN // 16):
+            v_off, v_lbo, v_sbo = self.v_desc(kv)
+            out += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{DV}k16.f32.f16.f16({oaccs}, "
+                    f"{', '.join(f'pu[{kv * 4 + r}]' for r in range(4))}, "
+                    f"{desc('hs', f'{self.v_base} + {slot} * {self.v_tile} + {v_off}', v_lbo, v_sbo, 128)}, "
+                    f"T.ptx.pred(1), 1, 1, 1))\n")
+        return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
+
+
+def _wgmma_parts(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], q_shape, k_shape, v_shape):
+    """The parts of :func:`flash_source` that differ on Hopper (``cfg.wgmma``, not ``cfg.overlap``): shared tiles
+    in wgmma's 128-byte swizzled layouts filled by ``cp.async`` (:class:`_WgmmaTiles`); ``S = Q·Kᵀ`` as one
+    warpgroup's ``wgmma.mma_async.m64n{block_n}k16`` per 16-deep slice of the head dim (Q and K from shared
+    memory); P packed to fp16 pairs in registers, the A operand of ``O += P·V`` (``wgmma`` with A from registers, V
+    read N-major from shared memory). Each warp's accumulators have the m16n8 layout the softmax code expects."""
+    S = cfg.stages
+    tiles = _WgmmaTiles(spec, cfg, bidx, S)
 
     def loads(step: str, slot: str) -> str:
-        k_index = ((lambda o, kx: [f"({step}) * {BN} + {o}", kx]) if spec.k_rows
-                   else (lambda o, kx: [kx, f"({step}) * {BN} + {o}"]))
-        return (copy(k_base, "k", k_shape, k_tile, k_chunk, k_index, slot)
-                + copy(v_base, "v", v_shape, v_tile, v_chunk, lambda o, kx: [f"({step}) * {BN} + {kx}", o], slot))
+        return tiles.k_copy(step, slot) + tiles.v_copy(step, slot)
 
     ready = ("T.evaluate(T.ptx.fence.proxy.async_.shared__cta())\n"   # cp.async writes, seen by wgmma's async proxy
              "T.tvm_storage_sync('shared')\n")
-    allocs = f"""hs = T.alloc_buffer(({q_tile + S * (k_tile + v_tile)},), "float16", scope="shared.dyn", align=1024)
-pf = T.alloc_buffer(({SB},), "float16", scope="local")
-pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
+    allocs = f"""hs = T.alloc_buffer(({tiles.elems},), "float16", scope="shared.dyn", align=1024)
+pf = T.alloc_buffer(({cfg.block_n // 2},), "float16", scope="local")
+pu = T.alloc_buffer(({cfg.block_n // 4},), "uint32", scope="local")
 """
-    q_init = (copy(q_base, "q", q_shape, q_tile, q_chunk, lambda o, kx: [f"bx * {BM} + {o}", kx], "0")
-              + "T.evaluate(T.ptx.cp.async_.commit_group())\n")
-    nsteps = spec.seq_k // BN
+    q_init = tiles.q_copy() + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+    nsteps = spec.seq_k // cfg.block_n
     if S == 1:
         prologue = ""
         fill = (loads("j", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
@@ -446,28 +511,5 @@ pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
                 + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
                 + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + ready)
     slot = "0" if S == 1 else "j % 2"
-    wg = "(tx // 128)"
-    accs = ", ".join(f"sacc[{i}]" for i in range(SB))
-    s_block = "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n"
-    for kk in range(D // 16):
-        q_off, q_lbo, q_sbo = q_desc(kk)
-        k_off, k_lbo, k_sbo = k_desc(kk)
-        s_block += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16({accs}, "
-                    f"{desc('hs', f'{q_base} + {wg} * {64 * 64} + {q_off}', q_lbo, q_sbo, 128)}, "
-                    f"{desc('hs', f'{k_base} + {slot} * {k_tile} + {k_off}', k_lbo, k_sbo, 128)}, "
-                    f"T.ptx.pred(1), 1, 1, 0, {0 if spec.k_rows else 1}))\n")
-    s_block += ("T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
-                "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n")
-    half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', pf[{i}]))"
-    pv_block = (f"for u in T.unroll({SB // 2}):\n"
-                f"    pu[u] = {half.format(i='u * 2')} | ({half.format(i='u * 2 + 1')} << T.uint32(16))\n"
-                "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n")
-    oaccs = ", ".join(f"oacc[{i}]" for i in range(OB))
-    for kv in range(BN // 16):
-        v_off, v_lbo, v_sbo = v_desc(kv)
-        pv_block += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{DV}k16.f32.f16.f16({oaccs}, "
-                     f"{', '.join(f'pu[{kv * 4 + r}]' for r in range(4))}, "
-                     f"{desc('hs', f'{v_base} + {slot} * {v_tile} + {v_off}', v_lbo, v_sbo, 128)}, T.ptx.pred(1), 1, 1, 1))\n")
-    pv_block += ("T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
-                 "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n")
-    return allocs, q_init, prologue, fill, s_block, pv_block
+    wait = "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n"
+    return allocs, q_init, prologue, fill, tiles.s_wgmma("sacc", slot) + wait, tiles.pv_wgmma("pf", slot) + wait
