@@ -257,7 +257,6 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
             f"dtype='float16')")
     mma = ("T.ptx_legacy.mma('m16n8k16', 'row', 'col', 'fp16', 'fp16', 'fp32', {a}.data, {ao}, {b}.data, {bo}, "
            "{c}.data, {co}, False, dtype='float32')")
-    shfl = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
     nsteps = spec.seq_k // BN
     q_col = f"kk * 16 + i // 4 * 8 + {tig} * 2 + i % 2"
     # every step ends with a barrier (drain): nobody overwrites a tile another warp still reads
@@ -311,6 +310,7 @@ for kv in T.unroll({BN // 16}):
             T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=0, c="oacc", co=f"mt * {OB} + dp * 8")})
             T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=4, c="oacc", co=f"mt * {OB} + dp * 8 + 4")})
 """
+    out_at = f"out[{', '.join([*bidx, row, f'i // 4 * 8 + {tig} * 2 + i % 2'])}]"
     if cfg.wgmma:
         allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
     body = f"""
@@ -328,35 +328,7 @@ for h in T.unroll({2 * M}):
 {prologue}for j in T.serial({nsteps}):
 {_indent(fill, 4)}    for i in T.unroll({M * SB}):
         sacc[i] = T.float32(0)
-{_indent(s_block, 4)}    # online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
-    for h in T.unroll({2 * M}):
-        red[h] = T.float32(-1e30)
-    for mt in T.unroll({M}):
-        for i in T.unroll({SB}):
-            sacc[mt * {SB} + i] = {score}
-            red[mt * 2 + i % 4 // 2] = T.max(red[mt * 2 + i % 4 // 2], sacc[mt * {SB} + i])
-    for h in T.unroll({2 * M}):
-        red[h] = T.max(red[h], {shfl.format(v="red[h]", m=1)})
-        red[h] = T.max(red[h], {shfl.format(v="red[h]", m=2)})
-        red[h] = T.max(mrow[h], red[h])
-        alpha[h] = T.exp2(mrow[h] - red[h])
-        mrow[h] = red[h]
-        lrow[h] = lrow[h] * alpha[h]
-    for mt in T.unroll({M}):
-        for i in T.unroll({SB}):
-            sacc[mt * {SB} + i] = T.exp2(sacc[mt * {SB} + i] - mrow[mt * 2 + i % 4 // 2])
-            lrow[mt * 2 + i % 4 // 2] = lrow[mt * 2 + i % 4 // 2] + sacc[mt * {SB} + i]
-            pf[mt * {SB} + i] = T.Cast("float16", sacc[mt * {SB} + i])
-        for i in T.unroll({OB}):
-            oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]
-{_indent(pv_block, 4)}{_indent(drain, 4)}for h in T.unroll({2 * M}):
-    lrow[h] = lrow[h] + {shfl.format(v="lrow[h]", m=1)}
-    lrow[h] = lrow[h] + {shfl.format(v="lrow[h]", m=2)}
-    lrow[h] = T.float32(1) / lrow[h]
-for mt in T.unroll({M}):
-    for i in T.unroll({OB}):
-        out[{', '.join([*bidx, row, f"i // 4 * 8 + {tig} * 2 + i % 2"])}] = T.Cast("float16", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])
-"""
+{_indent(s_block, 4)}{_indent(_online_softmax(M, SB, OB, score, f'sacc[mt * {SB} + i]'), 4)}{_indent(pv_block, 4)}{_indent(drain, 4)}{_normalize_and_store(M, OB, out_at)}"""
     return f"""
 @T.prim_func(private=True, s_tir=True)
 def flash_attention({', '.join(params)}):
@@ -365,6 +337,48 @@ def flash_attention({', '.join(params)}):
         for bx in T.thread_binding({spec.seq_q // BM}, thread="blockIdx.x"):
             for tx in T.thread_binding({NT}, thread="threadIdx.x"):
 {_indent(body, 16)}"""
+
+
+_SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
+
+
+def _online_softmax(M: int, SB: int, OB: int, score: str, acc: str) -> str:
+    """One key step of the online softmax on the score accumulators ``acc`` (an element expression of ``mt`` and
+    ``i``; ``score`` its scaled, masked value): the running row max and sum, P in ``pf`` (fp16), O rescaled."""
+    return f"""# online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
+for h in T.unroll({2 * M}):
+    red[h] = T.float32(-1e30)
+for mt in T.unroll({M}):
+    for i in T.unroll({SB}):
+        {acc} = {score}
+        red[mt * 2 + i % 4 // 2] = T.max(red[mt * 2 + i % 4 // 2], {acc})
+for h in T.unroll({2 * M}):
+    red[h] = T.max(red[h], {_SHFL.format(v="red[h]", m=1)})
+    red[h] = T.max(red[h], {_SHFL.format(v="red[h]", m=2)})
+    red[h] = T.max(mrow[h], red[h])
+    alpha[h] = T.exp2(mrow[h] - red[h])
+    mrow[h] = red[h]
+    lrow[h] = lrow[h] * alpha[h]
+for mt in T.unroll({M}):
+    for i in T.unroll({SB}):
+        {acc} = T.exp2({acc} - mrow[mt * 2 + i % 4 // 2])
+        lrow[mt * 2 + i % 4 // 2] = lrow[mt * 2 + i % 4 // 2] + {acc}
+        pf[mt * {SB} + i] = T.Cast("float16", {acc})
+    for i in T.unroll({OB}):
+        oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]
+"""
+
+
+def _normalize_and_store(M: int, OB: int, out_at: str) -> str:
+    """The rows' sums across their four lanes, and O / sum stored (``out_at``: the output element of ``mt``, ``i``)."""
+    return f"""for h in T.unroll({2 * M}):
+    lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=1)}
+    lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=2)}
+    lrow[h] = T.float32(1) / lrow[h]
+for mt in T.unroll({M}):
+    for i in T.unroll({OB}):
+        {out_at} = T.Cast("float16", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])
+"""
 
 
 def _score(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -> str:
