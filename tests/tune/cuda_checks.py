@@ -1,6 +1,7 @@
 """Shared checks of the CUDA-template tests: ptxas on generated code, and a tuning record written to a database."""
 from __future__ import annotations
 
+import re
 import subprocess
 
 from tvmfuse._tvm import ms
@@ -18,6 +19,14 @@ def assert_ptxas_without_spills(src: str, tmp_path, arch: str, *, serialized: bo
     assert out.returncode == 0, out.stderr[-2000:]
     assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
     assert ("wgmma.mma_async instructions are serialized" in out.stderr) == serialized, out.stderr[-800:]
+    # ptxas also waits for a wgmma itself where its accumulators are read before the kernel waits (C7517); in
+    # the main loop that would undo any overlap, so each such wait must come before the first loop
+    injected = [int(n) for n in re.findall(r"C7517\) warpgroup.wait is injected in around line (\d+)", out.stderr)]
+    if injected:
+        ptx = subprocess.run(["nvcc", f"-arch={arch}", "-ptx", "-o", "-", str(cu)], capture_output=True, text=True,
+                             timeout=300).stdout.splitlines()
+        first_loop = next(i + 1 for i, ln in enumerate(ptx) if ln.startswith("$L__BB0_"))
+        assert all(n < first_loop for n in injected), (injected, first_loop)
 
 
 def commit_record(db_path, target, kernel, trace, secs: float = 1e-3) -> None:

@@ -248,12 +248,57 @@ def test_untuned_hopper_build_runs_the_wgmma_flash_kernel(tmp_path, cuda):
     assert "wgmma.mma_async" in src and "cp.async" in src
 
 
+def test_overlapped_wgmma_configs_pair_key_steps_and_fit_two_score_accumulators():
+    spec = SPECS["rows+mask"]
+    plain = flash.configs(spec, wgmma=(True,))
+    both = flash.configs(spec, wgmma=(True,), overlap=(True,))
+    overlapped = [c for c in both if c.overlap]
+    assert overlapped and [c for c in both if not c.overlap] == plain
+    for c in overlapped:
+        assert c.wgmma and c.stages == 2 and c.name.endswith(" hp") and flash.parse_config(c.name) == c
+        assert spec.seq_k % (2 * c.block_n) == 0
+        assert c.block_n + c.block_n // 4 + spec.head_dim_v // 2 <= 160   # S twice, P packed, O
+    assert not any(c.overlap for c in flash.configs(spec, wgmma=(False,), overlap=(True,)))   # Hopper only
+
+
+def test_the_overlapped_kernel_keeps_the_next_score_in_flight_during_the_softmax(tmp_path, cuda):
+    """In the main loop each key step waits for the tensor cores once, at its top; the next step's Q·Kᵀ is
+    issued before the softmax and this step's P·V after it, and neither is waited for within the step. The
+    space offers these kernels on sm_90a."""
+    spec, cfg = SPECS["rows+mask"], flash.parse_config("w4 m1 n64 s2 hp")
+    lib = tvm.compile(tvm.IRModule({"main": flash.flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
+                      target=SM90A)
+    src = lib.mod.imports[0].inspect_source()
+    body = src[src.index('extern "C" __global__ void __launch_bounds__(128) main_kernel('):]
+    loop = body[body.index("for (int jj = 0;"):]
+    events = []
+    for ln in loop.splitlines():
+        if "wgmma_wait_group" in ln:
+            events.append("wait")
+        elif "wgmma_f16_ss_mma_async" in ln:
+            events.append("S")
+        elif "wgmma_f16_rs_mma_async" in ln:
+            events.append("PV")
+        elif "exp2" in ln and (not events or events[-1] != "softmax"):
+            events.append("softmax")
+    steps = [e for e in " ".join(events).split("wait") if e.strip()]
+    assert len(steps) >= 2, events
+    for step in steps[:2]:   # the two unrolled steps of a pair
+        kinds = step.split()
+        assert kinds.index("S") < kinds.index("softmax") < kinds.index("PV"), kinds
+    _, kernel = _attention_kernel(tmp_path, cuda, seq=128, dim=64)
+    names = []
+    flash_schedule(kernel.mod, cuda.target, lambda n: names.extend(n) or 0)
+    assert any(n.endswith(" hp") for n in names)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("case,cfg", [("rows+mask", "w4 m1 n64 s1 h"), ("rows+mask", "w8 m1 n128 s2 h"),
-                                      ("kT", "w8 m1 n64 s2 h")])
+                                      ("kT", "w8 m1 n64 s2 h"), ("rows+mask", "w4 m1 n64 s2 hp"),
+                                      ("rows+mask", "w8 m1 n64 s2 hp")])
 def test_wgmma_flash_kernels_build_for_sm90a_without_register_spills(tmp_path, case, cfg):
     spec, cfg = SPECS[case], flash.parse_config(cfg)
-    assert cfg in flash.configs(spec, wgmma=(True,), max_shared_bytes=227 * 1024)
+    assert cfg in flash.configs(spec, wgmma=(True,), overlap=(True,), max_shared_bytes=227 * 1024)
     lib = tvm.compile(tvm.IRModule({"main": flash.flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
                       target=SM90A)
     src = lib.mod.imports[0].inspect_source()

@@ -50,6 +50,8 @@ class FlashConfig:
     #                       uses each K/V fragment for both tiles (half the shared-memory reads per mma)
     wgmma: bool = False   # Hopper (sm_90a): each warpgroup's 64 rows by wgmma from 128-byte-swizzled shared tiles
     #                       (Q, K and V by cp.async), P fed to the PV wgmma from registers (m_tiles 1)
+    overlap: bool = False  # (wgmma, 2 stages) the next step's Q·Kᵀ runs on the tensor cores during this step's
+    #                        softmax, and this step's P·V during the next step's loads and waits
 
     @property
     def block_m(self) -> int:
@@ -57,7 +59,8 @@ class FlashConfig:
 
     @property
     def name(self) -> str:
-        return f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}" + (" h" if self.wgmma else "")
+        return (f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}"
+                + (" hp" if self.overlap else " h" if self.wgmma else ""))
 
     def shared_bytes(self, spec: AttentionSpec) -> int:
         if self.wgmma:   # unpadded (swizzled) tiles, Q staged too
@@ -69,7 +72,7 @@ class FlashConfig:
 
 
 def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
-            max_shared_bytes: int = 100 * 1024, wgmma=(False,)) -> list[FlashConfig]:
+            max_shared_bytes: int = 100 * 1024, wgmma=(False,), overlap=(False,)) -> list[FlashConfig]:
     """The tile configs (from the given choices) that divide ``spec``'s sequences and fit its registers and
     ``max_shared_bytes`` of (dynamic) shared memory. 100 KB leaves room for two blocks on an H200 SM (228 KB).
     """
@@ -97,15 +100,25 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
                             and spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0
                             and c.shared_bytes(spec) <= max_shared_bytes):
                         out.append(c)
+        # overlapped: two score accumulators (n registers), two K/V stages, key steps taken in pairs
+        if True in tuple(overlap):
+            for w in warps:
+                for n in block_n:
+                    c = FlashConfig(int(w), int(n), 2, 1, True, True)
+                    regs = c.block_n + c.block_n // 4 + spec.head_dim_v // 2
+                    if (c.warps in (4, 8) and c.block_n in (64, 128) and regs <= 160
+                            and spec.seq_q % c.block_m == 0 and spec.seq_k % (2 * c.block_n) == 0
+                            and c.shared_bytes(spec) <= max_shared_bytes):
+                        out.append(c)
     return out
 
 
 def parse_config(name: str) -> FlashConfig:
     """The config :attr:`FlashConfig.name` names (``"w4 m2 n32 s1"``)."""
     parts = name.split()
-    fields = dict((part[0], int(part[1:])) for part in parts if part != "h")
+    fields = dict((part[0], int(part[1:])) for part in parts if part not in ("h", "hp"))
     return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"],
-                       wgmma="h" in parts)
+                       wgmma="h" in parts or "hp" in parts, overlap="hp" in parts)
 
 
 def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
@@ -311,6 +324,8 @@ for kv in T.unroll({BN // 16}):
             T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=4, c="oacc", co=f"mt * {OB} + dp * 8 + 4")})
 """
     out_at = f"out[{', '.join([*bidx, row, f'i // 4 * 8 + {tig} * 2 + i % 2'])}]"
+    if cfg.overlap:
+        return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
     if cfg.wgmma:
         allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
     body = f"""
@@ -329,13 +344,17 @@ for h in T.unroll({2 * M}):
 {_indent(fill, 4)}    for i in T.unroll({M * SB}):
         sacc[i] = T.float32(0)
 {_indent(s_block, 4)}{_indent(_online_softmax(M, SB, OB, score, f'sacc[mt * {SB} + i]'), 4)}{_indent(pv_block, 4)}{_indent(drain, 4)}{_normalize_and_store(M, OB, out_at)}"""
+    return _kernel(spec, cfg, params, body)
+
+
+def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str) -> str:
     return f"""
 @T.prim_func(private=True, s_tir=True)
 def flash_attention({', '.join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "tvmfuse.kernel": "attention_flash"}})
     for by in T.thread_binding({math.prod(spec.batch)}, thread="blockIdx.y"):
-        for bx in T.thread_binding({spec.seq_q // BM}, thread="blockIdx.x"):
-            for tx in T.thread_binding({NT}, thread="threadIdx.x"):
+        for bx in T.thread_binding({spec.seq_q // cfg.block_m}, thread="blockIdx.x"):
+            for tx in T.thread_binding({32 * cfg.warps}, thread="threadIdx.x"):
 {_indent(body, 16)}"""
 
 
@@ -459,12 +478,13 @@ class _WgmmaTiles:
         return self._copy(self.v_base, "v", self.shapes[2], self.v_tile, self.v_chunk,
                           lambda o, kx: [f"({step}) * {BN} + {kx}", o], slot)
 
-    def s_wgmma(self, acc: str, slot: str) -> str:
-        """``acc[0 .. block_n / 2) += Q·K(slot)ᵀ`` for this warpgroup's 64 rows, committed as one wgmma group."""
+    def s_wgmma(self, acc: str, slot: str, offset: str = "") -> str:
+        """``acc[offset + (0 .. block_n / 2)] += Q·K(slot)ᵀ`` for this warpgroup's 64 rows, committed as one wgmma
+        group (``offset``: an expression followed by `` + ``, or nothing)."""
         from tvmfuse.tune.hopper import desc
 
         BN, SB = self.cfg.block_n, self.cfg.block_n // 2
-        accs = ", ".join(f"{acc}[{i}]" for i in range(SB))
+        accs = ", ".join(f"{acc}[{offset}{i}]" for i in range(SB))
         out = "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n"
         for kk in range(self.spec.head_dim // 16):
             q_off, q_lbo, q_sbo = self.q_desc(kk)
@@ -527,3 +547,57 @@ pu = T.alloc_buffer(({cfg.block_n // 4},), "uint32", scope="local")
     slot = "0" if S == 1 else "j % 2"
     wait = "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n"
     return allocs, q_init, prologue, fill, tiles.s_wgmma("sacc", slot) + wait, tiles.pv_wgmma("pf", slot) + wait
+
+
+def _overlap_body(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], row: str, tig: str, out_at: str) -> str:
+    """The Hopper kernel with the tensor cores kept busy across the softmax (``cfg.overlap``; FlashAttention-3's
+    intra-warpgroup pipelining). Key steps go in pairs so the two score accumulators ``sacc[0:n/2]`` and
+    ``sacc[n/2:n]`` take turns with static register indices. Step ``j`` (``par = j % 2``):
+
+    1. wait for this warpgroup's wgmmas (``S_j`` and ``P_{j-1}·V_{j-1}``), then a barrier: every warpgroup is done
+       with ``K_j`` and ``V_{j-1}``;
+    2. copy ``K_{j+2}`` into ``K_j``'s slot and ``V_{j+1}`` into ``V_{j-1}``'s (one cp.async group), wait for the
+       previous group (``K_{j+1}``, ``V_j``) and make it visible to the async proxy;
+    3. issue ``S_{j+1} = Q·K_{j+1}ᵀ`` into the other accumulator; it runs while
+    4. the softmax of ``S_j`` makes P and rescales O (O is not in flight: step 1 waited for it);
+    5. issue ``O += P·V_j``, which runs during the next step's copies and waits.
+    """
+    BN, SB, OB = cfg.block_n, cfg.block_n // 2, spec.head_dim_v // 2
+    nsteps = spec.seq_k // BN
+    tiles = _WgmmaTiles(spec, cfg, bidx, 2)
+    j = "(jj * 2 + par)"
+    score = _score(spec, bidx, row, f"{j} * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[par * {SB} + i]")
+    visible = ("T.evaluate(T.ptx.fence.proxy.async_.shared__cta())\n"   # cp.async writes, seen by wgmma's async proxy
+               "T.tvm_storage_sync('shared')\n")
+    commit = "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+    step = ("T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n"
+            "T.tvm_storage_sync('shared')\n"
+            f"if {j} + 2 < {nsteps}:\n" + _indent(tiles.k_copy(f"{j} + 2", "par"), 4)
+            + f"if {j} + 1 < {nsteps}:\n" + _indent(tiles.v_copy(f"{j} + 1", "1 - par"), 4)
+            + commit + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + visible
+            + f"if {j} + 1 < {nsteps}:\n"
+            + _indent(f"for i in T.unroll({SB}):\n    sacc[(1 - par) * {SB} + i] = T.float32(0)\n"
+                      + tiles.s_wgmma("sacc", "1 - par", offset=f"(1 - par) * {SB} + "), 4)
+            + _online_softmax(1, SB, OB, score, f"sacc[par * {SB} + i]")
+            + tiles.pv_wgmma("pf", "par"))
+    return f"""hs = T.alloc_buffer(({tiles.elems},), "float16", scope="shared.dyn", align=1024)
+sacc = T.alloc_buffer(({2 * SB},), "float32", scope="local")
+pf = T.alloc_buffer(({SB},), "float16", scope="local")
+pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
+oacc = T.alloc_buffer(({OB},), "float32", scope="local")
+mrow = T.alloc_buffer((2,), "float32", scope="local")
+lrow = T.alloc_buffer((2,), "float32", scope="local")
+red = T.alloc_buffer((2,), "float32", scope="local")
+alpha = T.alloc_buffer((2,), "float32", scope="local")
+{tiles.q_copy()}{tiles.k_copy("0", "0")}{tiles.v_copy("0", "0")}{commit}{tiles.k_copy("1", "1")}{commit}for i in T.unroll({OB}):
+    oacc[i] = T.float32(0)
+for h in T.unroll(2):
+    mrow[h] = T.float32(-1e30)
+    lrow[h] = T.float32(0)
+for i in T.unroll({SB}):
+    sacc[i] = T.float32(0)
+T.evaluate(T.ptx.cp.async_.wait_group(1))
+{visible}{tiles.s_wgmma("sacc", "0")}for jj in T.serial({nsteps // 2}):
+    for par in T.unroll(2):
+{_indent(step, 8)}T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+{_normalize_and_store(1, OB, out_at)}"""

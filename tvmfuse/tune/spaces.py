@@ -597,11 +597,13 @@ def template_attention(sch, space: ClassSpace, info: dict) -> list:
     root = sch.get_sblock("root")
     spec = flash.spec_of(sch.mod["main"])
     if info.get("target_kind") == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
-        knobs = {k: space.knobs.get(f"flash_{k}") for k in ("warps", "m_tiles", "block_n", "stages", "wgmma")}
+        knobs = {k: space.knobs.get(f"flash_{k}")
+                 for k in ("warps", "m_tiles", "block_n", "stages", "wgmma", "overlap")}
         choices = {k: v.values for k, v in knobs.items() if v is not None}
-        # Hopper's wgmma kernels need the arch-specific target
-        choices["wgmma"] = tuple(bool(v) for v in choices.get("wgmma", (False,))
-                                 if not v or info.get("target_arch") == "sm_90a") or (False,)
+        # Hopper's wgmma kernels (and their overlapped variant) need the arch-specific target
+        for k in ("wgmma", "overlap"):
+            choices[k] = tuple(bool(v) for v in choices.get(k, (False,))
+                               if not v or info.get("target_arch") == "sm_90a") or (False,)
         options = flash.configs(spec, **choices,
                                 max_shared_bytes=int(space.extra.get("flash_max_shared_bytes", 100 * 1024)))
         if options:
