@@ -168,10 +168,18 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
                                     and tiles_m % c.raster == 0
                                     and c.stages - c.inflight >= 2 and (c.swizzle == 0 or c.block_k == 64)
+                                    # a batch in flight across K steps: ptxas serializes the wgmmas around
+                                    # the zero-fill branches of predicated copies (C7514)
+                                    and not (c.inflight and _a_predicated(spec, c))
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
                                     and c.shared_bytes() <= max_shared_bytes):
                                 out.append(c)
     return out
+
+
+def _a_predicated(spec: GemmSpec, cfg: WgmmaConfig) -> bool:
+    """Whether A's copies zero-fill (a padded conv window, rows past the last whole tile)."""
+    return (spec.conv is not None and spec.conv.padded) or spec.rows % cfg.block_m != 0
 
 
 def default_config(spec: GemmSpec) -> WgmmaConfig:
@@ -255,7 +263,7 @@ def _a_read(spec: GemmSpec, row: str, kbase: str, kin: str, tail: bool) -> tuple
     conds = [f"{row} < {spec.rows}"] if tail else []
     if spec.conv is None:
         a_batch, _ = _batch_offsets(spec)
-        return " and ".join(conds) or None, f"{a_batch} + {row} * {spec.k} + {kbase} + {kin}"
+        return _all(conds), f"{a_batch} + {row} * {spec.k} + {kbase} + {kin}"
     g = spec.conv
     (sh, sw), (pt, pl), (dh, dw) = g.stride, g.pad, g.dilation
     rs = f"({kbase}) // {g.c}"   # the K step's filter tap (r, s): c is a multiple of 64
@@ -264,7 +272,14 @@ def _a_read(spec: GemmSpec, row: str, kbase: str, kin: str, tail: bool) -> tuple
     if g.padded:
         conds += [f"0 <= {ih}", f"{ih} < {g.h}", f"0 <= {iw}", f"{iw} < {g.w}"]
     pixel = f"({row} // {g.oh * g.ow} * {g.h} + {ih}) * {g.w} + {iw}"
-    return " and ".join(conds) or None, f"({pixel}) * {g.c} + ({kbase}) % {g.c} + {kin}"
+    return _all(conds), f"({pixel}) * {g.c} + ({kbase}) % {g.c} + {kin}"
+
+
+def _all(conds: list[str]) -> str | None:
+    """TVMScript of the conjunction of ``conds`` (None for none)."""
+    if not conds:
+        return None
+    return conds[0] if len(conds) == 1 else f"T.And({conds[0]}, {_all(conds[1:])})"
 
 
 def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
@@ -331,7 +346,11 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # (with fewer K steps than that, the missing tiles' groups are committed empty, so the waits keep counting)
     prologue = "".join((copies(str(s_), str(s_)) if s_ < kt else "") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
                        for s_ in range(L))
-    refill = copies(f"(ko + {L}) % {S}", f"(ko + {L})")
+    if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
+        #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
+        refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")
+    else:
+        refill = f"if ko + {L} < {kt}:\n" + _indent(copies(f"(ko + {L}) % {S}", f"(ko + {L})"), 4)
     return f"""
 @T.prim_func(s_tir=True)
 def main({", ".join(params)}):
@@ -350,8 +369,7 @@ def main({", ".join(params)}):
                     T.tvm_storage_sync("shared")
                     T.evaluate(T.ptx.wgmma.fence.sync.aligned())
 {_indent(wgmmas, 20)}                    T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
-                    if ko + {L} < {kt}:
-{_indent(refill, 24)}                    T.evaluate(T.ptx.cp.async_.commit_group())
+{_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
                     T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
                 for t in T.unroll({MT}):
@@ -440,7 +458,7 @@ def _script(expr, env: dict, buffers: dict, acc) -> str:
     if kind in _FUNCS:
         return f"{_FUNCS[kind]}({rec(expr.a)}, {rec(expr.b)})"
     if kind in ("And", "Or"):
-        return f"T.{kind.lower()}({rec(expr.a)}, {rec(expr.b)})"
+        return f"T.{kind}({rec(expr.a)}, {rec(expr.b)})"
     if kind == "Not":
         return f"T.Not({rec(expr.a)})"
     if kind == "Select":
