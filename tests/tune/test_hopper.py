@@ -245,7 +245,8 @@ def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
 def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_kernel(tmp_path, cuda):
     """Without a record a GEMM on sm_90a runs the wgmma template at its default tiles (dlight's GEMM schedule
     has no tensor cores), and the tuner's baseline, the record that keeps a build from being slower than the
-    untuned one, is that same kernel. Convs and partial row tiles, not yet run on a GPU, keep dlight."""
+    untuned one, is that same kernel. Convs, partial row tiles and reindexing epilogues, not yet run on a
+    GPU, keep dlight."""
     from test_flash import _cuda_source
 
     from tvmfuse.compile.build import build
@@ -371,6 +372,11 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         assert spec.b_kmajor
     if case == "head_split":
         assert "// T.int64(64)" in info["store"] and "% T.int64(64)" in info["store"]
+        # not run on a GPU: an untuned build keeps dlight for it (the tuner checks what it records)
+        assert info["reindexed"] and hopper.default_kernel(func, cuda.target) is None
+    elif case not in _CONVS:
+        assert not info["reindexed"]
+        assert (hopper.default_kernel(func, cuda.target, build=False) is not None) == (spec.rows % 64 == 0)
     if case in _CONVS:
         want = dict(_CONVS[case][1])
         padded, tail = want.pop("padded"), want.pop("tail")

@@ -547,6 +547,7 @@ def analyze(func) -> tuple[GemmSpec, dict]:
         spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params)
         out_idx = _gemm_out_index(spec)
     pname = {name: f"p{n}" for name, n in params.items()}
+    reindexed = False
     if not rest:
         if c not in params:
             raise Misfit("no output")
@@ -567,9 +568,10 @@ def analyze(func) -> tuple[GemmSpec, dict]:
             env = dict(zip(evars, [f"({e})" for e in out_idx]))
         else:   # a reshape / transpose of the product (heads split off, NHWC back to NCHW): invert the read
             env = _inverted_env(epi, c, out_idx, math.prod(ext))
+            reindexed = True
         expr = _script(epi.body.value, env, pname, (c, list(read)))
         store = f"{pname[out]}[{', '.join(_script(i, env, pname, (c, list(read))) for i in epi.body.indices)}] = {expr}"
-    return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store}
+    return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store, "reindexed": reindexed}
 
 
 def _fp16_param(e, bufs, params):
@@ -726,14 +728,15 @@ def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfi
 def default_kernel(func, target, *, build: bool = True):
     """What an untuned build on ``target`` runs for the GEMM ``func``: the kernel at :func:`default_config`
     (its :class:`WgmmaConfig` with ``build=False``), or None where the target is not sm_90a, the kernel does not
-    fit, or it takes paths not yet run on a GPU (a conv; rows ending in a partial tile), which keep dlight."""
+    fit, or it takes paths not yet run on a GPU (a conv; rows ending in a partial tile; an epilogue that
+    reshapes or transposes the product), which keep dlight: an untuned build has no kernel check."""
     if not supports(target):
         return None
     try:
         spec, info = analyze(func)
     except Exception:  # noqa: BLE001 - as schedule(): anything analyze() cannot take keeps the default path
         return None
-    if spec.conv is not None or not configs(spec):
+    if spec.conv is not None or info["reindexed"] or not configs(spec):
         return None
     cfg = default_config(spec)
     if spec.rows % cfg.block_m:
