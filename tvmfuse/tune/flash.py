@@ -481,7 +481,7 @@ class _WgmmaTiles:
     def s_wgmma(self, acc: str, slot: str, offset: str = "") -> str:
         """``acc[offset + (0 .. block_n / 2)] += Q·K(slot)ᵀ`` for this warpgroup's 64 rows, committed as one wgmma
         group (``offset``: an expression followed by `` + ``, or nothing)."""
-        from tvmfuse.tune.hopper import desc
+        from tvmfuse.tune.hopper import desc, wgmma_issue
 
         BN, SB = self.cfg.block_n, self.cfg.block_n // 2
         accs = ", ".join(f"{acc}[{offset}{i}]" for i in range(SB))
@@ -489,16 +489,16 @@ class _WgmmaTiles:
         for kk in range(self.spec.head_dim // 16):
             q_off, q_lbo, q_sbo = self.q_desc(kk)
             k_off, k_lbo, k_sbo = self.k_desc(kk)
-            out += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16({accs}, "
-                    f"{desc('hs', f'{self.q_base} + (tx // 128) * {64 * 64} + {q_off}', q_lbo, q_sbo, 128)}, "
-                    f"{desc('hs', f'{self.k_base} + {slot} * {self.k_tile} + {k_off}', k_lbo, k_sbo, 128)}, "
-                    f"T.ptx.pred(1), 1, 1, 0, {0 if self.spec.k_rows else 1}))\n")
+            out += wgmma_issue(BN, accs,
+                               desc("hs", f"{self.q_base} + (tx // 128) * {64 * 64} + {q_off}", q_lbo, q_sbo, 128),
+                               desc("hs", f"{self.k_base} + {slot} * {self.k_tile} + {k_off}", k_lbo, k_sbo, 128),
+                               f"1, 1, 0, {0 if self.spec.k_rows else 1}")
         return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
 
     def pv_wgmma(self, pf: str, slot: str) -> str:
         """P (``pf``, fp16, packed into ``pu`` as the register A operand) times V(slot) into ``oacc``, committed
         as one wgmma group."""
-        from tvmfuse.tune.hopper import desc
+        from tvmfuse.tune.hopper import desc, wgmma_issue
 
         BN, DV, SB = self.cfg.block_n, self.spec.head_dim_v, self.cfg.block_n // 2
         half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', " + pf + "[{i}]))"
@@ -508,10 +508,9 @@ class _WgmmaTiles:
         oaccs = ", ".join(f"oacc[{i}]" for i in range(DV // 2))
         for kv in range(BN // 16):
             v_off, v_lbo, v_sbo = self.v_desc(kv)
-            out += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{DV}k16.f32.f16.f16({oaccs}, "
-                    f"{', '.join(f'pu[{kv * 4 + r}]' for r in range(4))}, "
-                    f"{desc('hs', f'{self.v_base} + {slot} * {self.v_tile} + {v_off}', v_lbo, v_sbo, 128)}, "
-                    f"T.ptx.pred(1), 1, 1, 1))\n")
+            out += wgmma_issue(DV, oaccs, ", ".join(f"pu[{kv * 4 + r}]" for r in range(4)),
+                               desc("hs", f"{self.v_base} + {slot} * {self.v_tile} + {v_off}", v_lbo, v_sbo, 128),
+                               "1, 1, 1")
         return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
 
 

@@ -17,6 +17,9 @@ planner's GEMM kernels whose shape it fits (:func:`gemm_spec`):
 * the operands are named by 64-bit shared-memory matrix descriptors encoded here (start address, the
   byte offsets between core matrices along K and along M/N; checked on the H200 by
   ``scripts/wgmma_probe.py``);
+* an NHWC conv is the same kernel as an implicit GEMM (:class:`ConvGeometry`): each K step's A tile is one
+  filter tap's 64 channels of the rows' input pixels, gathered by the same copies, padding zero-filled; rows
+  may end in a partial tile (predicated copies and stores);
 * thread blocks are launched in groups of ``raster`` tile rows, so a group's B tiles stay in L2;
 * the fused kernel's epilogue (the cast, bias, activation, residual that follow the multiply in the
   planner's PrimFunc) is applied to each accumulator before the one store to global memory.
@@ -210,6 +213,13 @@ def desc(buf: str, offset: str, lbo: int, sbo: int, swizzle: int) -> str:
     return f"(((({addr}) & T.uint64(0x3FFFF)) >> T.uint64(4)) | T.uint64({const}))"
 
 
+def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str) -> str:
+    """One ``wgmma.mma_async.m64n{n}k16`` (fp16 in, fp32 accumulate) statement: ``accs`` the accumulators, ``a``
+    a descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates."""
+    return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16({accs}, {a}, {b}, "
+            f"T.ptx.pred(1), {flags}))\n")
+
+
 def tile_layout(swizzle: int, kmajor: bool, outer: int, kext: int):
     """How a ``[outer, kext]`` (K-major) or ``[kext, outer]`` (MN-major) fp16 tile sits in shared memory for wgmma.
 
@@ -330,8 +340,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             da = desc("sa", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
                        cfg.swizzle)
             db = desc("sb", f"ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
-            wgmmas += (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16({accs}, {da}, {db}, "
-                       f"T.ptx.pred(1), 1, 1, 0, {0 if spec.b_kmajor else 1}))\n")
+            wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}")
 
     lane, warp = "(tx % 32)", "(tx % 128 // 32)"
     row = (f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {warp} * 16 + {lane} // 4 + i % 4 // 2 * 8")
@@ -725,11 +734,11 @@ def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfi
     return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
 
 
-def default_kernel(func, target, *, build: bool = True):
-    """What an untuned build on ``target`` runs for the GEMM ``func``: the kernel at :func:`default_config`
-    (its :class:`WgmmaConfig` with ``build=False``), or None where the target is not sm_90a, the kernel does not
-    fit, or it takes paths not yet run on a GPU (a conv; rows ending in a partial tile; an epilogue that
-    reshapes or transposes the product), which keep dlight: an untuned build has no kernel check."""
+def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
+    """(spec, {a, b, store, ..}, config) of the kernel an untuned build on ``target`` runs for the GEMM
+    ``func``: :func:`default_config`'s. None where the target is not sm_90a, the kernel does not fit, or it
+    takes paths not yet run on a GPU (a conv; rows ending in a partial tile; an epilogue that reshapes or
+    transposes the product), which keep dlight: an untuned build has no kernel check."""
     if not supports(target):
         return None
     try:
@@ -739,9 +748,16 @@ def default_kernel(func, target, *, build: bool = True):
     if spec.conv is not None or info["reindexed"] or not configs(spec):
         return None
     cfg = default_config(spec)
-    if spec.rows % cfg.block_m:
+    return None if spec.rows % cfg.block_m else (spec, info, cfg)
+
+
+def default_kernel(func, target):
+    """The kernel :func:`untuned_config` names (its parameters and global symbol ``func``'s), or None."""
+    found = untuned_config(func, target)
+    if found is None:
         return None
-    return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg) if build else cfg
+    spec, info, cfg = found
+    return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
 
 
 def annotated(func):

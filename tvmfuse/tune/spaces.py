@@ -427,6 +427,17 @@ def _flatten_rows(s, shape: list[int]) -> None:
         s.transform_block_layout(b, _fuse_leading(shape, len(lead)))
 
 
+def _split_columns(s, loop, threads, lanes, contiguous: bool):
+    """Split a row's column loop into (thread, vector step, lanes) loops, returned in that order. Contiguous:
+    column = (thread, step, lane), each thread a slice of its own (what keeps a row in registers); else
+    column = (step, thread, lane), each step's vectors contiguous across the threads (coalesced)."""
+    if contiguous:
+        return tuple(s.split(loop, [threads, None, lanes]))
+    step, lane = s.split(loop, [None, lanes])
+    step, tx = s.split(step, [None, threads])
+    return tx, step, lane
+
+
 def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     """Reductions over the last axis: ``rows_per_block`` rows per thread block (threadIdx.y), each reduced by
     its own ``threads`` threads (a row per warp at 32).
@@ -518,11 +529,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                 continue
         threads = sample(s, threads_k)
         vec = sample(s, vec_k)
-        if storage == "registers":   # column = (tx, co, lanes): a thread's slice is contiguous
-            tx, co, lanes = s.split(col, [threads, None, vec])
-        else:                        # column = (co, tx, lanes): a warp's vectors are contiguous
-            co, lanes = s.split(col, [None, vec])
-            _, tx = s.split(co, [None, threads])
+        tx, co, lanes = _split_columns(s, col, threads, vec, storage == "registers")
         rows_k = space.knobs.get("rows_per_block")
         ty = None
         if rows_k is not None:
@@ -560,11 +567,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                     _, rtx = s.split(inner, [None, threads])
                 s.bind(rtx, "threadIdx.x")
             else:
-                if storage == "registers":
-                    btx, _, bl = s.split(inner, [threads, None, vec])
-                else:
-                    bo, bl = s.split(inner, [None, vec])
-                    _, btx = s.split(bo, [None, threads])
+                btx, _, bl = _split_columns(s, inner, threads, vec, storage == "registers")
                 s.bind(btx, "threadIdx.x")
                 s.vectorize(bl)
         # the epilogue: vector loads of its row operands into registers, scalar math, one vector store
@@ -772,21 +775,24 @@ def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
     spec = flash.spec_of(mod["main"])
     if spec is None:
         return None
-    want = flash.default_config(spec, wgmma=hopper.supports(target)).name
-    return flash_schedule(mod, target, lambda names: names.index(want) if want in names else None, spaces)
+    return flash_schedule(mod, target, _pick(flash.default_config(spec, wgmma=hopper.supports(target)).name), spaces)
 
 
 def wgmma_default_schedule(mod, target, spaces: SpaceFile | None = None):
-    """A GEMM's wgmma sketch on sm_90a at the untuned build's config (``tvmfuse.tune.hopper.default_kernel``),
+    """A GEMM's wgmma sketch on sm_90a at the untuned build's config (``tvmfuse.tune.hopper.untuned_config``),
     or None where that build has no wgmma kernel or the space's candidates leave its config out."""
     from tvmfuse.tune import hopper
 
-    found = hopper.default_kernel(mod["main"], target, build=False)
+    found = hopper.untuned_config(mod["main"], target)
     if found is None:
         return None
-    want = found.name
-    return _config_schedule(mod, target, lambda names: names.index(want) if want in names else None,
-                            "template:gemm_tensorcore", hopper.CANDIDATES, spaces)
+    return _config_schedule(mod, target, _pick(found[2].name), "template:gemm_tensorcore", hopper.CANDIDATES,
+                            spaces)
+
+
+def _pick(name: str):
+    """A ``choose`` for :func:`_config_schedule`: the index of the candidate ``name``, None if absent."""
+    return lambda names: names.index(name) if name in names else None
 
 
 def default_template_schedule(mod, target, spaces: SpaceFile | None = None):
