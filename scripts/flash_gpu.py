@@ -6,7 +6,7 @@ output poisoned (NaN) first, and times it with TVM's time evaluator; SDPA (PyTor
 timed in the same run. Smaller variants (Kᵀ given transposed, an additive mask, mask before scale,
 head dim 64) are checked for correctness only. Prints a table last; ``--json`` writes the rows.
 
-    python scripts/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap]
+    python scripts/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap] [--configs NAME ...]
 
 ``--kind wgmma`` includes the overlapped Hopper kernels (`` hp``); ``--kind overlap`` runs only those.
 """
@@ -108,13 +108,14 @@ def main() -> int:
     ap.add_argument("--kind", choices=["all", "mma", "wgmma", "overlap"], default="all",
                     help="mma.sync configs, Hopper wgmma configs (' h' and the overlapped ' hp'), only the "
                          "overlapped ones, or all")
+    ap.add_argument("--configs", nargs="*", default=None, help="only these config names (e.g. 'w4 m1 n64 s1 h')")
     a = ap.parse_args()
 
     def configs(spec):
         mma = all_configs(spec) if a.kind in ("all", "mma") else []
         hopper = ([c for c in all_configs(spec, wgmma=(True,), overlap=(True,), max_shared_bytes=227 * 1024)
                    if c.wgmma and (c.overlap or a.kind != "overlap")] if a.kind != "mma" else [])
-        return mma + hopper
+        return [c for c in mma + hopper if not a.configs or c.name in a.configs]
     anchor = AttentionSpec(batch=(4, 32), seq_q=4096, seq_k=4096, head_dim=128, head_dim_v=128, dtype="float16",
                            scale=128 ** -0.5, mask_shape=None, k_rows=True)
     variants = [
