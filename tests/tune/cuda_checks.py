@@ -53,3 +53,46 @@ def build_with_record(db_path, target, fused, kernel, trace):
         return build(fused, target=target, database=db)
     finally:
         db.close()
+
+
+def assert_shared_offsets_aligned(func) -> int:
+    """Every ``cp.async`` destination and every wgmma descriptor's start in a shared buffer of the TIR ``func``
+    is a whole 16 bytes (8 fp16) from the buffer's start and leaves 16 bytes inside it, at every value of every
+    loop around it (each offset evaluated over all its loop variables at once). A misaligned address only shows
+    on the GPU, as an illegal access that kills the process's CUDA context. Returns how many sites it checked."""
+    import ast
+
+    import numpy as np
+
+    sizes, sites = {}, []
+
+    def visit(node, ranges: dict) -> None:   # ranges: the loops around ``node`` (a name may be reused)
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) in ("T.alloc_buffer", "T.alloc_shared")
+                and "shared" in ast.unparse(node.value)):
+            sizes[node.targets[0].id] = int(np.prod(ast.literal_eval(node.value.args[0])))
+        elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call):
+            args = [ast.literal_eval(a) for a in node.iter.args if isinstance(a, ast.Constant)]
+            ranges = {**ranges, node.target.id: range(*args[:2]) if len(args) >= 2 else range(args[0])}
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "T.s_tir.cp_async_raw":
+            sites.append((ast.unparse(node.args[1]).removesuffix(".data"), node.args[2], ranges))
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func) == "T.address_of"
+              and isinstance(node.args[0], ast.Subscript)):
+            sites.append((ast.unparse(node.args[0].value), node.args[0].slice, ranges))
+        for child in ast.iter_child_nodes(node):
+            visit(child, ranges)
+
+    visit(ast.parse(func.script()), {})
+    checked = 0
+    for buf, expr, ranges in sites:
+        if buf not in sizes:
+            continue
+        names = sorted({n.id for n in ast.walk(expr) if isinstance(n, ast.Name)})
+        env = {name: np.arange(ranges[name].start, ranges[name].stop).reshape(
+            [-1 if i == k else 1 for i in range(len(names))]) for k, name in enumerate(names)}
+        vals = np.asarray(eval(compile(ast.Expression(expr), "<offset>", "eval"), {}, env))
+        text = f"{buf}[{ast.unparse(expr)}]"
+        assert (vals % 8 == 0).all(), f"not 16-byte aligned: {text}"
+        assert (vals >= 0).all() and (vals + 8 <= sizes[buf]).all(), f"out of bounds: {text}"
+        checked += 1
+    return checked

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
-from cuda_checks import assert_ptxas_without_spills, build_with_record  # noqa: E402
+from cuda_checks import assert_ptxas_without_spills, assert_shared_offsets_aligned, build_with_record  # noqa: E402
 from tvmfuse._tvm import fast_build, tvm  # noqa: E402
 from tvmfuse.compile.build import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -290,6 +290,20 @@ def test_the_overlapped_kernel_keeps_the_next_score_in_flight_during_the_softmax
     names = []
     flash_schedule(kernel.mod, cuda.target, lambda n: names.extend(n) or 0)
     assert any(n.endswith(" hp") for n in names)
+
+
+@pytest.mark.parametrize("case", [*sorted(SPECS), "kT+pairs"])
+def test_every_hopper_configs_copies_and_descriptors_land_aligned_in_its_shared_tiles(case):
+    """The H200 run of 2026-11-30 found the overlapped kernel's other-slot address written ``base + 1 - par *
+    tile`` (a slot expression pasted without parentheses): an odd offset, an illegal access on the GPU, and
+    nothing on the CPU. Every cp.async destination and wgmma descriptor start, at every loop value, must be a
+    whole 16 bytes inside the shared buffer."""
+    spec = SPECS.get(case) or AttentionSpec(batch=(2, 4), seq_q=256, seq_k=256, head_dim=64, head_dim_v=64,
+                                            dtype="float16", scale=0.125, mask_shape=(2, 1, 1, 256), k_rows=False)
+    cfgs = [c for c in flash.configs(spec, wgmma=(True,), overlap=(True,), max_shared_bytes=227 * 1024) if c.wgmma]
+    assert any(c.overlap for c in cfgs) or case == "kT"   # kT's 192 keys do not pair
+    for cfg in cfgs:
+        assert assert_shared_offsets_aligned(flash.flash_primfunc(spec, cfg)) >= 10, cfg.name
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

@@ -16,7 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
-from cuda_checks import assert_ptxas_without_spills, build_with_record, commit_record  # noqa: E402
+from cuda_checks import (assert_ptxas_without_spills, assert_shared_offsets_aligned, build_with_record,  # noqa: E402
+                         commit_record)
 from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
 from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -397,7 +398,10 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         outs.append(args[-1].numpy().astype("float32"))
     assert not np.isnan(outs[0]).any()
     assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 2e-3
-    # and the kernel itself builds for Hopper
+    # every config's copies and descriptors land 16-byte aligned inside the shared tiles (a misaligned one only
+    # shows on the GPU, as an illegal access), and the kernel itself builds for Hopper
+    for cfg in hopper.configs(spec):
+        assert assert_shared_offsets_aligned(hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], cfg))
     kernel_func = hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], hopper.configs(spec)[0])
     src = tvm.compile(tvm.IRModule({"main": kernel_func.with_attr("global_symbol", "main")}),
                       target=SM90A).mod.imports[0].inspect_source()

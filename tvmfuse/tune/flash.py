@@ -460,7 +460,7 @@ class _WgmmaTiles:
         nt = 32 * self.cfg.warps
         o, kx, off = chunk(f"(it * {nt} + tx)")
         return (f"for it in T.unroll({tile_elems // 8 // nt}):\n"
-                f"    T.evaluate(T.s_tir.cp_async_raw('float16', hs.data, {base} + {slot} * {tile_elems} + {off}, "
+                f"    T.evaluate(T.s_tir.cp_async_raw('float16', hs.data, {base} + ({slot}) * {tile_elems} + {off}, "
                 f"{src}.data, {_flat(shape, [*self.bidx, *index(o, kx)])}, 16))\n")
 
     def q_copy(self) -> str:
@@ -491,7 +491,7 @@ class _WgmmaTiles:
             k_off, k_lbo, k_sbo = self.k_desc(kk)
             out += wgmma_issue(BN, accs,
                                desc("hs", f"{self.q_base} + (tx // 128) * {64 * 64} + {q_off}", q_lbo, q_sbo, 128),
-                               desc("hs", f"{self.k_base} + {slot} * {self.k_tile} + {k_off}", k_lbo, k_sbo, 128),
+                               desc("hs", f"{self.k_base} + ({slot}) * {self.k_tile} + {k_off}", k_lbo, k_sbo, 128),
                                f"1, 1, 0, {0 if self.spec.k_rows else 1}")
         return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
 
@@ -509,7 +509,7 @@ class _WgmmaTiles:
         for kv in range(BN // 16):
             v_off, v_lbo, v_sbo = self.v_desc(kv)
             out += wgmma_issue(DV, oaccs, ", ".join(f"pu[{kv * 4 + r}]" for r in range(4)),
-                               desc("hs", f"{self.v_base} + {slot} * {self.v_tile} + {v_off}", v_lbo, v_sbo, 128),
+                               desc("hs", f"{self.v_base} + ({slot}) * {self.v_tile} + {v_off}", v_lbo, v_sbo, 128),
                                "1, 1, 1")
         return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
 

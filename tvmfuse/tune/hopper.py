@@ -322,10 +322,10 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
                  (lambda o, k: (None, f"{b_batch} + ({step} * {BK} + {k}) * {N} + {pid_n} * {BN} + {o}")))):
             o, k, off = chunk(f"(it * {NT} + tx)")
             pred, at = glob(o, k)
-            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {slot} * {tile} + {off}, {src}.data, {at}, 16))"
+            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, ({slot}) * {tile} + {off}, {src}.data, {at}, 16))"
             if pred is not None:   # 16 zero bytes where the element is not read (a conv's padding, rows past M)
                 copy = (f"if {pred}:\n    {copy}\nelse:\n    for v in T.vectorized(8):\n"
-                        f"        {dst}[{slot} * {tile} + {off} + v] = T.float16(0)")
+                        f"        {dst}[({slot}) * {tile} + {off} + v] = T.float16(0)")
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
         return out
 
