@@ -96,3 +96,52 @@ def assert_shared_offsets_aligned(func) -> int:
         assert (vals >= 0).all() and (vals + 8 <= sizes[buf]).all(), f"out of bounds: {text}"
         checked += 1
     return checked
+
+
+_VECTOR_BYTES = {"uint4": 16, "int4": 16, "float4": 16, "uint2": 8, "int2": 8, "float2": 8, "half4": 8,
+                 "half2": 4, "uint1": 4, "int1": 4, "float1": 4}
+_ELEMENT_BYTES = {"half": 2, "float": 4, "int": 4, "uint": 4, "signed char": 1, "char": 1, "double": 8}
+
+
+def assert_shared_vectors_aligned(src: str) -> int:
+    """Every vector load or store into a ``__shared__`` array of the generated CUDA ``src``
+    (``*(uint4*)(x_shared_ptr + i)``) starts at a multiple of its width, at every thread, block and loop value.
+    Each index is evaluated over all of them (the block index over its first 64 values); a misaligned vector
+    access only shows on the GPU, where it kills the runner (2026-11-30: every 16-byte candidate of the tiled
+    transpose, whose rows are padded to an odd number of words). Returns how many accesses it checked."""
+    import numpy as np
+
+    shared = {m.group(2): _ELEMENT_BYTES[m.group(1)]
+              for m in re.finditer(r"__shared__ alignas\(\d+\) ([a-z ]+?) (\w+)\[\d+\];", src)}
+    bounds = re.search(r"__launch_bounds__\((\d+)\)", src)
+    ranges = {"tx": range(int(bounds.group(1)) if bounds else 1024), "ty": range(8), "bx": range(64),
+              "by": range(8)}
+    ranges.update({m.group(1): range(int(m.group(2)))
+                   for m in re.finditer(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\)", src)})
+    defs = dict(re.findall(r"int (cse_v\d+) = (.+);", src))
+
+    def python(expr: str) -> str:
+        for _ in range(8):   # cse variables may use each other
+            expr = re.sub(r"\bcse_v\d+\b", lambda m: f"({defs[m.group(0)]})", expr)
+        expr = (expr.replace("((int)threadIdx.x)", "tx").replace("((int)threadIdx.y)", "ty")
+                .replace("((int)blockIdx.x)", "bx").replace("((int)blockIdx.y)", "by"))
+        return re.sub(r"(?<![/])/(?![/])", "//", expr)
+
+    checked = 0
+    for m in re.finditer(r"\*\((\w+)\*\)\((\w+) \+ ", src):
+        vec, buf = m.groups()
+        if buf not in shared or vec not in _VECTOR_BYTES:
+            continue
+        depth, i = 1, m.end()   # the index: up to the parenthesis that closes "(buf + "
+        while depth:
+            depth += {"(": 1, ")": -1}.get(src[i], 0)
+            i += 1
+        expr = python(src[m.end():i - 1])
+        names = sorted(set(re.findall(r"\b[a-z_]\w*\b", expr)))
+        env = {n: np.arange(ranges[n].start, ranges[n].stop).reshape([-1 if j == k else 1 for j in range(len(names))])
+               for k, n in enumerate(names)}
+        index = np.asarray(eval(expr, {}, env))
+        lanes = _VECTOR_BYTES[vec] // shared[buf]
+        assert (index % lanes == 0).all(), f"{vec} access to {buf} not {_VECTOR_BYTES[vec]}-byte aligned: {expr}"
+        checked += 1
+    return checked

@@ -297,7 +297,10 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int, int], space: Clas
     s.storage_align(cache, 0, in_axis, 64 // ebytes, 4 // ebytes)  # row stride = an odd number of bank words
     inner = s.get_loops(cache)[1:]
     fused = s.fuse(*inner) if len(inner) > 1 else inner[0]
-    vin = sample(s, _vector_knob(space.knobs["vector_lanes"], math.gcd(*tiles_a), ebytes))
+    # an odd number of words per row keeps each row's start 4-byte aligned, no more: the tile is filled with
+    # 4-byte loads (16-byte ones were misaligned on odd rows, and the H200 killed every such candidate,
+    # 2026-11-30 15:58; the 82%-of-copy candidate of 07:40 had narrow loads)
+    vin = max(1, 4 // ebytes) if math.gcd(*tiles_a) % max(1, 4 // ebytes) == 0 else 1
     _, tx, lanes = s.split(fused, [None, threads, vin])
     s.bind(tx, "threadIdx.x")
     s.vectorize(lanes)
