@@ -170,7 +170,10 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     and (spec.conv is None or spec.conv.c % c.block_k == 0)
                                     and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
                                     and tiles_m % c.raster == 0
-                                    and c.stages - c.inflight >= 2 and (c.swizzle == 0 or c.block_k == 64)
+                                    # a batch in flight holds a stage: at 3 stages that left two and ran
+                                    # 1.24x slower on the H200 (2026-11-30); at 4 it matched or beat f0
+                                    and c.stages - c.inflight >= 2 + c.inflight
+                                    and (c.swizzle == 0 or c.block_k == 64)
                                     # a batch in flight across K steps: ptxas serializes the wgmmas around
                                     # the zero-fill branches of predicated copies (C7514)
                                     and not (c.inflight and _a_predicated(spec, c))
