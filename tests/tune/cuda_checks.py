@@ -55,6 +55,17 @@ def build_with_record(db_path, target, fused, kernel, trace):
         db.close()
 
 
+def _at_every_value(expr: str, ranges: dict):
+    """The integer expression ``expr`` (Python syntax) at every combination of its variables' ``ranges``, as one
+    broadcast array (a variable per axis)."""
+    import numpy as np
+
+    names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", expr)))
+    env = {n: np.arange(ranges[n].start, ranges[n].stop).reshape([-1 if j == k else 1 for j in range(len(names))])
+           for k, n in enumerate(names)}
+    return np.asarray(eval(expr, {}, env))
+
+
 def assert_shared_offsets_aligned(func) -> int:
     """Every ``cp.async`` destination and every wgmma descriptor's start in a shared buffer of the TIR ``func``
     is a whole 16 bytes (8 fp16) from the buffer's start and leaves 16 bytes inside it, at every value of every
@@ -87,10 +98,7 @@ def assert_shared_offsets_aligned(func) -> int:
     for buf, expr, ranges in sites:
         if buf not in sizes:
             continue
-        names = sorted({n.id for n in ast.walk(expr) if isinstance(n, ast.Name)})
-        env = {name: np.arange(ranges[name].start, ranges[name].stop).reshape(
-            [-1 if i == k else 1 for i in range(len(names))]) for k, name in enumerate(names)}
-        vals = np.asarray(eval(compile(ast.Expression(expr), "<offset>", "eval"), {}, env))
+        vals = _at_every_value(ast.unparse(expr), ranges)
         text = f"{buf}[{ast.unparse(expr)}]"
         assert (vals % 8 == 0).all(), f"not 16-byte aligned: {text}"
         assert (vals >= 0).all() and (vals + 8 <= sizes[buf]).all(), f"out of bounds: {text}"
@@ -109,8 +117,6 @@ def assert_shared_vectors_aligned(src: str) -> int:
     Each index is evaluated over all of them (the block index over its first 64 values); a misaligned vector
     access only shows on the GPU, where it kills the runner (2026-11-30: every 16-byte candidate of the tiled
     transpose, whose rows are padded to an odd number of words). Returns how many accesses it checked."""
-    import numpy as np
-
     shared = {m.group(2): _ELEMENT_BYTES[m.group(1)]
               for m in re.finditer(r"__shared__ alignas\(\d+\) ([a-z ]+?) (\w+)\[\d+\];", src)}
     bounds = re.search(r"__launch_bounds__\((\d+)\)", src)
@@ -137,10 +143,7 @@ def assert_shared_vectors_aligned(src: str) -> int:
             depth += {"(": 1, ")": -1}.get(src[i], 0)
             i += 1
         expr = python(src[m.end():i - 1])
-        names = sorted(set(re.findall(r"\b[a-z_]\w*\b", expr)))
-        env = {n: np.arange(ranges[n].start, ranges[n].stop).reshape([-1 if j == k else 1 for j in range(len(names))])
-               for k, n in enumerate(names)}
-        index = np.asarray(eval(expr, {}, env))
+        index = _at_every_value(expr, ranges)
         lanes = _VECTOR_BYTES[vec] // shared[buf]
         assert (index % lanes == 0).all(), f"{vec} access to {buf} not {_VECTOR_BYTES[vec]}-byte aligned: {expr}"
         checked += 1

@@ -22,8 +22,8 @@ from tvmfuse.tune.flash import flash_kernel, spec_of
 class KernelStatus:
     name: str
     schedule: str  # tuned | default (llvm, untuned) | dlight (cuda fallback) | flash-default (cuda attention,
-    #                untuned: the flash template's default tiles) | wgmma-default (a GEMM on sm_90a, untuned:
-    #                the wgmma template's default tiles) | prescheduled
+    #                untuned: the flash template's default tiles) | wgmma-default (a GEMM or conv on sm_90a,
+    #                untuned: the wgmma template's default tiles) | prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:
@@ -76,7 +76,7 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             updates[gv] = flash_kernel(func, wgmma=hopper.supports(target.target))
             statuses.append(KernelStatus(name, "flash-default"))
         elif target.kind == "cuda" and (wgmma := hopper.default_kernel(func, target.target)) is not None:
-            # untuned GEMM on Hopper: the wgmma template's default tiles (dlight's GEMM has no tensor cores)
+            # untuned GEMM or conv on Hopper: the wgmma template's default tiles (dlight's has no tensor cores)
             updates[gv] = wgmma.with_attr("global_symbol", name)
             statuses.append(KernelStatus(name, "wgmma-default"))
         else:

@@ -17,6 +17,15 @@ class Knob:
         values = tuple(values)
         return cls(name, values, tuple(1.0 / len(values) for _ in values))
 
+    @classmethod
+    def leaning(cls, name: str, values, first: float) -> "Knob":
+        """``first`` on the first value, the rest shared equally among the others."""
+        values = tuple(values)
+        if len(values) == 1:
+            return cls(name, values, (1.0,))
+        rest = (1.0 - first) / (len(values) - 1)
+        return cls(name, values, (first, *(rest for _ in values[1:])))
+
     def filtered(self, keep: Callable[[object], bool]) -> "Knob":
         """The values ``keep`` accepts, probabilities renormalized (the last value if none is accepted)."""
         pairs = [(v, p) for v, p in zip(self.values, self.probs) if keep(v)]
