@@ -67,10 +67,11 @@ def _at_every_value(expr: str, ranges: dict):
 
 
 def assert_shared_offsets_aligned(func) -> int:
-    """Every ``cp.async`` destination and every wgmma descriptor's start in a shared buffer of the TIR ``func``
-    is a whole 16 bytes (8 fp16) from the buffer's start and leaves 16 bytes inside it, at every value of every
-    loop around it (each offset evaluated over all its loop variables at once). A misaligned address only shows
-    on the GPU, as an illegal access that kills the process's CUDA context. Returns how many sites it checked."""
+    """Every ``cp.async`` destination (raw or zero-filling) and every wgmma descriptor's start in a shared buffer of
+    the TIR ``func`` is a whole 16 bytes (8 fp16) from the buffer's start and leaves 16 bytes inside it, at every
+    value of every loop around it (each offset evaluated over all its loop variables at once). A misaligned
+    address only shows on the GPU, as an illegal access that kills the process's CUDA context. Returns how many
+    sites it checked."""
     import ast
 
     import numpy as np
@@ -90,6 +91,11 @@ def assert_shared_offsets_aligned(func) -> int:
         elif (isinstance(node, ast.Call) and ast.unparse(node.func) == "T.address_of"
               and isinstance(node.args[0], ast.Subscript)):
             sites.append((ast.unparse(node.args[0].value), node.args[0].slice, ranges))
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func) == "T.cuda.func_call"
+              and ast.literal_eval(node.args[0]) == "tvmfuse_cp_async_zfill"):
+            # (the GEMM template's branch-free zero-filling copy: dst = sa_base + T.Cast("uint32", (offset) * 2))
+            dst = node.args[1]
+            sites.append((dst.left.id.removesuffix("_base"), dst.right.args[1].left, ranges))
         for child in ast.iter_child_nodes(node):
             visit(child, ranges)
 

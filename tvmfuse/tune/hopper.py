@@ -38,6 +38,17 @@ ANNOTATION = "tvmfuse.wgmma_config"
 CANDIDATES = "tvmfuse.wgmma_candidates"
 SPEC = "tvmfuse.wgmma_spec"
 
+# A 16-byte cp.async to a shared address that reads nothing and writes 16 zero bytes where ``valid`` is 0
+# (PTX's src-size operand): a predicated copy without a branch. TVM 0.27's raw cp.async op takes no predicate
+# from TVMScript, so this is a function of our own (``T.cuda.func_call`` with its source).
+ZFILL = "tvmfuse_cp_async_zfill"
+_ZFILL_SOURCE = f"""
+__forceinline__ __device__ void {ZFILL}(unsigned int dst, void* src, int src_off, int valid) {{
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dst), "l"((const char*)src + (long long)src_off * 2), "r"(valid * 16));
+}}
+"""
+
 
 @dataclass(frozen=True)
 class ConvGeometry:
@@ -174,9 +185,6 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     # 1.24x slower on the H200 (2026-11-30); at 4 it matched or beat f0
                                     and c.stages - c.inflight >= 2 + c.inflight
                                     and (c.swizzle == 0 or c.block_k == 64)
-                                    # a batch in flight across K steps: ptxas serializes the wgmmas around
-                                    # the zero-fill branches of predicated copies (C7514)
-                                    and not (c.inflight and _a_predicated(spec, c))
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
                                     and c.shared_bytes() <= max_shared_bytes):
                                 out.append(c)
@@ -313,8 +321,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     _, b_batch = _batch_offsets(spec)
     a_chunk, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
     b_chunk, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
+    zfill = bool(F) and _a_predicated(spec, cfg)   # A's predicated copies in the main loop: branch-free
 
-    def copies(slot: str, step: str) -> str:
+    def copies(slot: str, step: str, branch: bool = False) -> str:
         out = ""
         for dst, src, tile, chunk, glob in (
                 ("sa", a, a_tile, a_chunk, lambda o, k: _a_read(spec, f"({pid_m} * {BM} + {o})", f"{step} * {BK}", k,
@@ -326,7 +335,13 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             o, k, off = chunk(f"(it * {NT} + tx)")
             pred, at = glob(o, k)
             copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, ({slot}) * {tile} + {off}, {src}.data, {at}, 16))"
-            if pred is not None:   # 16 zero bytes where the element is not read (a conv's padding, rows past M)
+            if pred is not None and zfill and not branch:
+                # 16 zero bytes where the element is not read, without a branch (with a batch in flight ptxas
+                # serializes the wgmmas around one, C7514); the source offset is 0 there
+                copy = (f"T.evaluate(T.cuda.func_call({ZFILL!r}, {dst}_base + T.uint32((({slot}) * {tile} + {off}) * 2), "
+                        f"{src}.data, T.Select({pred}, {at}, 0), T.Cast('int32', {pred}), "
+                        f"source_code={_ZFILL_SOURCE!r}))")
+            elif pred is not None:   # 16 zero bytes where the element is not read (a conv's padding, rows past M)
                 copy = (f"if {pred}:\n    {copy}\nelse:\n    for v in T.vectorized(8):\n"
                         f"        {dst}[({slot}) * {tile} + {off} + v] = T.float16(0)")
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
@@ -356,8 +371,11 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # of each step orders every warpgroup's wait before anyone's refill). One cp.async group per tile.
     L = S - 1 - F
     # (with fewer K steps than that, the missing tiles' groups are committed empty, so the waits keep counting)
-    prologue = "".join((copies(str(s_), str(s_)) if s_ < kt else "") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
-                       for s_ in range(L))
+    # (The prologue keeps the branches: outside the loop they serialize nothing, and TVM's shared-memory planner
+    # needs a cp.async into sa that it recognizes, or it leaves sa out of the merged allocation.)
+    prologue = "".join((copies(str(s_), str(s_), branch=True) if s_ < kt else "")
+                       + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
+    base = 'sa_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(sa[0]))\n' if zfill else ""
     if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
         #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
         refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")
@@ -373,7 +391,7 @@ def main({", ".join(params)}):
                 sa = T.alloc_buffer(({S * a_tile},), "float16", scope="shared.dyn", align=1024)
                 sb = T.alloc_buffer(({S * b_tile},), "float16", scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")
-                for i in T.unroll({MT * BN // 2}):
+{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
                     acc[i] = T.float32(0)
 {_indent(prologue, 16)}                for ko in T.serial({kt}):
                     T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))
