@@ -40,7 +40,7 @@ SPEC = "tvmfuse.wgmma_spec"
 
 # A 16-byte cp.async to a shared address that reads nothing and writes 16 zero bytes where ``valid`` is 0
 # (PTX's src-size operand): a predicated copy without a branch. TVM 0.27's raw cp.async op takes no predicate
-# from TVMScript, so this is a function of our own (``T.cuda.func_call`` with its source).
+# from TVMScript, so this is a function of our own (``T.cuda.func_call`` with its source; fp16 elements).
 ZFILL = "tvmfuse_cp_async_zfill"
 _ZFILL_SOURCE = f"""
 __forceinline__ __device__ void {ZFILL}(unsigned int dst, void* src, int src_off, int valid) {{

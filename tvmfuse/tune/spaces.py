@@ -306,7 +306,7 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int, int], space: Clas
     fused = s.fuse(*inner) if len(inner) > 1 else inner[0]
     # an odd number of words per row keeps each row's start 4-byte aligned, no more: the tile is filled with
     # 4-byte loads (16-byte ones were misaligned on odd rows, and the H200 killed every such candidate,
-    # 2026-11-30 15:58; the 82%-of-copy candidate of 07:40 had narrow loads)
+    # 2026-11-30 15:58; so the 82%-of-copy candidate of 07:40, on the same padding, must have had narrower ones)
     vin = max(1, 4 // ebytes) if math.gcd(*tiles_a) % max(1, 4 // ebytes) == 0 else 1
     _, tx, lanes = s.split(fused, [None, threads, vin])
     s.bind(tx, "threadIdx.x")
