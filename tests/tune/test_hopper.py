@@ -399,9 +399,11 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         outs.append(args[-1].numpy().astype("float32"))
     assert not np.isnan(outs[0]).any()
     assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 2e-3
-    # every config's copies and descriptors land 16-byte aligned inside the shared tiles (a misaligned one only
-    # shows on the GPU, as an illegal access), and the kernel itself builds for Hopper
-    for cfg in hopper.configs(spec):
+    # the copies and descriptors land 16-byte aligned inside the shared tiles (a misaligned one only shows on
+    # the GPU, as an illegal access), for a config of each tile shape and in-flight depth (the stage count only
+    # multiplies the slot, raster orders the tiles); and the kernel itself builds for Hopper
+    shapes = {(c.block_m, c.block_n, c.inflight): c for c in hopper.configs(spec)}
+    for cfg in shapes.values():
         assert assert_shared_offsets_aligned(hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], cfg))
     kernel_func = hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], hopper.configs(spec)[0])
     src = tvm.compile(tvm.IRModule({"main": kernel_func.with_attr("global_symbol", "main")}),
