@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from cuda_checks import assert_shared_vectors_aligned
+from cuda_checks import assert_ptxas_without_spills, assert_shared_vectors_aligned
 from tvmfuse._tvm import build_context, tvm
 from tvmfuse.bench.cases import CASES, SMALL
 from tvmfuse.frontend import import_model, load_model
@@ -310,11 +310,6 @@ def test_registers_row_sketch_reads_each_element_once_into_its_threads_registers
     """The `registers` sketch: each thread holds a contiguous slice of its row (cols / threads elements, at most
     row_register_elements) loaded once from HBM with vector loads; every later pass reads those registers,
     only the cross-thread reductions meet in shared memory (a few words), and nothing spills."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from cuda_checks import assert_ptxas_without_spills
-
     (kernel,) = [k for k in _kernels(case, cuda, dict(M=64, N=cols)) if classify(k.mod["main"]) == "row_reduction"]
     most = load_spaces("cuda").for_class("row_reduction").extra["row_register_elements"]
     seen = []
@@ -334,7 +329,7 @@ def test_registers_row_sketch_reads_each_element_once_into_its_threads_registers
         inputs = ["x_ptr", "r_ptr"] if case == "add_layernorm" else ["x_ptr"]
         for ptr in inputs:
             loads = [ln for ln in body.splitlines() if f"{ptr} +" in ln]
-            assert len(loads) == 1 and re.search(r"\*\(half2|half4|uint2|uint4\*\)\(" + ptr, loads[0]), loads
+            assert len(loads) == 1 and re.search(r"\*\((half2|half4|uint2|uint4)\*\)\(" + ptr, loads[0]), loads
         shared = [int(n) for n in re.findall(r"__shared__ alignas\(\d+\) \w+ \w+\[(\d+)\]", body)]
         assert all(n <= 32 for n in shared), shared
         assert "__shfl_down_sync" in body

@@ -307,7 +307,8 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int, int], space: Clas
     # an odd number of words per row keeps each row's start 4-byte aligned, no more: the tile is filled with
     # 4-byte loads (16-byte ones were misaligned on odd rows, and the H200 killed every such candidate,
     # 2026-11-30 15:58; so the 82%-of-copy candidate of 07:40, on the same padding, must have had narrower ones)
-    vin = max(1, 4 // ebytes) if math.gcd(*tiles_a) % max(1, 4 // ebytes) == 0 else 1
+    word = max(1, 4 // ebytes)   # elements per 4-byte word
+    vin = word if math.gcd(*tiles_a) % word == 0 else 1
     _, tx, lanes = s.split(fused, [None, threads, vin])
     s.bind(tx, "threadIdx.x")
     s.vectorize(lanes)
@@ -492,8 +493,9 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     sketches = []
     for storage in storages:
         s = sch.copy()
-        staging = storage in ("shared", "registers")
-        scope = "local" if storage == "registers" else "shared"
+        in_registers = storage == "registers"
+        staging = storage == "shared" or in_registers
+        scope = "local" if in_registers else "shared"
         keep = {n for n, _ in prologue} if staging else set()
         _inline_all_but_outputs(s, keep=keep)
         root_s = s.get_sblock("root")
@@ -532,7 +534,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         col = s.get_loops(out)[-1]
         threads_k = space.knobs["threads"].filtered(lambda t: int(t) <= max(32, cols))
         vec_k = _vector_knob(space.knobs["vector_lanes"], cols, max(ebytes, 2))
-        if storage == "registers":
+        if in_registers:
             # each thread's slice: whole vectors (of the widest lanes, so any sampled width divides it), and
             # at most row_register_elements per staged row
             widest = max(int(v) for v in vec_k.values)
@@ -542,7 +544,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                 continue
         threads = sample(s, threads_k)
         vec = sample(s, vec_k)
-        tx, co, lanes = _split_columns(s, col, threads, vec, storage == "registers")
+        tx, co, lanes = _split_columns(s, col, threads, vec, in_registers)
         rows_k = space.knobs.get("rows_per_block")
         ty = None
         if rows_k is not None:
@@ -574,13 +576,13 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
             inner = s.get_loops(b)[-1]
             if _REDUCE in types:
                 s.set_scope(b, 0, "local")
-                if storage == "registers":   # over the thread's own slice, then across the threads
+                if in_registers:   # over the thread's own slice, then across the threads
                     rtx, _ = s.split(inner, [threads, None])
                 else:
                     _, rtx = s.split(inner, [None, threads])
                 s.bind(rtx, "threadIdx.x")
             else:
-                btx, _, bl = _split_columns(s, inner, threads, vec, storage == "registers")
+                btx, _, bl = _split_columns(s, inner, threads, vec, in_registers)
                 s.bind(btx, "threadIdx.x")
                 s.vectorize(bl)
         # the epilogue: vector loads of its row operands into registers, scalar math, one vector store
@@ -589,7 +591,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         row_reads = [str(r.source.name) for r in s.get(out).reads
                      if str(r.source.name) not in red_out and len(r.source.shape) >= 1
                      and int(r.source.shape[-1]) == cols]
-        _stage_through_registers(s, out, co if storage == "registers" else tx, lanes, reads=row_reads, flatten=False)
+        _stage_through_registers(s, out, co if in_registers else tx, lanes, reads=row_reads, flatten=False)
         if "unroll" in space.knobs:
             s.annotate(root_s, "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
@@ -792,7 +794,7 @@ def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
 
 
 def wgmma_default_schedule(mod, target, spaces: SpaceFile | None = None):
-    """A GEMM's wgmma sketch on sm_90a at the untuned build's config (``tvmfuse.tune.hopper.untuned_config``),
+    """A GEMM's or conv's wgmma sketch on sm_90a at the untuned build's config (``tvmfuse.tune.hopper.untuned_config``),
     or None where that build has no wgmma kernel or the space's candidates leave its config out."""
     from tvmfuse.tune import hopper
 
