@@ -60,10 +60,10 @@ def _at_every_value(expr: str, ranges: dict):
     broadcast array (a variable per axis)."""
     import numpy as np
 
-    names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", expr)))
+    names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", expr)) - {"minimum"})
     env = {n: np.arange(ranges[n].start, ranges[n].stop).reshape([-1 if j == k else 1 for j in range(len(names))])
            for k, n in enumerate(names)}
-    return np.asarray(eval(expr, {}, env))
+    return np.asarray(eval(expr, {"minimum": np.minimum}, env))
 
 
 def assert_shared_offsets_aligned(func) -> int:
@@ -117,14 +117,10 @@ _VECTOR_BYTES = {"uint4": 16, "int4": 16, "float4": 16, "uint2": 8, "int2": 8, "
 _ELEMENT_BYTES = {"half": 2, "float": 4, "int": 4, "uint": 4, "signed char": 1, "char": 1, "double": 8}
 
 
-def assert_shared_vectors_aligned(src: str) -> int:
-    """Every vector load or store into a ``__shared__`` array of the generated CUDA ``src``
-    (``*(uint4*)(x_shared_ptr + i)``) starts at a multiple of its width, at every thread, block and loop value.
-    Each index is evaluated over all of them (the block index over its first 64 values); a misaligned vector
-    access only shows on the GPU, where it kills the runner (2026-11-30: every 16-byte candidate of the tiled
-    transpose, whose rows are padded to an odd number of words). Returns how many accesses it checked."""
-    shared = {m.group(2): _ELEMENT_BYTES[m.group(1)]
-              for m in re.finditer(r"__shared__ alignas\(\d+\) ([a-z ]+?) (\w+)\[\d+\];", src)}
+def _cuda_index_env(src: str):
+    """``(ranges, python)`` for evaluating index expressions of the generated CUDA ``src``: the thread, block and
+    loop variables' ranges (the block index over its first 64 values), and a function that turns a CUDA index
+    expression into Python over those names (cse variables inlined, ``/`` as ``//``, ``min`` elementwise)."""
     bounds = re.search(r"__launch_bounds__\((\d+)\)", src)
     ranges = {"tx": range(int(bounds.group(1)) if bounds else 1024), "ty": range(8), "bx": range(64),
               "by": range(8)}
@@ -137,7 +133,86 @@ def assert_shared_vectors_aligned(src: str) -> int:
             expr = re.sub(r"\bcse_v\d+\b", lambda m: f"({defs[m.group(0)]})", expr)
         expr = (expr.replace("((int)threadIdx.x)", "tx").replace("((int)threadIdx.y)", "ty")
                 .replace("((int)blockIdx.x)", "bx").replace("((int)blockIdx.y)", "by"))
+        expr = re.sub(r"\bmin\(", "minimum(", expr)
         return re.sub(r"(?<![/])/(?![/])", "//", expr)
+
+    return ranges, python
+
+
+def _call_args(src: str, start: int) -> list[str]:
+    """The top-level comma-separated arguments of the call whose opening parenthesis is at ``src[start - 1]``."""
+    args, depth, i, begin = [], 1, start, start
+    while depth:
+        c = src[i]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        if (c == "," and depth == 1) or depth == 0:
+            args.append(src[begin:i].strip())
+            begin = i + 1
+        i += 1
+    return args
+
+
+def _guarded_ranges(src: str, ranges: dict) -> list[dict]:
+    """Per line of the generated CUDA ``src``: ``ranges`` narrowed by the enclosing ``if (var < N) {`` guards
+    (TVM's simplifier rewrites an index under such a guard using it, e.g. a slot ``(j + 1) % 2`` as ``j + 1``)."""
+    out, stack, current = [], [], dict(ranges)
+    for line in src.splitlines():
+        out.append(current)
+        for _ in range(line.count("}")):
+            current = stack.pop() if stack else dict(ranges)
+        if line.rstrip().endswith("{"):
+            stack.append(current)
+            guard = re.fullmatch(r"\s*if \((\w+) < (\d+)\) \{", line)
+            if guard and guard.group(1) in current:
+                var = current[guard.group(1)]
+                current = {**current, guard.group(1): range(var.start, min(var.stop, int(guard.group(2))))}
+    return out
+
+
+def assert_copy_sources_disjoint(src: str) -> int:
+    """The 16-byte shared-memory chunks that the ``cp.async`` copies of the generated CUDA ``src`` write (raw and
+    zero-filling) are disjoint between global sources: no chunk filled from A is ever filled from B, at any thread,
+    block or loop value. TVM's shared-memory planner may lay one tile buffer over another when it sees no use of
+    the first past some point; the kernel then reads B's data as A's (2026-11-30: wrong results on the H200 at 3
+    stages with a batch in flight). Returns how many copies it checked."""
+    import numpy as np
+
+    ranges, python = _cuda_index_env(src)
+    guarded = _guarded_ranges(src, ranges)
+    chunks: dict[str, set] = {}
+    checked = 0
+    for m in re.finditer(r"(ptx_cp_async_legacy_cg_16_2_2|tvmfuse_cp_async_zfill)\(", src):
+        if src[m.start() - 1] == " " and src[m.start() - 5:m.start()] == "void ":
+            continue   # the helper's definition
+        args = _call_args(src, m.end())
+        if m.group(1) == "tvmfuse_cp_async_zfill":   # (base + (uint)(byte offset)), source, ...
+            inner = re.fullmatch(r"\(\w+\[0\] \+ \(\(uint\)(.*)\)\)", args[0], re.S)
+            expr, source, per_chunk = inner.group(1), args[1], 16
+        else:                                         # shared, element offset, source, ...
+            expr, source, per_chunk = args[1], args[2], 8
+        offsets = _at_every_value(python(expr), guarded[src.count("\n", 0, m.start())])
+        chunks.setdefault(source, set()).update(np.unique(offsets // per_chunk).tolist())
+        checked += 1
+    sources = sorted(chunks)
+    for i, a in enumerate(sources):
+        for b in sources[i + 1:]:
+            both = chunks[a] & chunks[b]
+            assert not both, f"copies from {a} and {b} fill the same shared chunks ({len(both)}, e.g. {min(both)})"
+    return checked
+
+
+def assert_shared_vectors_aligned(src: str) -> int:
+    """Every vector load or store into a ``__shared__`` array of the generated CUDA ``src``
+    (``*(uint4*)(x_shared_ptr + i)``) starts at a multiple of its width, at every thread, block and loop value.
+    Each index is evaluated over all of them (the block index over its first 64 values); a misaligned vector
+    access only shows on the GPU, where it kills the runner (2026-11-30: every 16-byte candidate of the tiled
+    transpose, whose rows are padded to an odd number of words). Returns how many accesses it checked."""
+    shared = {m.group(2): _ELEMENT_BYTES[m.group(1)]
+              for m in re.finditer(r"__shared__ alignas\(\d+\) ([a-z ]+?) (\w+)\[\d+\];", src)}
+    ranges, python = _cuda_index_env(src)
 
     checked = 0
     for m in re.finditer(r"\*\((\w+)\*\)\((\w+) \+ ", src):

@@ -15,7 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
-from cuda_checks import assert_ptxas_without_spills, assert_shared_offsets_aligned, build_with_record  # noqa: E402
+from cuda_checks import (assert_copy_sources_disjoint, assert_ptxas_without_spills,  # noqa: E402
+                         assert_shared_offsets_aligned, build_with_record)
 from tvmfuse._tvm import fast_build, tvm  # noqa: E402
 from tvmfuse.compile.build import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -318,3 +319,5 @@ def test_wgmma_flash_kernels_build_for_sm90a_without_register_spills(tmp_path, c
     src = lib.mod.imports[0].inspect_source()
     assert src.count("wgmma.mma_async") >= 2 and "mma.sync" not in src
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+    if cfg.stages > 1:   # Q, K and V tiles by cp.async: no chunk of the one shared buffer is filled from two
+        assert assert_copy_sources_disjoint(src) >= 3

@@ -4,6 +4,7 @@ that its kernels build for sm_90a without spills. (CUDA built here, not run: the
 checked on the H200 by scripts/wgmma_gemm.py and scripts/bench_gpu.py against PyTorch; see BENCHMARKS.md.)"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -16,8 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 
 import models  # noqa: E402
-from cuda_checks import (assert_ptxas_without_spills, assert_shared_offsets_aligned, build_with_record,  # noqa: E402
-                         commit_record)
+from cuda_checks import (assert_copy_sources_disjoint, assert_ptxas_without_spills,  # noqa: E402
+                         assert_shared_offsets_aligned, build_with_record, commit_record)
 from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
 from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -409,6 +410,7 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
     src = tvm.compile(tvm.IRModule({"main": kernel_func.with_attr("global_symbol", "main")}),
                       target=SM90A).mod.imports[0].inspect_source()
     assert "wgmma.mma_async" in src
+    assert assert_copy_sources_disjoint(src) >= 4
     if case in ("conv3x3_bn_relu", "conv3x3_stride2_odd"):
         # the gather's predicates and zero fill keep the wgmmas asynchronous: with a batch in flight (f1) too,
         # whose main-loop copies zero-fill without a branch (a branch made ptxas serialize them, C7514)
@@ -418,3 +420,11 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
                                         .with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0].inspect_source()
         assert hopper.ZFILL in src and "if (" not in src[src.index("for (int ko = 0;"):src.index("wgmma_wait_group")]
         assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+        assert_copy_sources_disjoint(src)
+        # 3 stages with a batch in flight (outside the space, but the template takes it): one tile ahead, so the
+        # prologue copies A's tile before B's and A's zero-filling main-loop copies were its only later use; the
+        # shared-memory planner then laid B over A (wrong results on the H200, 2026-11-30)
+        s3 = dataclasses.replace(f1, stages=3)
+        src = tvm.compile(tvm.IRModule({"main": hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], s3)
+                                        .with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0].inspect_source()
+        assert assert_copy_sources_disjoint(src) >= 4

@@ -322,28 +322,33 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     a_chunk, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
     b_chunk, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
     zfill = bool(F) and _a_predicated(spec, cfg)   # A's predicated copies in the main loop: branch-free
+    # One shared allocation: A's stages at 0, B's at sb_at. (With two, TVM's shared-memory planner sees no use of
+    # A's tiles in the main loop when its only accesses there are the zero-filling copies and the descriptors, and
+    # lays B's tiles over A's: wrong results at 3 stages with a batch in flight, H200 2026-11-30.)
+    sb_at = S * a_tile
 
     def copies(slot: str, step: str, branch: bool = False) -> str:
         out = ""
         for dst, src, tile, chunk, glob in (
-                ("sa", a, a_tile, a_chunk, lambda o, k: _a_read(spec, f"({pid_m} * {BM} + {o})", f"{step} * {BK}", k,
+                (0, a, a_tile, a_chunk, lambda o, k: _a_read(spec, f"({pid_m} * {BM} + {o})", f"{step} * {BK}", k,
                                                                 tail)),
-                ("sb", b, b_tile, b_chunk,
+                (sb_at, b, b_tile, b_chunk,
                  (lambda o, k: (None, f"{b_batch} + ({pid_n} * {BN} + {o}) * {K} + {step} * {BK} + {k}"))
                  if spec.b_kmajor else
                  (lambda o, k: (None, f"{b_batch} + ({step} * {BK} + {k}) * {N} + {pid_n} * {BN} + {o}")))):
             o, k, off = chunk(f"(it * {NT} + tx)")
             pred, at = glob(o, k)
-            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, ({slot}) * {tile} + {off}, {src}.data, {at}, 16))"
+            at_smem = f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
+            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', smem.data, {at_smem}, {src}.data, {at}, 16))"
             if pred is not None and zfill and not branch:
                 # 16 zero bytes where the element is not read, without a branch (with a batch in flight ptxas
                 # serializes the wgmmas around one, C7514); the source offset is 0 there
-                copy = (f"T.evaluate(T.cuda.func_call({ZFILL!r}, {dst}_base + T.uint32((({slot}) * {tile} + {off}) * 2), "
+                copy = (f"T.evaluate(T.cuda.func_call({ZFILL!r}, smem_base + T.uint32(({at_smem}) * 2), "
                         f"{src}.data, T.Select({pred}, {at}, 0), T.Cast('int32', {pred}), "
                         f"source_code={_ZFILL_SOURCE!r}))")
             elif pred is not None:   # 16 zero bytes where the element is not read (a conv's padding, rows past M)
                 copy = (f"if {pred}:\n    {copy}\nelse:\n    for v in T.vectorized(8):\n"
-                        f"        {dst}[({slot}) * {tile} + {off} + v] = T.float16(0)")
+                        f"        smem[{at_smem} + v] = T.float16(0)")
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
         return out
 
@@ -355,9 +360,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             a_off, a_lbo, a_sbo = a_desc(kk)
             b_off, b_lbo, b_sbo = b_desc(kk)
             # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
-            da = desc("sa", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
+            da = desc("smem", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
                        cfg.swizzle)
-            db = desc("sb", f"ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
+            db = desc("smem", f"{sb_at} + ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
             wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}")
 
     lane, warp = "(tx % 32)", "(tx % 128 // 32)"
@@ -375,7 +380,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # needs a cp.async into sa that it recognizes, or it leaves sa out of the merged allocation.)
     prologue = "".join((copies(str(s_), str(s_), branch=True) if s_ < kt else "")
                        + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
-    base = 'sa_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(sa[0]))\n' if zfill else ""
+    base = 'smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n' if zfill else ""
     if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
         #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
         refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")
@@ -388,8 +393,7 @@ def main({", ".join(params)}):
     for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):
         for bx in T.thread_binding({tiles_m * tiles_n}, thread="blockIdx.x"):
             for tx in T.thread_binding({NT}, thread="threadIdx.x"):
-                sa = T.alloc_buffer(({S * a_tile},), "float16", scope="shared.dyn", align=1024)
-                sb = T.alloc_buffer(({S * b_tile},), "float16", scope="shared.dyn", align=1024)
+                smem = T.alloc_buffer(({S * (a_tile + b_tile)},), "float16", scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")
 {_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
                     acc[i] = T.float32(0)
