@@ -1,7 +1,8 @@
 """Swap hand-written template kernels in for the PrimFuncs whose schedules select them.
 
-Two templates are written as whole kernels rather than reached by schedule primitives: flash attention
-(``tvmfuse.tune.flash``) and Hopper's wgmma GEMM (``tvmfuse.tune.hopper``). A tuned schedule of such a
+Three templates are written as whole kernels rather than reached by schedule primitives: flash attention
+(``tvmfuse.tune.flash``), Hopper's wgmma GEMM (``tvmfuse.tune.hopper``) and the row program
+(``tvmfuse.tune.rows``). A tuned schedule of such a
 kernel annotates its root block with the template's config; everything that builds a scheduled module
 (MetaSchedule's builder, the kernel check, ``compile``) passes it through :func:`expand` first.
 """
@@ -9,6 +10,6 @@ from __future__ import annotations
 
 
 def expand(mod):
-    from tvmfuse.tune import flash, hopper
+    from tvmfuse.tune import flash, hopper, rows
 
-    return hopper.expand(flash.expand(mod))
+    return rows.expand(hopper.expand(flash.expand(mod)))

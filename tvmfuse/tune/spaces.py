@@ -491,7 +491,13 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     max_shared = int(space.extra.get("max_shared_bytes", 49152))
     storages = list(space.knobs.get("row_storage", Knob("row_storage", ("shared", "recompute"), (0.5, 0.5))).values)
     sketches = []
+    if "program" in storages and info.get("target_kind") == "cuda":
+        program = _row_program_sketch(sch, space)
+        if program is not None:
+            sketches.append(program)
     for storage in storages:
+        if storage == "program":
+            continue
         s = sch.copy()
         in_registers = storage == "registers"
         staging = storage == "shared" or in_registers
@@ -598,6 +604,35 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     if not sketches:
         raise ValueError("row_reduction template: no sketch fits")
     return sketches
+
+
+def _row_program_sketch(sch, space: ClassSpace):
+    """Sketch ``program`` of a row kernel (``tvmfuse.tune.rows``): one of the row program's configs sampled (the
+    ``threads`` and ``rows_per_block`` knobs) and annotated on the root block, every block's loops bound as they
+    are (the builder swaps the whole PrimFunc for the program, generated from these blocks). None where the
+    kernel is not a row program or no config fits."""
+    from tvmfuse.tune import rows
+
+    try:
+        prog = rows.analyze(sch.mod["main"])
+    except rows.Misfit:
+        return None
+    knobs = {"threads": space.knobs.get("threads"), "rows_per_block": space.knobs.get("rows_per_block")}
+    options = rows.configs(prog, **{k: v.values for k, v in knobs.items() if v is not None},
+                           max_elements=int(space.extra.get("row_register_elements", 64)))
+    if not options:
+        return None
+    s = sch.copy()
+    root = s.get_sblock("root")
+    rows.annotate(s, root, sch.mod["main"], options, sample_option(s, options, knobs))
+    for block in s.get_child_blocks(root):
+        loops = s.get_loops(block)
+        spatial = loops[:len(loops) - _iter_types(s, block).count(_REDUCE)]
+        fused = s.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        bx, tx = s.split(fused, [None, 128])
+        s.bind(bx, "blockIdx.x")
+        s.bind(tx, "threadIdx.x")
+    return s
 
 
 def template_attention(sch, space: ClassSpace, info: dict) -> list:
@@ -819,9 +854,12 @@ def default_template_schedule(mod, target, spaces: SpaceFile | None = None):
 def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0) -> list:
     """``n`` random points of a kernel's space, post-processed as MetaSchedule would build them.
 
-    Returns scheduled IRModules (the ones whose post-processing rejected them, e.g. too many threads,
-    are skipped, as MetaSchedule skips them).
+    Returns scheduled IRModules, with template kernels swapped in (:func:`tvmfuse.tune.expand.expand`) as the
+    builder swaps them (the ones whose post-processing rejected them, e.g. too many threads, are skipped, as
+    MetaSchedule skips them).
     """
+    from tvmfuse.tune.expand import expand
+
     gen = choice.generator
     if isinstance(gen, str):
         gen = _stock(None, target.kind.name)
@@ -840,5 +878,5 @@ def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0
         tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
         sch.enter_postproc()
         if all(p.apply(sch) for p in postprocs):
-            out.append(sch.mod)
+            out.append(expand(sch.mod))
     return out

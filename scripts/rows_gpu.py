@@ -1,0 +1,180 @@
+"""The row program (tvmfuse/tune/rows.py) on the GPU: each config built, checked and timed beside the copy ceiling.
+
+For the ANCHORS.md row cases (softmax 65536 x 2048, add+LayerNorm 16384 x 8192, fp16) it takes the planner's
+row kernel, builds the row program under each config (``--configs``, default: every config that fits), checks it
+against the same kernel under TVM's default GPU schedule (dlight) on fresh random inputs with the output
+poisoned (NaN) first, and times both with TVM's time evaluator beside the device-to-device copy of the case's
+bytes (inputs read once, output written once), in the same run.
+
+    python scripts/rows_gpu.py [--cases softmax,add_layernorm] [--configs "t32 r1" ...] [--json out.json]
+                               [--small] [--build-only]
+
+``--build-only`` builds every config for sm_90a and runs ptxas (no GPU): registers and spills per config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIZES = {"softmax": dict(M=65536, N=2048), "add_layernorm": dict(M=16384, N=8192)}
+SMALL = {"softmax": dict(M=64, N=2048), "add_layernorm": dict(M=16, N=8192)}
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def row_kernel(case: str, size: dict):
+    import onnx
+
+    from tvmfuse.bench.cases import CASES
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.target import resolve_target
+    from tvmfuse.tune import extract_kernels
+    from tvmfuse.tune.spaces import classify
+
+    target = resolve_target(SM90A)
+    path = Path(tempfile.mkdtemp()) / f"{case}.onnx"
+    onnx.save(CASES[case](**size)[0], path)
+    fused, _ = partition(import_model(load_model(path)), target=target)
+    (kernel,) = [k for k in extract_kernels(fused, target=target) if classify(k.mod["main"]) == "row_reduction"]
+    return kernel.mod["main"]
+
+
+def _build(func):
+    from tvmfuse._tvm import build_context, tvm
+
+    with build_context():
+        return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                           target=tvm.target.Target(SM90A))
+
+
+def _ptxas(src: str) -> str:
+    with tempfile.TemporaryDirectory() as d:
+        cu = Path(d) / "k.cu"
+        cu.write_text(src)
+        out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(Path(d) / "k.cubin"),
+                              str(cu)], capture_output=True, text=True)
+    if out.returncode:
+        return "FAIL " + out.stderr.strip().splitlines()[-1][:160]
+    lines = [ln.strip() for ln in out.stderr.splitlines() if "registers" in ln or "spill" in ln]
+    return " | ".join(lines[-2:])
+
+
+def _reference(func):
+    """The kernel under dlight's default GPU schedule (what an untuned build runs)."""
+    from tvmfuse._tvm import default_gpu_rules, dlight, tvm
+
+    target = tvm.target.Target(SM90A)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    with target:
+        mod = dlight.ApplyDefaultSchedule(*default_gpu_rules())(mod)
+    return tvm.compile(mod, target=target)
+
+
+def run_case(case: str, func, configs, build_only: bool) -> dict:
+    from tvmfuse.tune import rows
+
+    prog = rows.analyze(func)
+    out = {"case": case, "shape": [prog.rows, prog.cols], "configs": []}
+    if not build_only:
+        import torch
+
+        from tvmfuse._tvm import tvm
+
+        dev = tvm.cuda(0)
+        bufs = rows._param_buffers(func)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        inputs = [torch.randn([int(d) for d in b.shape], device="cuda", dtype=getattr(torch, str(b.dtype)),
+                              generator=gen) for b in bufs[:-1]]
+        full = [t for t, b in zip(inputs, bufs) if b.name in prog.full]
+        nbytes = sum(t.numel() * t.element_size() for t in full) + int(np.prod([int(d) for d in bufs[-1].shape])) * 2
+        src_t = torch.empty(nbytes // 2, device="cuda", dtype=torch.float16)
+        dst_t = torch.empty_like(src_t)
+        from triton.testing import do_bench
+
+        out["copy_us"] = do_bench(lambda: dst_t.copy_(src_t), warmup=25, rep=100, return_mode="median") * 1e3 / 2
+        # (a copy of nbytes/2 each way moves nbytes: read + write, the case's minimum traffic)
+        ref_lib = _reference(func)
+        want = torch.full([int(d) for d in bufs[-1].shape], float("nan"), device="cuda", dtype=torch.float16)
+        args = [tvm.runtime.from_dlpack(t) for t in (*inputs, want)]
+        ref_lib["main"](*args)
+        dev.sync()
+        ev = ref_lib.time_evaluator("main", dev, number=20, repeat=5)
+        out["dlight_us"] = float(np.median(ev(*args).results)) * 1e6
+    for cfg in configs:
+        rec = {"config": cfg.name}
+        t0 = time.time()
+        try:
+            lib = _build(rows.kernel_for(func, cfg))
+        except Exception as err:  # noqa: BLE001 - report and go on
+            rec["error"] = str(err).strip().splitlines()[-1][:160]
+            out["configs"].append(rec)
+            print(json.dumps(rec), flush=True)
+            continue
+        rec["build_s"] = round(time.time() - t0, 1)
+        if build_only:
+            rec["ptxas"] = _ptxas(lib.mod.imports[0].inspect_source())
+        else:
+            got = torch.full_like(want, float("nan"))
+            args = [tvm.runtime.from_dlpack(t) for t in (*inputs, got)]
+            lib["main"](*args)
+            dev.sync()
+            diff = (got.float() - want.float()).nan_to_num(nan=float("inf")).norm() / want.float().norm()
+            rec["unwritten"] = int(torch.isnan(got).sum())
+            rec["rel_error"] = float(diff)
+            rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] < 1e-2
+            if rec["ok"]:
+                ev = lib.time_evaluator("main", dev, number=20, repeat=5)
+                rec["us"] = float(np.median(ev(*args).results)) * 1e6
+                rec["pct_copy"] = 100 * out["copy_us"] / rec["us"]
+        out["configs"].append(rec)
+        print(json.dumps(rec), flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="softmax,add_layernorm")
+    ap.add_argument("--configs", nargs="*", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--build-only", action="store_true")
+    a = ap.parse_args()
+
+    from tvmfuse.tune import rows
+
+    results = []
+    for case in a.cases.split(","):
+        if case not in SIZES:
+            print(f"error: unknown case '{case}' (cases: {', '.join(SIZES)})", file=sys.stderr)
+            return 2
+        func = row_kernel(case, (SMALL if a.small else SIZES)[case])
+        fits = rows.configs(rows.analyze(func))
+        configs = [rows.parse_config(c) for c in a.configs] if a.configs else fits
+        results.append(run_case(case, func, configs, a.build_only))
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    for r in results:
+        head = f"\n{r['case']} {r['shape'][0]} x {r['shape'][1]}"
+        if "copy_us" in r:
+            head += f": copy {r['copy_us']:.1f} us, dlight {r['dlight_us']:.1f} us"
+        print(head)
+        print(f"{'config':10} {'ok':6} {'rel err':>9} {'us':>8} {'% copy':>7}  ptxas")
+        for c in sorted(r["configs"], key=lambda c: c.get("us", 1e9)):
+            err = f"{c['rel_error']:9.1e}" if "rel_error" in c else f"{'-':>9}"
+            us = f"{c['us']:8.1f} {c['pct_copy']:7.0f}" if "us" in c else f"{'-':>8} {'-':>7}"
+            ok = str(c.get("ok", "error" not in c))
+            print(f"{c['config']:10} {ok:6} {err} {us}  {c.get('ptxas', c.get('error', ''))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

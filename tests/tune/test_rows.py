@@ -1,0 +1,175 @@
+"""The row program (tvmfuse/tune/rows.py): which kernels it takes, that its serial twin computes the planner's
+kernel on the CPU, that its CUDA kernels read each input row once in coalesced 16-byte vectors, write each
+output element once, keep the row in registers without spills, and that a tuning record selecting it builds
+through ``compile``. (Built here, not run: the H200 checks its numerics in the tuner's kernel check.)"""
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cuda_checks import _at_every_value, _cuda_index_env, assert_ptxas_without_spills, build_with_record  # noqa: E402
+from tvmfuse._tvm import build_context, fast_build, ms, tvm  # noqa: E402
+from tvmfuse.bench.cases import CASES  # noqa: E402
+from tvmfuse.frontend import import_model, load_model  # noqa: E402
+from tvmfuse.plan import partition  # noqa: E402
+from tvmfuse.target import resolve_target  # noqa: E402
+from tvmfuse.tune import extract_kernels, rows  # noqa: E402
+from tvmfuse.tune.spaces import _blocks as _blocks_of  # noqa: E402
+from tvmfuse.tune.spaces import classify, select_space  # noqa: E402
+
+SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return resolve_target("cuda")
+
+
+def _fused(model, target):
+    path = Path(tempfile.mkdtemp()) / "m.onnx"
+    onnx.save(model, path)
+    return partition(import_model(load_model(path)), target=target)[0]
+
+
+def _row_kernels(case: str, target, **size):
+    if case == "bert":
+        from tvmfuse.bench.models import SMALL_MODELS, bert_base
+
+        model = bert_base(**SMALL_MODELS["bert_base"])[0]
+    else:
+        model = CASES[case](**size)[0]
+    fused = _fused(model, target)
+    return fused, [k for k in extract_kernels(fused, target=target) if classify(k.mod["main"]) == "row_reduction"]
+
+
+def _run(func, inputs):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    args = [tvm.runtime.tensor(a.copy()) for a in inputs]
+    args[-1] = tvm.runtime.tensor(np.full(inputs[-1].shape, np.nan, inputs[-1].dtype))
+    lib["main"](*args)
+    return args[-1].numpy().astype("float64")
+
+
+@pytest.mark.parametrize("case,size", [("softmax", dict(M=16, N=512)), ("add_layernorm", dict(M=8, N=1024)),
+                                       ("bert", {})])
+def test_the_serial_twin_computes_the_planners_kernel(case, size, cuda):
+    """The twin (one thread per row, the same steps, element order and expression translation as the CUDA
+    program) built for the CPU equals the planner's kernel: softmax, add+LayerNorm (a per-row mean between two
+    reductions, gamma and beta broadcast over the rows), BERT's softmax over [B, H, S, S] and its LayerNorm
+    over [B, S, D]."""
+    _, kernels = _row_kernels(case, cuda, **size)
+    assert kernels
+    rng = np.random.default_rng(0)
+    for k in kernels:
+        func = k.mod["main"]
+        prog = rows.analyze(func)
+        assert prog.outputs and any(s.kind == "reduce" for s in prog.steps)
+        if case == "add_layernorm":
+            assert [s.kind for s in prog.steps] == ["elementwise", "reduce", "row", "reduce", "elementwise"]
+            assert len(prog.by_col) == 2   # gamma, beta
+        inputs = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype))
+                  for b in rows._param_buffers(func)]
+        want, got = _run(func, inputs), _run(rows.kernel_for(func, None), inputs)
+        assert not np.isnan(got).any()
+        assert np.abs(got - want).max() <= 1e-6 * max(1.0, np.abs(want).max()), k.name
+
+
+def test_kernels_that_are_not_row_programs_are_declined(cuda):
+    for case, size in (("gemm_bias_relu", dict(M=64, K=64, N=64)), ("pointwise", dict(M=16, N=64))):
+        for k in extract_kernels(_fused(CASES[case](**size)[0], cuda), target=cuda):
+            with pytest.raises(rows.Misfit):   # a GEMM's reduction reads two tensors; a pointwise kernel has none
+                rows.analyze(k.mod["main"])
+
+
+def _stores_cover_each_element_once(src: str, ptr: str, rows_: int, cols: int, cfg) -> None:
+    per_block = cfg.rows_per_block
+    ranges, python = _cuda_index_env(src)
+    ranges["tx"] = range(cfg.threads)
+    ranges["bx"] = range(min(ranges["bx"].stop, rows_ // per_block))
+    ranges["ty"] = range(per_block)
+    seen = np.zeros(ranges["bx"].stop * per_block * cols, dtype=np.int64)
+    stores = re.findall(r"\*\(uint4\*\)\(" + ptr + r" \+ (.+?)\) = ", src)
+    assert stores
+    for expr in stores:
+        idx = _at_every_value(python(expr), ranges).ravel()
+        assert (idx % 8 == 0).all()
+        for lane in range(8):
+            np.add.at(seen, idx + lane, 1)
+    assert (seen == 1).all(), (seen.min(), seen.max())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("case,cols,cfg", [("softmax", 2048, "t32 r1"), ("softmax", 2048, "t64 r2"),
+                                           ("add_layernorm", 8192, "t256 r1"), ("add_layernorm", 8192, "t128 r2")])
+def test_the_cuda_program_reads_rows_once_coalesced_and_keeps_them_in_registers(tmp_path, case, cols, cfg, cuda):
+    _, (k,) = _row_kernels(case, cuda, M=64, N=cols)
+    func, cfg = k.mod["main"], rows.parse_config(cfg)
+    prog = rows.analyze(func)
+    assert cfg in rows.configs(prog)
+    with build_context():
+        src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
+                          target=SM90A).mod.imports[0].inspect_source()
+    body = src[src.index('extern "C" __global__'):]
+    # each input row: one 16-byte vector per step, consecutive threads on consecutive vectors
+    for ptr in (["x_f_ptr", "r_f_ptr"] if case == "add_layernorm" else ["x_f_ptr"]):   # (flat views)
+        loads = [ln for ln in body.splitlines() if f"{ptr} +" in ln]
+        assert len(loads) == cols // (8 * cfg.threads), loads[:2]
+        assert all(re.search(r"\*\(uint4\*\)\(" + ptr + r" \+ .*\(\(int\)threadIdx\.x\) \* 8\)", ln) for ln in loads)
+    out = prog.outputs[0].name
+    _stores_cover_each_element_once(body, f"{out}_f_ptr", 64, cols, cfg)
+    assert "__shfl_xor_sync" in body
+    shared = [int(n) for n in re.findall(r"__shared__ \w+ \w+\[(\d+)\]", body)]
+    assert all(n <= 32 for n in shared), shared   # a word per warp and reduction, no staged rows
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+
+
+def test_a_record_that_selects_the_program_builds_it(tmp_path, cuda):
+    """The space's `program` sketch annotates a config; a tuning record of it builds, through ``compile``, the
+    row program (the builder swaps the kernel), and the build counts the kernel as tuned."""
+    fused, (k,) = _row_kernels("softmax", cuda, M=64, N=2048)
+    choice = select_space(k.mod, cuda.target)
+    ctx = ms.TuneContext(mod=k.mod, target=cuda.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
+    programs = [s for s in ctx.generate_design_space() if rows.ANNOTATION in str(s.trace)]
+    assert len(programs) == 1
+    built = build_with_record(tmp_path / "r.db", cuda, fused, k, programs[0].trace)
+    assert [kk.schedule for kk in built.kernels] == ["tuned"] and built.untuned == []
+    from test_flash import _cuda_source
+
+    src = _cuda_source(built.executable)
+    assert "x_r_ptr" in src and "__shfl_xor_sync" in src
+    # what MetaSchedule's builder gets: the candidate after the postprocessors (which split each reduction into
+    # init and update blocks, so the program comes from the kernel recorded in the annotation)
+    postprocs = list(ctx.space_generator.postprocs)
+    for p in postprocs:
+        p._initialize_with_tune_context(ctx)
+    sch = tvm.s_tir.Schedule(k.mod, seed=5)
+    tvm.s_tir.Trace(programs[0].trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+    sch.enter_postproc()
+    assert all(p.apply(sch) for p in postprocs)
+    assert any(b.name_hint.endswith("_init") for b in _blocks_of(sch.mod["main"]))
+    src = fast_build(sch.mod, cuda.target, None).imports[0].inspect_source()
+    assert "x_r_ptr" in src and "__shfl_xor_sync" in src
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_rows_gpu_script_builds_every_config_without_spills():
+    """scripts/rows_gpu.py (the H200 measurement of the row program) builds each config of add+LayerNorm's row
+    kernel (the one with the most registers a thread) for sm_90a without a GPU; ptxas reports no spills."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "rows_gpu.py"
+    out = subprocess.run([sys.executable, str(script), "--cases", "add_layernorm", "--small", "--build-only"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = out.stdout[out.stdout.index("add_layernorm 16 x 8192"):].splitlines()[2:]
+    assert len(table) >= 4 and all("0 bytes spill stores" in ln for ln in table), table

@@ -1,0 +1,422 @@
+"""A row kernel written whole: each row in its threads' registers, read once, coalesced, written once.
+
+A row-reduction kernel of the planner (softmax, add+LayerNorm, RMSNorm: spatial blocks over ``[rows..., N]``,
+reductions over the last axis, per-row blocks between them) becomes one *row program*: ``threads`` threads own
+a row (``rows_per_block`` rows per thread block), thread ``t`` holds the row's elements ``(j * threads + t) *
+lanes + v`` (``j`` a vector step, ``v`` a lane) in registers, so every step's loads and stores are 16-byte
+vectors contiguous across the threads. Every block of the kernel then runs on those registers in order:
+spatial blocks element by element, reductions over the thread's elements and then across the threads (warp
+shuffles; across warps through a few words of shared memory), per-row blocks once per thread. HBM sees each
+input element read once and each output element written once.
+
+The schedule-based ``registers`` sketch of ``tvmfuse.tune.spaces`` cannot lay a row out like this: TVM 0.27
+compacts a thread's register cache only to a contiguous slice (an interleaved one keeps the whole row, 2048
+registers), so its loads were strided, and it ran slower than the shared-memory sketch on the H200.
+
+Like the flash and wgmma templates, a sketch annotates the kernel's root block with a config and the builder
+swaps the PrimFunc for the program (:func:`expand`). The program is generated from the kernel's blocks at that
+point, so the sketch only binds loops and leaves the blocks as the planner made them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+CANDIDATES = "tvmfuse.row_program_configs"   # the configs the sketch chose from, ";"-separated names
+ANNOTATION = "tvmfuse.row_program"            # the sampled index into them
+SOURCE = "tvmfuse.row_program_kernel"         # the kernel as the planner made it (TVMScript): the program is
+#   generated from its blocks, which MetaSchedule's postprocessing splits (a reduction's init and update)
+_REDUCE = 2
+_COMBINE = {"Add": "{a} + {b}", "Max": "T.max({a}, {b})", "Min": "T.min({a}, {b})"}
+_BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "LT": "<", "LE": "<=", "GT": ">", "GE": ">=",
+           "EQ": "==", "NE": "!="}
+_SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
+
+
+class Misfit(ValueError):
+    """The kernel is not a row program this template takes (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    threads: int = 32        # threads per row (32: a row per warp)
+    rows_per_block: int = 1  # rows per thread block (threadIdx.y)
+
+    @property
+    def name(self) -> str:
+        return f"t{self.threads} r{self.rows_per_block}"
+
+
+def parse_config(name: str) -> RowConfig:
+    f = dict((part[0], int(part[1:])) for part in name.split())
+    return RowConfig(threads=f["t"], rows_per_block=f["r"])
+
+
+@dataclass
+class _Step:
+    kind: str         # "elementwise" | "reduce" | "row"
+    buffer: object    # the buffer it writes
+    value: object     # the stored value (a reduction's update operand)
+    roles: dict       # block iter var name -> "col" | ("lead", i) | "one"
+    combine: str = ""
+    init: object = None
+
+
+@dataclass
+class RowProgram:
+    """A kernel read as a row program: its parameters, the shape ``[rows..., cols]``, and its steps in order."""
+    params: list
+    lead: tuple
+    cols: int
+    steps: list
+    full: set          # names of buffers of the full shape (parameters and intermediates)
+    outputs: list      # parameter buffers written by elementwise steps
+    by_col: set = None  # names of parameters read as a vector broadcast over the rows (gamma, beta)
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.lead)
+
+    def lanes(self) -> int:
+        """Elements per vector: 16 bytes of the widest full-row parameter."""
+        widest = max(_bytes(p.dtype) for p in self.params if p.name in self.full)
+        return 16 // widest
+
+
+def _bytes(dtype) -> int:
+    return max(1, tvm_bits(dtype) // 8)
+
+
+def tvm_bits(dtype) -> int:
+    import re
+
+    return int(re.search(r"(\d+)$", str(dtype)).group(1))
+
+
+def _param_buffers(func) -> list:
+    return [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+
+
+def analyze(func) -> RowProgram:
+    """``func`` as a row program; raises :class:`Misfit` where it is not one."""
+    from tvmfuse.tune.spaces import _blocks
+
+    params = _param_buffers(func)
+    blocks = _blocks(func)
+    if not blocks or not params:
+        raise Misfit("no blocks")
+    full_shape = None
+    for b in blocks:
+        if len(b.writes) != 1:
+            raise Misfit(f"block {b.name_hint} writes {len(b.writes)} buffers")
+        if not any(int(iv.iter_type) == _REDUCE for iv in b.iter_vars):
+            shape = tuple(int(d) for d in b.writes[0].source.shape)
+            if full_shape is None or len(shape) > len(full_shape):
+                full_shape = shape
+    if full_shape is None or len(full_shape) < 2:
+        raise Misfit("no spatial block over [rows, cols]")
+    lead, cols = full_shape[:-1], full_shape[-1]
+    steps, full, outputs = [], set(), []
+    param_names = {p.name for p in params}
+    for p in params:
+        if tuple(int(d) for d in p.shape) == full_shape:
+            full.add(p.name)
+    for b in blocks:
+        ivs = b.iter_vars
+        types = [int(iv.iter_type) for iv in ivs]
+        extents = [int(iv.dom.extent) for iv in ivs]
+        buf = b.writes[0].source
+        shape = tuple(int(d) for d in buf.shape)
+        body = b.body
+        if type(body).__name__ != "BufferStore":
+            raise Misfit(f"block {b.name_hint}: body is not one store")
+        if _REDUCE in types:
+            if types.count(_REDUCE) != 1 or types.index(_REDUCE) != len(types) - 1 or extents[-1] != cols:
+                raise Misfit(f"block {b.name_hint}: not one reduction over the last axis")
+            roles = _lead_roles(ivs[:-1], lead, b.name_hint)
+            roles[ivs[-1].var.name] = "col"
+            upd, kind = body.value, type(body.value).__name__
+            if kind not in _COMBINE:
+                raise Misfit(f"block {b.name_hint}: update is not acc = combine(acc, x)")
+            operand = upd.b if _is_self(upd.a, buf, body.indices) else upd.a if _is_self(upd.b, buf, body.indices) else None
+            if operand is None:
+                raise Misfit(f"block {b.name_hint}: update is not acc = combine(acc, x)")
+            if b.init is None or type(b.init).__name__ != "BufferStore":
+                raise Misfit(f"block {b.name_hint}: no init")
+            if shape not in (lead, (*lead, 1)):
+                raise Misfit(f"block {b.name_hint}: writes {shape}")
+            steps.append(_Step("reduce", buf, operand, roles, kind, b.init.value))
+        elif tuple(extents) == full_shape:
+            roles = _lead_roles(ivs[:-1], lead, b.name_hint)
+            roles[ivs[-1].var.name] = "col"
+            if shape != full_shape or [str(i) for i in body.indices] != [iv.var.name for iv in ivs]:
+                raise Misfit(f"block {b.name_hint}: not an elementwise store over [rows, cols]")
+            full.add(buf.name)
+            steps.append(_Step("elementwise", buf, body.value, roles))
+            if buf.name in param_names:
+                outputs.append(buf)
+        elif tuple(e for e in extents) in (lead, (*lead, 1)) and buf.name not in param_names:
+            roles = _lead_roles(ivs, lead, b.name_hint)
+            steps.append(_Step("row", buf, body.value, roles))
+        else:
+            raise Misfit(f"block {b.name_hint}: iterates {extents}, not rows x {cols}")
+    if not outputs:
+        raise Misfit("no output written row by row")
+    if not any(s.kind == "reduce" for s in steps):
+        raise Misfit("nothing reduced over the rows")
+    prog = RowProgram(params, tuple(lead), cols, steps, full, outputs, set())
+    for s in steps:   # every load must be one the program can address
+        _expr(s.value, prog, s.roles, check=True)
+        if s.init is not None:
+            _expr(s.init, prog, s.roles, check=True)
+    return prog
+
+
+def _lead_roles(ivs, lead, name) -> dict:
+    roles, i = {}, 0
+    for iv in ivs:
+        ext = int(iv.dom.extent)
+        if i < len(lead) and ext == lead[i]:
+            roles[iv.var.name] = ("lead", i)
+            i += 1
+        elif ext == 1:
+            roles[iv.var.name] = "one"
+        else:
+            raise Misfit(f"block {name}: iterator of extent {ext} is not a row axis")
+    if i != len(lead):
+        raise Misfit(f"block {name}: does not run over every row")
+    return roles
+
+
+def _buf(node):
+    """The buffer a load reads (TVM 0.27: ``source``) or a store writes (``buffer``)."""
+    return node.source if hasattr(node, "source") else node.buffer
+
+
+def _is_self(expr, buf, indices) -> bool:
+    return (type(expr).__name__ in ("BufferLoad", "TensorLoad") and _buf(expr).same_as(buf)
+            and [str(i) for i in expr.indices] == [str(i) for i in indices])
+
+
+def _access(load, prog: RowProgram, roles: dict) -> str:
+    """How a load reads its buffer: "full" (a whole-row element), "col" (a vector broadcast over the rows),
+    "row" (one value per row), "scalar"."""
+    shape = [int(d) for d in _buf(load).shape]
+    got = []
+    for idx, ext in zip(load.indices, shape):
+        name = str(idx)
+        role = roles.get(name)
+        if role is None:
+            if type(idx).__name__ == "IntImm" and int(idx) == 0 and ext == 1:
+                continue
+            raise Misfit(f"load of {_buf(load).name} at {name}")
+        if role != "one":
+            got.append(role)
+    lead = [("lead", i) for i in range(len(prog.lead))]
+    if got == [*lead, "col"]:
+        return "full"
+    if got == ["col"]:
+        return "col"
+    if got == lead:
+        return "row"
+    if not got:
+        return "scalar"
+    raise Misfit(f"load of {_buf(load).name}: indices {[str(i) for i in load.indices]}")
+
+
+def _dtype(expr) -> str:
+    """An expression's type (TVM 0.27: ``ty``)."""
+    return str(expr.ty if hasattr(expr, "ty") else expr.dtype)
+
+
+def _const(expr) -> str:
+    dtype = _dtype(expr)
+    if type(expr).__name__ == "FloatImm":
+        return f"T.{dtype}({float(expr.value)!r})"
+    return f"T.{dtype}({int(expr.value)})"
+
+
+def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str = "e", col: str = "c",
+          row: str = "row") -> str:
+    """TVMScript of a block's value: whole-row buffers as the thread's register ``<name>_r[elem]``, per-row
+    buffers as ``<name>_s[0]``, broadcast parameters read at column ``col`` / row ``row`` of a flat view."""
+    rec = lambda e: _expr(e, prog, roles, check=check, elem=elem, col=col, row=row)  # noqa: E731
+    kind = type(expr).__name__
+    if kind in ("BufferLoad", "TensorLoad"):
+        buf = _buf(expr)
+        how = _access(expr, prog, roles)
+        if how == "full":
+            if buf.name not in prog.full:
+                raise Misfit(f"{buf.name} read as a whole row")
+            return f"{buf.name}_r[{elem}]"
+        if how == "row":
+            return f"{buf.name}_s[0]" if not _is_param(buf, prog) else f"{buf.name}_f[{row}]"
+        if not _is_param(buf, prog):
+            raise Misfit(f"intermediate {buf.name} read as a broadcast")
+        if how == "col":
+            if check:
+                prog.by_col.add(buf.name)
+            return f"{buf.name}_c[{elem}]"
+        return f"{buf.name}_f[0]"
+    if kind in ("IntImm", "FloatImm"):
+        return _const(expr)
+    if kind == "Cast":
+        return f"T.Cast('{_dtype(expr)}', {rec(expr.value)})"
+    if kind in _BINARY:
+        return f"({rec(expr.a)} {_BINARY[kind]} {rec(expr.b)})"
+    if kind in ("Max", "Min"):
+        return f"T.{kind.lower()}({rec(expr.a)}, {rec(expr.b)})"
+    if kind in ("And", "Or"):
+        return f"T.{kind}({rec(expr.a)}, {rec(expr.b)})"
+    if kind == "Not":
+        return f"T.Not({rec(expr.a)})"
+    if kind == "Select":
+        return f"T.Select({rec(expr.condition)}, {rec(expr.true_value)}, {rec(expr.false_value)})"
+    if kind == "Call":
+        op = str(expr.op.name).split(".")[-1]
+        if op not in ("exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "fabs", "pow", "floor",
+                      "ceil", "round", "log2", "sin", "cos"):
+            raise Misfit(f"call {expr.op.name}")
+        return f"T.{op}({', '.join(rec(a) for a in expr.args)})"
+    raise Misfit(f"expression {kind}")
+
+
+def _is_param(buf, prog: RowProgram) -> bool:
+    return any(p.same_as(buf) for p in prog.params)
+
+
+def configs(prog: RowProgram, *, threads=(32, 64, 128, 256, 512), rows_per_block=(1, 2, 4, 8),
+            max_elements: int = 64) -> list[RowConfig]:
+    """The configs whose threads split the row into whole vectors, at most ``max_elements`` per thread."""
+    lanes, out = prog.lanes(), []
+    for t in threads:
+        t = int(t)
+        if prog.cols % (t * lanes) or prog.cols // t > max_elements:
+            continue
+        for r in rows_per_block:
+            r = int(r)
+            # at most 512 threads a block: 128 registers each (1024 threads leave 64, and 128 threads x 8 rows of
+            # add+LayerNorm's 64-element slices spilled)
+            if prog.rows % r == 0 and t * r <= 512:
+                out.append(RowConfig(t, r))
+    return out
+
+
+def _indent(text: str, n: int) -> str:
+    return "".join(" " * n + ln + "\n" if ln.strip() else "\n" for ln in text.splitlines())
+
+
+def row_source(prog: RowProgram, cfg: RowConfig | None) -> str:
+    """TVMScript of the program under ``cfg``; ``None``: its serial twin (one thread per row, no binding), which
+    runs on any target, the same steps and element order per thread, so a CPU build checks the translation."""
+    T_, RPB = (cfg.threads, cfg.rows_per_block) if cfg else (1, 1)
+    unroll, vec = ("T.unroll", "T.vectorized") if cfg else ("T.serial", "T.serial")
+    L = prog.lanes()
+    N, R = prog.cols, prog.rows
+    E, S = N // T_, N // T_ // L
+    tx = "tx" if cfg else "0"
+    col = f"({{j}} * {T_} + {tx}) * {L} + {{v}}"
+    row = f"(bx * {RPB} + ty)" if cfg else "bx"
+    decls = [f"{p.name}: T.Buffer({tuple(int(d) for d in p.shape)!r}, '{p.dtype}')" for p in prog.params]
+    views = "".join(f"{p.name}_f = T.decl_buffer(({math.prod(int(d) for d in p.shape)},), '{p.dtype}', "
+                    f"data={p.name}.data)\n" for p in prog.params)
+    warps = T_ // 32
+    shared = "".join(f"red_{n} = T.alloc_buffer(({RPB * warps},), '{s.buffer.dtype}', scope='shared')\n"
+                     for n, s in enumerate(prog.steps) if s.kind == "reduce" and warps > 1)
+    body = ""
+    # registers: the whole-row parameters read, and every whole-row intermediate; a scalar per per-row value
+    reads_full = {p.name for p in prog.params if p.name in prog.full and not any(p.same_as(o) for o in prog.outputs)}
+    regs = dict.fromkeys([n for n in sorted(reads_full)] + [s.buffer.name for s in prog.steps if s.kind == "elementwise"])
+    dtypes = {p.name: p.dtype for p in prog.params}
+    dtypes.update({s.buffer.name: s.buffer.dtype for s in prog.steps})
+    for name in regs:
+        body += f"{name}_r = T.alloc_buffer(({E},), '{dtypes[name]}', scope='local')\n"
+    for s in prog.steps:
+        if s.kind != "elementwise":
+            body += f"{s.buffer.name}_s = T.alloc_buffer((1,), '{s.buffer.dtype}', scope='local')\n"
+    for name in sorted(prog.by_col):
+        body += f"{name}_c = T.alloc_buffer(({E},), '{dtypes[name]}', scope='local')\n"
+    body += shared
+    for name in sorted(reads_full):   # one coalesced 16-byte vector per step
+        body += (f"for j in {unroll}({S}):\n    for v in {vec}({L}):\n"
+                 f"        {name}_r[j * {L} + v] = {name}_f[{row} * {N} + {col.format(j='j', v='v')}]\n")
+    for name in sorted(prog.by_col):   # the broadcast rows too (the thread's columns of gamma, beta)
+        body += (f"for j in {unroll}({S}):\n    for v in {vec}({L}):\n"
+                 f"        {name}_c[j * {L} + v] = {name}_f[{col.format(j='j', v='v')}]\n")
+    for n, s in enumerate(prog.steps):
+        name = s.buffer.name
+        if s.kind == "elementwise":
+            val = _expr(s.value, prog, s.roles, elem=f"j * {L} + v", col=col.format(j="j", v="v"), row=row)
+            body += f"for j in {unroll}({S}):\n    for v in {unroll}({L}):\n        {name}_r[j * {L} + v] = {val}\n"
+        elif s.kind == "row":
+            body += f"{name}_s[0] = {_expr(s.value, prog, s.roles, row=row)}\n"
+        else:
+            acc = f"{name}_s[0]"
+            val = _expr(s.value, prog, s.roles, elem=f"j * {L} + v", col=col.format(j="j", v="v"), row=row)
+            comb = _COMBINE[s.combine]
+            body += (f"{acc} = {_expr(s.init, prog, s.roles, row=row)}\n"
+                     f"for j in {unroll}({S}):\n    for v in {unroll}({L}):\n"
+                     f"        {acc} = {comb.format(a=acc, b=val)}\n")
+            if cfg:
+                for m in (16, 8, 4, 2, 1)[5 - int(math.log2(min(T_, 32))):]:
+                    body += f"{acc} = {comb.format(a=acc, b=_SHFL.format(v=acc, m=m))}\n"
+            if warps > 1:   # across the row's warps: a word each in shared memory
+                body += (f"if tx % 32 == 0:\n    red_{n}[ty * {warps} + tx // 32] = {acc}\n"
+                         f"T.tvm_storage_sync('shared')\n{acc} = red_{n}[ty * {warps}]\n"
+                         f"for w in T.unroll(1, {warps}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {warps} + w]')}\n")
+    for o in prog.outputs:
+        body += (f"for j in {unroll}({S}):\n    for v in {vec}({L}):\n"
+                 f"        {o.name}_f[{row} * {N} + {col.format(j='j', v='v')}] = {o.name}_r[j * {L} + v]\n")
+    if cfg:
+        loops = (f"for bx in T.thread_binding({R // RPB}, thread='blockIdx.x'):\n"
+                 f"    for ty in T.thread_binding({RPB}, thread='threadIdx.y'):\n"
+                 f"        for tx in T.thread_binding({T_}, thread='threadIdx.x'):\n")
+        inner = 12
+    else:
+        loops, inner = f"for bx in T.serial({R}):\n", 4
+    attrs = '{"tirx.noalias": True, "tirx.is_scheduled": True}' if cfg else '{"tirx.noalias": True}'
+    return (f"@T.prim_func(s_tir=True)\ndef main({', '.join(decls)}):\n    T.func_attr({attrs})\n"
+            + _indent(views, 4) + _indent(loops, 4) + _indent(body, 4 + inner))
+
+
+def kernel_for(func, cfg: RowConfig | None):
+    """The row program of ``func`` under ``cfg`` (``None``: the serial twin) as a PrimFunc."""
+    from tvmfuse.tune.hopper import parse
+
+    return parse(row_source(analyze(func), cfg))
+
+
+def annotate(sch, root, func, options: list[RowConfig], index) -> None:
+    """Record on ``root`` the planner's kernel ``func``, the configs and the sampled ``index`` into them."""
+    sch.annotate(root, SOURCE, func.script())
+    sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
+    sch.annotate(root, ANNOTATION, index)
+
+
+def annotated(func):
+    """(the planner's kernel, the config) a row-program sketch annotated on ``func``'s root block, or None."""
+    from tvmfuse.tune.hopper import parse
+
+    block = getattr(getattr(func, "body", None), "block", None)
+    if block is None or any(k not in block.annotations for k in (SOURCE, CANDIDATES, ANNOTATION)):
+        return None
+    names = str(block.annotations[CANDIDATES]).split(";")
+    index = int(block.annotations[ANNOTATION])
+    if not 0 <= index < len(names):
+        raise ValueError(f"row program config {index} of {len(names)} candidates")
+    return parse(str(block.annotations[SOURCE])), parse_config(names[index])
+
+
+def expand(mod):
+    """``mod`` with every row-program-annotated PrimFunc replaced by its program."""
+    from tvmfuse._tvm import PrimFunc, tvm
+
+    updates = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, PrimFunc):
+            found = annotated(func)
+            if found is not None:
+                updates[gv] = kernel_for(*found).with_attr("global_symbol", gv.name_hint)
+    if not updates:
+        return mod
+    return tvm.IRModule({gv: updates.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
