@@ -83,6 +83,29 @@ def test_the_serial_twin_computes_the_planners_kernel(case, size, cuda):
         assert np.abs(got - want).max() <= 1e-6 * max(1.0, np.abs(want).max()), k.name
 
 
+@pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax"])
+def test_fp32_norms_from_onnx_ops_become_row_programs(kind, cuda):
+    """(x + r) -> RMSNorm (decomposed: Pow, ReduceMean, Sqrt, Div, Mul), LayerNormalization or Softmax, in fp32
+    (4 lanes a vector): the twin equals the planner's kernel and a CUDA config builds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+    import models
+
+    fused = _fused(models.add_norm(kind, m=16, n=512), cuda)
+    (k,) = [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "row_reduction"]
+    func = k.mod["main"]
+    prog = rows.analyze(func)
+    assert prog.lanes() == 4
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in rows._param_buffers(func)]
+    want, got = _run(func, inputs), _run(rows.kernel_for(func, None), inputs)
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    cfg = rows.configs(prog)[0]
+    with build_context():
+        src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
+                          target=SM90A).mod.imports[0].inspect_source()
+    assert "float4" in src and "__shfl_xor_sync" in src
+
+
 def test_kernels_that_are_not_row_programs_are_declined(cuda):
     for case, size in (("gemm_bias_relu", dict(M=64, K=64, N=64)), ("pointwise", dict(M=16, N=64))):
         for k in extract_kernels(_fused(CASES[case](**size)[0], cuda), target=cuda):

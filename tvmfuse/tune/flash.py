@@ -142,19 +142,17 @@ def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
 
 def annotated_config(func) -> FlashConfig | None:
     """The config a tuned schedule annotated on ``func``'s root block (None: not a flash schedule)."""
-    body = getattr(func, "body", None)
-    block = getattr(body, "block", None)
-    if block is None or ANNOTATION not in block.annotations or CANDIDATES not in block.annotations:
-        return None
-    return config_at(str(block.annotations[CANDIDATES]), int(block.annotations[ANNOTATION]))
+    from tvmfuse.tune.expand import root_annotations
+
+    notes = root_annotations(func, ANNOTATION, CANDIDATES)
+    return None if notes is None else config_at(str(notes[CANDIDATES]), int(notes[ANNOTATION]))
 
 
 def config_at(candidates: str, index: int) -> FlashConfig:
     """Config ``index`` of the ``;``-joined candidate names a record carries."""
-    names = candidates.split(";")
-    if not 0 <= index < len(names):
-        raise ValueError(f"flash config {index} of {len(names)} candidates")
-    return parse_config(names[index])
+    from tvmfuse.tune.expand import chosen
+
+    return parse_config(chosen(candidates, index, "flash"))
 
 
 def spec_of(func) -> AttentionSpec | None:
@@ -166,18 +164,13 @@ def spec_of(func) -> AttentionSpec | None:
 
 def expand(mod):
     """``mod`` with every flash-annotated attention PrimFunc replaced by the flash kernel it selects."""
-    from tvmfuse._tvm import PrimFunc, tvm
+    from tvmfuse.tune.expand import swap_kernels
 
-    updates = {}
-    for gv, func in mod.functions.items():
-        if not isinstance(func, PrimFunc):
-            continue
+    def flash(gv, func):
         cfg = annotated_config(func)
-        if cfg is not None and spec_of(func) is not None:
-            updates[gv] = flash_kernel(func, cfg)
-    if not updates:
-        return mod
-    return tvm.IRModule({gv: updates.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
+        return flash_kernel(func, cfg) if cfg is not None and spec_of(func) is not None else None
+
+    return swap_kernels(mod, flash)
 
 
 def flash_kernel(func, cfg: FlashConfig | None = None, wgmma: bool = False):

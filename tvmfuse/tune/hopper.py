@@ -34,6 +34,8 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
+from tvmfuse.tune.tirtext import BINARY, FUNCS, expr_text
+
 ANNOTATION = "tvmfuse.wgmma_config"
 CANDIDATES = "tvmfuse.wgmma_candidates"
 SPEC = "tvmfuse.wgmma_spec"
@@ -457,57 +459,27 @@ class Misfit(ValueError):
     """The kernel is not a GEMM this template takes (the reason is the message)."""
 
 
-_BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "FloorDiv": "//", "FloorMod": "%", "LT": "<",
-           "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!="}
-_FUNCS = {"Max": "T.max", "Min": "T.min"}
-
-
 def _script(expr, env: dict, buffers: dict, acc) -> str:
     """TVMScript text of an epilogue expression: variables through ``env`` (name -> text), loads of a function
     parameter through ``buffers`` (buffer -> parameter name), and the load ``acc`` = (buffer, [vars]) of the
     GEMM's result as ``{acc}``. Raises :class:`Misfit` on anything else."""
-    kind = type(expr).__name__
-    rec = lambda e: _script(e, env, buffers, acc)  # noqa: E731
-    if kind in ("TensorLoad", "BufferLoad"):
-        src = _name(expr)
+    def load(node, rec):
+        src = _name(node)
         if src == acc[0]:
-            if [str(i) for i in expr.indices] != acc[1]:
+            if [str(i) for i in node.indices] != acc[1]:
                 raise Misfit("the epilogue reads the product at other indices")
             return "{acc}"
         name = buffers.get(src)
         if name is None:
             raise Misfit(f"the epilogue reads an intermediate buffer ({src})")
-        return f"{name}[{', '.join(rec(i) for i in expr.indices)}]"
-    if kind == "Var":
-        if expr.name not in env:
-            raise Misfit(f"unknown variable {expr.name}")
-        return env[expr.name]
-    if kind in ("IntImm", "FloatImm"):
-        value = int(expr.value) if kind == "IntImm" else float(expr.value)
-        return f"T.{_dtype(expr)}({value!r})" if _dtype(expr) != "bool" else repr(bool(value))
-    if kind == "Cast":
-        return f"T.Cast('{_dtype(expr)}', {rec(expr.value)})"
-    if kind in _BINARY:
-        return f"({rec(expr.a)} {_BINARY[kind]} {rec(expr.b)})"
-    if kind in _FUNCS:
-        return f"{_FUNCS[kind]}({rec(expr.a)}, {rec(expr.b)})"
-    if kind in ("And", "Or"):
-        return f"T.{kind}({rec(expr.a)}, {rec(expr.b)})"
-    if kind == "Not":
-        return f"T.Not({rec(expr.a)})"
-    if kind == "Select":
-        return f"T.Select({rec(expr.condition)}, {rec(expr.true_value)}, {rec(expr.false_value)})"
-    if kind == "Call" and str(getattr(expr.op, "name", "")).startswith("tirx.") and "." not in expr.op.name[5:]:
-        name = expr.op.name[5:]
-        if name in ("exp", "exp2", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "fabs", "pow", "floor",
-                    "ceil", "round", "cos", "sin", "if_then_else"):
-            return f"T.{name}({', '.join(rec(a) for a in expr.args)})"
-    raise Misfit(f"the epilogue uses {kind} {getattr(getattr(expr, 'op', None), 'name', '')}".strip())
+        return f"{name}[{', '.join(rec(i) for i in node.indices)}]"
 
+    def var(node):
+        if node.name not in env:
+            raise Misfit(f"unknown variable {node.name}")
+        return env[node.name]
 
-def _dtype(expr) -> str:
-    """An expression's dtype (TVM 0.27: ``ty``; earlier: ``dtype``)."""
-    return str(expr.ty if hasattr(expr, "ty") else expr.dtype)
+    return expr_text(expr, load, var, lambda why: Misfit(f"the epilogue {why}"))
 
 
 def _name(node) -> str:
@@ -725,7 +697,7 @@ def _loads(expr) -> list:
     if kind in ("TensorLoad", "BufferLoad"):
         return [expr] + [ld for i in expr.indices for ld in _loads(i)]
     children = {"Cast": ("value",), "Not": ("a",), "Select": ("condition", "true_value", "false_value")}.get(
-        kind, ("a", "b") if kind in _BINARY or kind in _FUNCS or kind in ("And", "Or") else ())
+        kind, ("a", "b") if kind in BINARY or kind in FUNCS or kind in ("And", "Or") else ())
     out = [ld for f in children for ld in _loads(getattr(expr, f))]
     if kind == "Call":
         out += [ld for a in expr.args for ld in _loads(a)]
@@ -789,31 +761,28 @@ def default_kernel(func, target):
 
 def annotated(func):
     """(spec, {a, b, store}, config) a tuned schedule annotated on ``func``'s root block, or None."""
-    block = getattr(getattr(func, "body", None), "block", None)
-    if block is None or any(k not in block.annotations for k in (SPEC, CANDIDATES, ANNOTATION)):
+    from tvmfuse.tune.expand import chosen, root_annotations
+
+    notes = root_annotations(func, SPEC, CANDIDATES, ANNOTATION)
+    if notes is None:
         return None
-    info = json.loads(str(block.annotations[SPEC]))
-    names = str(block.annotations[CANDIDATES]).split(";")
-    index = int(block.annotations[ANNOTATION])
-    if not 0 <= index < len(names):
-        raise ValueError(f"wgmma config {index} of {len(names)} candidates")
-    return GemmSpec.from_json(json.dumps(info["spec"])), info, parse_config(names[index])
+    info = json.loads(str(notes[SPEC]))
+    return (GemmSpec.from_json(json.dumps(info["spec"])), info,
+            parse_config(chosen(notes[CANDIDATES], notes[ANNOTATION], "wgmma")))
 
 
 def expand(mod):
     """``mod`` with every wgmma-annotated GEMM PrimFunc replaced by the kernel its annotation selects."""
-    from tvmfuse._tvm import PrimFunc, tvm
+    from tvmfuse.tune.expand import swap_kernels
 
-    updates = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, PrimFunc):
-            found = annotated(func)
-            if found is not None:
-                spec, info, cfg = found
-                updates[gv] = kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
-    if not updates:
-        return mod
-    return tvm.IRModule({gv: updates.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
+    def wgmma(gv, func):
+        found = annotated(func)
+        if found is None:
+            return None
+        spec, info, cfg = found
+        return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
+
+    return swap_kernels(mod, wgmma)
 
 
 def supports(target) -> bool:

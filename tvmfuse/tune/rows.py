@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tvmfuse.tune.tirtext import expr_text
+
 CANDIDATES = "tvmfuse.row_program_configs"   # the configs the sketch chose from, ";"-separated names
 ANNOTATION = "tvmfuse.row_program"            # the sampled index into them
 SOURCE = "tvmfuse.row_program_kernel"         # the kernel as the planner made it (TVMScript): the program is
 #   generated from its blocks, which MetaSchedule's postprocessing splits (a reduction's init and update)
 _REDUCE = 2
 _COMBINE = {"Add": "{a} + {b}", "Max": "T.max({a}, {b})", "Min": "T.min({a}, {b})"}
-_BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "LT": "<", "LE": "<=", "GT": ">", "GE": ">=",
-           "EQ": "==", "NE": "!="}
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
 
 
@@ -224,27 +224,14 @@ def _access(load, prog: RowProgram, roles: dict) -> str:
     raise Misfit(f"load of {_buf(load).name}: indices {[str(i) for i in load.indices]}")
 
 
-def _dtype(expr) -> str:
-    """An expression's type (TVM 0.27: ``ty``)."""
-    return str(expr.ty if hasattr(expr, "ty") else expr.dtype)
-
-
-def _const(expr) -> str:
-    dtype = _dtype(expr)
-    if type(expr).__name__ == "FloatImm":
-        return f"T.{dtype}({float(expr.value)!r})"
-    return f"T.{dtype}({int(expr.value)})"
-
-
 def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str = "e", col: str = "c",
           row: str = "row") -> str:
     """TVMScript of a block's value: whole-row buffers as the thread's register ``<name>_r[elem]``, per-row
-    buffers as ``<name>_s[0]``, broadcast parameters read at column ``col`` / row ``row`` of a flat view."""
-    rec = lambda e: _expr(e, prog, roles, check=check, elem=elem, col=col, row=row)  # noqa: E731
-    kind = type(expr).__name__
-    if kind in ("BufferLoad", "TensorLoad"):
-        buf = _buf(expr)
-        how = _access(expr, prog, roles)
+    buffers as ``<name>_s[0]``, parameters broadcast over the rows as the thread's staged ``<name>_c[elem]``
+    (``check``: recorded in ``prog.by_col``), per-row parameters at ``row`` of a flat view."""
+    def load(node, rec):
+        buf = _buf(node)
+        how = _access(node, prog, roles)
         if how == "full":
             if buf.name not in prog.full:
                 raise Misfit(f"{buf.name} read as a whole row")
@@ -258,27 +245,11 @@ def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str
                 prog.by_col.add(buf.name)
             return f"{buf.name}_c[{elem}]"
         return f"{buf.name}_f[0]"
-    if kind in ("IntImm", "FloatImm"):
-        return _const(expr)
-    if kind == "Cast":
-        return f"T.Cast('{_dtype(expr)}', {rec(expr.value)})"
-    if kind in _BINARY:
-        return f"({rec(expr.a)} {_BINARY[kind]} {rec(expr.b)})"
-    if kind in ("Max", "Min"):
-        return f"T.{kind.lower()}({rec(expr.a)}, {rec(expr.b)})"
-    if kind in ("And", "Or"):
-        return f"T.{kind}({rec(expr.a)}, {rec(expr.b)})"
-    if kind == "Not":
-        return f"T.Not({rec(expr.a)})"
-    if kind == "Select":
-        return f"T.Select({rec(expr.condition)}, {rec(expr.true_value)}, {rec(expr.false_value)})"
-    if kind == "Call":
-        op = str(expr.op.name).split(".")[-1]
-        if op not in ("exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "fabs", "pow", "floor",
-                      "ceil", "round", "log2", "sin", "cos"):
-            raise Misfit(f"call {expr.op.name}")
-        return f"T.{op}({', '.join(rec(a) for a in expr.args)})"
-    raise Misfit(f"expression {kind}")
+
+    def var(node):
+        raise Misfit(f"variable {node.name} outside an index")
+
+    return expr_text(expr, load, var, lambda why: Misfit(f"a row step {why}"))
 
 
 def _is_param(buf, prog: RowProgram) -> bool:
@@ -395,28 +366,21 @@ def annotate(sch, root, func, options: list[RowConfig], index) -> None:
 
 def annotated(func):
     """(the planner's kernel, the config) a row-program sketch annotated on ``func``'s root block, or None."""
+    from tvmfuse.tune.expand import chosen, root_annotations
     from tvmfuse.tune.hopper import parse
 
-    block = getattr(getattr(func, "body", None), "block", None)
-    if block is None or any(k not in block.annotations for k in (SOURCE, CANDIDATES, ANNOTATION)):
+    notes = root_annotations(func, SOURCE, CANDIDATES, ANNOTATION)
+    if notes is None:
         return None
-    names = str(block.annotations[CANDIDATES]).split(";")
-    index = int(block.annotations[ANNOTATION])
-    if not 0 <= index < len(names):
-        raise ValueError(f"row program config {index} of {len(names)} candidates")
-    return parse(str(block.annotations[SOURCE])), parse_config(names[index])
+    return parse(str(notes[SOURCE])), parse_config(chosen(notes[CANDIDATES], notes[ANNOTATION], "row program"))
 
 
 def expand(mod):
     """``mod`` with every row-program-annotated PrimFunc replaced by its program."""
-    from tvmfuse._tvm import PrimFunc, tvm
+    from tvmfuse.tune.expand import swap_kernels
 
-    updates = {}
-    for gv, func in mod.functions.items():
-        if isinstance(func, PrimFunc):
-            found = annotated(func)
-            if found is not None:
-                updates[gv] = kernel_for(*found).with_attr("global_symbol", gv.name_hint)
-    if not updates:
-        return mod
-    return tvm.IRModule({gv: updates.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
+    def program(gv, func):
+        found = annotated(func)
+        return None if found is None else kernel_for(*found).with_attr("global_symbol", gv.name_hint)
+
+    return swap_kernels(mod, program)

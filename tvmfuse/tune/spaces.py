@@ -491,10 +491,6 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     max_shared = int(space.extra.get("max_shared_bytes", 49152))
     storages = list(space.knobs.get("row_storage", Knob("row_storage", ("shared", "recompute"), (0.5, 0.5))).values)
     sketches = []
-    if "program" in storages and info.get("target_kind") == "cuda":
-        program = _row_program_sketch(sch, space)
-        if program is not None:
-            sketches.append(program)
     for storage in storages:
         if storage == "program":
             continue
@@ -601,6 +597,10 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         if "unroll" in space.knobs:
             s.annotate(root_s, "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
+    if "program" in storages and info.get("target_kind") == "cuda":   # last: the others keep their places
+        program = _row_program_sketch(sch, space)
+        if program is not None:
+            sketches.append(program)
     if not sketches:
         raise ValueError("row_reduction template: no sketch fits")
     return sketches
