@@ -90,7 +90,7 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
         from tvmfuse._tvm import tvm
 
         dev = tvm.cuda(0)
-        bufs = rows._param_buffers(func)
+        bufs = prog.params
         gen = torch.Generator(device="cuda").manual_seed(0)
         inputs = [torch.randn([int(d) for d in b.shape], device="cuda", dtype=getattr(torch, str(b.dtype)),
                               generator=gen) for b in bufs[:-1]]

@@ -77,7 +77,7 @@ def test_the_serial_twin_computes_the_planners_kernel(case, size, cuda):
             assert [s.kind for s in prog.steps] == ["elementwise", "reduce", "row", "reduce", "elementwise"]
             assert len(prog.by_col) == 2   # gamma, beta
         inputs = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype))
-                  for b in rows._param_buffers(func)]
+                  for b in prog.params]
         want, got = _run(func, inputs), _run(rows.kernel_for(func, None), inputs)
         assert not np.isnan(got).any()
         assert np.abs(got - want).max() <= 1e-6 * max(1.0, np.abs(want).max()), k.name
@@ -96,7 +96,7 @@ def test_fp32_norms_from_onnx_ops_become_row_programs(kind, cuda):
     prog = rows.analyze(func)
     assert prog.lanes() == 4
     rng = np.random.default_rng(1)
-    inputs = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in rows._param_buffers(func)]
+    inputs = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in prog.params]
     want, got = _run(func, inputs), _run(rows.kernel_for(func, None), inputs)
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
     cfg = rows.configs(prog)[0]

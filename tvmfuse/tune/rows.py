@@ -14,8 +14,9 @@ compacts a thread's register cache only to a contiguous slice (an interleaved on
 registers), so its loads were strided, and it ran slower than the shared-memory sketch on the H200.
 
 Like the flash and wgmma templates, a sketch annotates the kernel's root block with a config and the builder
-swaps the PrimFunc for the program (:func:`expand`). The program is generated from the kernel's blocks at that
-point, so the sketch only binds loops and leaves the blocks as the planner made them.
+swaps the PrimFunc for the program (:func:`expand`). The annotation also carries the kernel as the planner made
+it, and the program is generated from that: MetaSchedule's postprocessing rewrites the sketch's own blocks
+(it splits each reduction into an init and an update block).
 """
 from __future__ import annotations
 
@@ -84,21 +85,15 @@ class RowProgram:
 
 
 def _bytes(dtype) -> int:
-    return max(1, tvm_bits(dtype) // 8)
-
-
-def tvm_bits(dtype) -> int:
+    """Bytes of one element of ``dtype`` (``float16`` -> 2)."""
     import re
 
-    return int(re.search(r"(\d+)$", str(dtype)).group(1))
-
-
-def _param_buffers(func) -> list:
-    return [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+    return max(1, int(re.search(r"(\d+)$", str(dtype)).group(1)) // 8)
 
 
 def analyze(func) -> RowProgram:
     """``func`` as a row program; raises :class:`Misfit` where it is not one."""
+    from tvmfuse.tune.hopper import _param_buffers
     from tvmfuse.tune.spaces import _blocks
 
     params = _param_buffers(func)
@@ -145,6 +140,8 @@ def analyze(func) -> RowProgram:
                 raise Misfit(f"block {b.name_hint}: no init")
             if shape not in (lead, (*lead, 1)):
                 raise Misfit(f"block {b.name_hint}: writes {shape}")
+            if buf.name in param_names:
+                raise Misfit(f"block {b.name_hint}: a per-row output (the program stores whole rows only)")
             steps.append(_Step("reduce", buf, operand, roles, kind, b.init.value))
         elif tuple(extents) == full_shape:
             roles = _lead_roles(ivs[:-1], lead, b.name_hint)
