@@ -95,7 +95,9 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
         inputs = [torch.randn([int(d) for d in b.shape], device="cuda", dtype=getattr(torch, str(b.dtype)),
                               generator=gen) for b in bufs[:-1]]
         full = [t for t, b in zip(inputs, bufs) if b.name in prog.full]
-        nbytes = sum(t.numel() * t.element_size() for t in full) + int(np.prod([int(d) for d in bufs[-1].shape])) * 2
+        out_t = getattr(torch, str(bufs[-1].dtype))
+        nbytes = (sum(t.numel() * t.element_size() for t in full)
+                  + int(np.prod([int(d) for d in bufs[-1].shape])) * torch.finfo(out_t).bits // 8)
         src_t = torch.empty(nbytes // 2, device="cuda", dtype=torch.float16)
         dst_t = torch.empty_like(src_t)
         from triton.testing import do_bench
@@ -103,11 +105,11 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
         out["copy_us"] = do_bench(lambda: dst_t.copy_(src_t), warmup=25, rep=100, return_mode="median") * 1e3 / 2
         # (a copy of nbytes/2 each way moves nbytes: read + write, the case's minimum traffic)
         ref_lib = _reference(func)
-        want = torch.full([int(d) for d in bufs[-1].shape], float("nan"), device="cuda", dtype=torch.float16)
+        want = torch.full([int(d) for d in bufs[-1].shape], float("nan"), device="cuda", dtype=out_t)
         args = [tvm.runtime.from_dlpack(t) for t in (*inputs, want)]
         ref_lib["main"](*args)
         dev.sync()
-        ev = ref_lib.time_evaluator("main", dev, number=20, repeat=5)
+        ev = ref_lib.mod.time_evaluator("main", dev, number=20, repeat=5)
         out["dlight_us"] = float(np.median(ev(*args).results)) * 1e6
     for cfg in configs:
         rec = {"config": cfg.name}
@@ -132,7 +134,7 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
             rec["rel_error"] = float(diff)
             rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] < 1e-2
             if rec["ok"]:
-                ev = lib.time_evaluator("main", dev, number=20, repeat=5)
+                ev = lib.mod.time_evaluator("main", dev, number=20, repeat=5)
                 rec["us"] = float(np.median(ev(*args).results)) * 1e6
                 rec["pct_copy"] = 100 * out["copy_us"] / rec["us"]
         out["configs"].append(rec)
