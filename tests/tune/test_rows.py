@@ -170,6 +170,11 @@ def test_a_record_that_selects_the_program_builds_it(tmp_path, cuda):
 
     src = _cuda_source(built.executable)
     assert "x_r_ptr" in src and "__shfl_xor_sync" in src
+    from tvmfuse.inspect import InspectConfig, inspect_database
+
+    report = inspect_database(InspectConfig(db=tmp_path / "r.db", target="cuda"))
+    (cfg,) = [k["row_program_config"] for k in report["kernels"]]
+    assert cfg in [c.name for c in rows.configs(rows.analyze(k.mod["main"]))]
     # what MetaSchedule's builder gets: the candidate after the postprocessors (which split each reduction into
     # init and update blocks, so the program comes from the kernel recorded in the annotation)
     postprocs = list(ctx.space_generator.postprocs)

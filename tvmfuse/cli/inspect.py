@@ -74,6 +74,9 @@ def _print(r: dict) -> None:
         if k.get("wgmma_config"):
             out.print(f"{k['name']} (id {k['workload_id']}) runs the wgmma GEMM template with tiles {k['wgmma_config']} "
                       f"(warpgroups, 64-row tiles each, N, K step, stages, raster, swizzle, batches in flight)")
+        if k.get("row_program_config"):
+            out.print(f"{k['name']} (id {k['workload_id']}) runs the row program {k['row_program_config']} "
+                      f"(threads per row, rows per block)")
     errs = [(k["name"], kind, n) for k in r["kernels"] for kind, n in k["errors"].items()]
     if errs:
         out.print(table("failed trials", ["kernel", "error", "trials"], [[a[:44], b, n] for a, b, n in errs]))

@@ -144,6 +144,18 @@ def _wgmma_config(db, mod, workload_id: int) -> str | None:
     return None if found is None else found[2].name
 
 
+def _row_program_config(db, mod, workload_id: int) -> str | None:
+    """The row program config (``tvmfuse.tune.rows``) the best valid record of a row kernel selects."""
+    from tvmfuse.tune import rows
+    from tvmfuse.tune.spaces import classify
+
+    best = db.best_record(workload_id) if classify(mod["main"]) == "row_reduction" else None
+    if best is None or rows.ANNOTATION not in db.record_json(best):
+        return None
+    found = rows.annotated(db.schedule_of(best, mod)["main"])
+    return None if found is None else found[1].name
+
+
 def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None) -> dict:
     mod = db.workload_mod(w.workload_id)
     bufs = buffers(mod)
@@ -180,6 +192,7 @@ def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None)
         "calls": calls if calls is not None else 1, "calls_source": "model" if calls is not None else "assumed",
         "flash_config": _flash_config(db, mod, w.workload_id),
         "wgmma_config": _wgmma_config(db, mod, w.workload_id),
+        "row_program_config": _row_program_config(db, mod, w.workload_id),
     }
     view["total_ms"] = None if best is None else best * 1e3 * view["calls"]
     return view
