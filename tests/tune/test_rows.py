@@ -86,7 +86,9 @@ def test_the_serial_twin_computes_the_planners_kernel(case, size, cuda):
 @pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax"])
 def test_fp32_norms_from_onnx_ops_become_row_programs(kind, cuda):
     """(x + r) -> RMSNorm (decomposed: Pow, ReduceMean, Sqrt, Div, Mul), LayerNormalization or Softmax, in fp32
-    (4 lanes a vector): the twin equals the planner's kernel and a CUDA config builds."""
+    (4 lanes a vector): the twin equals the planner's kernel, so does the emulation of every CUDA config (its
+    threads as loops: the element-to-thread mapping, the butterfly of the warp shuffles, the words across
+    warps), and a CUDA config builds."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
     import models
 
@@ -99,11 +101,32 @@ def test_fp32_norms_from_onnx_ops_become_row_programs(kind, cuda):
     inputs = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in prog.params]
     want, got = _run(func, inputs), _run(rows.kernel_for(func, None), inputs)
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert {c.threads for c in rows.configs(prog)} == {32, 64, 128}   # 512 columns, 4 lanes: up to 4 warps
+    for cfg in rows.configs(prog):
+        got = _run(rows.kernel_for(func, cfg, emulate=True), inputs)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6, cfg
     cfg = rows.configs(prog)[0]
     with build_context():
         src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
                           target=SM90A).mod.imports[0].inspect_source()
     assert "float4" in src and "__shfl_xor_sync" in src
+
+
+def test_the_emulated_fp16_softmax_is_as_close_to_the_exact_one_as_a_reduction_tree_gets(cuda):
+    """fp16 softmax over 2048 columns, emulated under configs of one warp, two and eight warps a row, against the
+    exact (fp64) softmax. (The planner's kernel sums the row's exponentials one after another in fp16 and is
+    3.5e-2 off; a tree of per-thread sums, as on the GPU, about 6e-4.)"""
+    _, (k,) = _row_kernels("softmax", cuda, M=16, N=2048)
+    func = k.mod["main"]
+    prog = rows.analyze(func)
+    x = np.random.default_rng(2).standard_normal([16, 2048]).astype("float16")
+    e = np.exp(x.astype("float64") - x.max(-1, keepdims=True))
+    exact = e / e.sum(-1, keepdims=True)
+    for name in ("t32 r1", "t32 r4", "t64 r2", "t256 r2"):
+        cfg = rows.parse_config(name)
+        assert cfg in rows.configs(prog)
+        got = _run(rows.kernel_for(func, cfg, emulate=True), [x, np.zeros_like(x)])
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 2e-3, name
 
 
 def test_kernels_that_are_not_row_programs_are_declined(cuda):

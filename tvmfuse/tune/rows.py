@@ -222,7 +222,7 @@ def _access(load, prog: RowProgram, roles: dict) -> str:
 
 
 def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str = "e", col: str = "c",
-          row: str = "row") -> str:
+          row: str = "row", scalar: str = "0") -> str:
     """TVMScript of a block's value: whole-row buffers as the thread's register ``<name>_r[elem]``, per-row
     buffers as ``<name>_s[0]``, parameters broadcast over the rows as the thread's staged ``<name>_c[elem]``
     (``check``: recorded in ``prog.by_col``), per-row parameters at ``row`` of a flat view."""
@@ -234,7 +234,7 @@ def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str
                 raise Misfit(f"{buf.name} read as a whole row")
             return f"{buf.name}_r[{elem}]"
         if how == "row":
-            return f"{buf.name}_s[0]" if not _is_param(buf, prog) else f"{buf.name}_f[{row}]"
+            return f"{buf.name}_s[{scalar}]" if not _is_param(buf, prog) else f"{buf.name}_f[{row}]"
         if not _is_param(buf, prog):
             raise Misfit(f"intermediate {buf.name} read as a broadcast")
         if how == "col":
@@ -274,84 +274,103 @@ def _indent(text: str, n: int) -> str:
     return "".join(" " * n + ln + "\n" if ln.strip() else "\n" for ln in text.splitlines())
 
 
-def row_source(prog: RowProgram, cfg: RowConfig | None) -> str:
-    """TVMScript of the program under ``cfg``; ``None``: its serial twin (one thread per row, no binding), which
-    runs on any target, the same steps and element order per thread, so a CPU build checks the translation."""
+def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -> str:
+    """TVMScript of the program under ``cfg``. ``emulate``: the same program with its threads as serial loops
+    (each thread's registers a slice of an array, the warp shuffles as the butterfly they compute, the shared
+    words across warps as an array), which builds for any target, so the CPU checks the element-to-thread
+    mapping, the reductions' order and the index arithmetic numerically. ``cfg`` None: the emulation at one
+    thread per row."""
+    emulate = emulate or cfg is None
     T_, RPB = (cfg.threads, cfg.rows_per_block) if cfg else (1, 1)
-    unroll, vec = ("T.unroll", "T.vectorized") if cfg else ("T.serial", "T.serial")
+    unroll, vec = ("T.serial", "T.serial") if emulate else ("T.unroll", "T.vectorized")
     L = prog.lanes()
     N, R = prog.cols, prog.rows
-    E, S = N // T_, N // T_ // L
-    tx = "tx" if cfg else "0"
-    col = f"({{j}} * {T_} + {tx}) * {L} + {{v}}"
-    row = f"(bx * {RPB} + ty)" if cfg else "bx"
+    E, S, W = N // T_, N // T_ // L, T_ // 32
+    at = f"tx * {E} + " if emulate else ""     # a thread's registers: its slice of the emulation's arrays
+    elem, sc = f"{at}j * {L} + v", ("tx" if emulate else "0")
+    col = f"(j * {T_} + tx) * {L} + v"
+    row = f"(bx * {RPB} + ty)"
+
+    def threads(code: str) -> str:   # code every thread runs
+        return f"for tx in T.serial({T_}):\n" + _indent(code, 4) if emulate else code
+
+    def steps(code: str) -> str:     # over the thread's elements, a vector step and its lanes at a time
+        return f"for j in {unroll}({S}):\n    for v in {unroll}({L}):\n" + _indent(code, 8)
+
     decls = [f"{p.name}: T.Buffer({tuple(int(d) for d in p.shape)!r}, '{p.dtype}')" for p in prog.params]
     views = "".join(f"{p.name}_f = T.decl_buffer(({math.prod(int(d) for d in p.shape)},), '{p.dtype}', "
                     f"data={p.name}.data)\n" for p in prog.params)
-    warps = T_ // 32
-    shared = "".join(f"red_{n} = T.alloc_buffer(({RPB * warps},), '{s.buffer.dtype}', scope='shared')\n"
-                     for n, s in enumerate(prog.steps) if s.kind == "reduce" and warps > 1)
-    body = ""
-    # registers: the whole-row parameters read, and every whole-row intermediate; a scalar per per-row value
-    reads_full = {p.name for p in prog.params if p.name in prog.full and not any(p.same_as(o) for o in prog.outputs)}
-    regs = dict.fromkeys([n for n in sorted(reads_full)] + [s.buffer.name for s in prog.steps if s.kind == "elementwise"])
+    # registers: the whole-row parameters read, every whole-row intermediate, the broadcast rows; a scalar per
+    # per-row value; a shared word per warp and reduction
+    reads_full = sorted(p.name for p in prog.params if p.name in prog.full and not any(p.same_as(o) for o in prog.outputs))
     dtypes = {p.name: p.dtype for p in prog.params}
     dtypes.update({s.buffer.name: s.buffer.dtype for s in prog.steps})
-    for name in regs:
-        body += f"{name}_r = T.alloc_buffer(({E},), '{dtypes[name]}', scope='local')\n"
-    for s in prog.steps:
-        if s.kind != "elementwise":
-            body += f"{s.buffer.name}_s = T.alloc_buffer((1,), '{s.buffer.dtype}', scope='local')\n"
+    scope, shared = ("", "") if emulate else (", scope='local'", ", scope='shared'")
+    per = T_ if emulate else 1
+    body = ""
+    for name in dict.fromkeys(reads_full + [s.buffer.name for s in prog.steps if s.kind == "elementwise"]):
+        body += f"{name}_r = T.alloc_buffer(({per * E},), '{dtypes[name]}'{scope})\n"
     for name in sorted(prog.by_col):
-        body += f"{name}_c = T.alloc_buffer(({E},), '{dtypes[name]}', scope='local')\n"
-    body += shared
-    for name in sorted(reads_full):   # one coalesced 16-byte vector per step
-        body += (f"for j in {unroll}({S}):\n    for v in {vec}({L}):\n"
-                 f"        {name}_r[j * {L} + v] = {name}_f[{row} * {N} + {col.format(j='j', v='v')}]\n")
-    for name in sorted(prog.by_col):   # the broadcast rows too (the thread's columns of gamma, beta)
-        body += (f"for j in {unroll}({S}):\n    for v in {vec}({L}):\n"
-                 f"        {name}_c[j * {L} + v] = {name}_f[{col.format(j='j', v='v')}]\n")
+        body += f"{name}_c = T.alloc_buffer(({per * E},), '{dtypes[name]}'{scope})\n"
+    for n, s in enumerate(prog.steps):
+        if s.kind != "elementwise":
+            body += f"{s.buffer.name}_s = T.alloc_buffer(({per},), '{s.buffer.dtype}'{scope})\n"
+        if s.kind == "reduce" and emulate:
+            body += f"{s.buffer.name}_x = T.alloc_buffer(({per},), '{s.buffer.dtype}')\n"
+        if s.kind == "reduce" and W > 1:
+            body += f"red_{n} = T.alloc_buffer(({RPB * W},), '{s.buffer.dtype}'{shared})\n"
+    loads = "".join(steps(f"{name}_r[{elem}] = {name}_f[{row} * {N} + {col}]\n") for name in reads_full)
+    loads += "".join(steps(f"{name}_c[{elem}] = {name}_f[{col}]\n") for name in sorted(prog.by_col))
+    if not emulate:   # one coalesced 16-byte vector per step
+        loads = loads.replace(f"for v in {unroll}({L})", f"for v in {vec}({L})")
+    body += threads(loads)
     for n, s in enumerate(prog.steps):
         name = s.buffer.name
+        val = _expr(s.value, prog, s.roles, elem=elem, col=col, row=row, scalar=sc)
         if s.kind == "elementwise":
-            val = _expr(s.value, prog, s.roles, elem=f"j * {L} + v", col=col.format(j="j", v="v"), row=row)
-            body += f"for j in {unroll}({S}):\n    for v in {unroll}({L}):\n        {name}_r[j * {L} + v] = {val}\n"
+            body += threads(steps(f"{name}_r[{elem}] = {val}\n"))
         elif s.kind == "row":
-            body += f"{name}_s[0] = {_expr(s.value, prog, s.roles, row=row)}\n"
+            body += threads(f"{name}_s[{sc}] = {val}\n")
         else:
-            acc = f"{name}_s[0]"
-            val = _expr(s.value, prog, s.roles, elem=f"j * {L} + v", col=col.format(j="j", v="v"), row=row)
-            comb = _COMBINE[s.combine]
-            body += (f"{acc} = {_expr(s.init, prog, s.roles, row=row)}\n"
-                     f"for j in {unroll}({S}):\n    for v in {unroll}({L}):\n"
-                     f"        {acc} = {comb.format(a=acc, b=val)}\n")
-            if cfg:
-                for m in (16, 8, 4, 2, 1)[5 - int(math.log2(min(T_, 32))):]:
+            acc, comb = f"{name}_s[{sc}]", _COMBINE[s.combine]
+            body += threads(f"{acc} = {_expr(s.init, prog, s.roles, row=row, scalar=sc)}\n"
+                            + steps(f"{acc} = {comb.format(a=acc, b=val)}\n"))
+            for m in (16, 8, 4, 2, 1)[5 - int(math.log2(min(T_, 32))):]:   # within each warp
+                if emulate:   # every lane combines its value with lane ^ m's, both as they were
+                    body += threads(f"{name}_x[tx] = {comb.format(a=acc, b=f'{name}_s[T.bitwise_xor(tx, {m})]')}\n")
+                    body += threads(f"{acc} = {name}_x[tx]\n")
+                else:
                     body += f"{acc} = {comb.format(a=acc, b=_SHFL.format(v=acc, m=m))}\n"
-            if warps > 1:   # across the row's warps: a word each in shared memory
-                body += (f"if tx % 32 == 0:\n    red_{n}[ty * {warps} + tx // 32] = {acc}\n"
-                         f"T.tvm_storage_sync('shared')\n{acc} = red_{n}[ty * {warps}]\n"
-                         f"for w in T.unroll(1, {warps}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {warps} + w]')}\n")
-    for o in prog.outputs:
-        body += (f"for j in {unroll}({S}):\n    for v in {vec}({L}):\n"
-                 f"        {o.name}_f[{row} * {N} + {col.format(j='j', v='v')}] = {o.name}_r[j * {L} + v]\n")
-    if cfg:
+            if W > 1:   # across the row's warps: a word each in shared memory
+                if emulate:
+                    body += f"for w in T.serial({W}):\n    red_{n}[ty * {W} + w] = {name}_s[w * 32]\n"
+                else:
+                    body += (f"if tx % 32 == 0:\n    red_{n}[ty * {W} + tx // 32] = {acc}\n"
+                             f"T.tvm_storage_sync('shared')\n")
+                wsum = f"for w in {unroll}(1, {W}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {W} + w]')}\n"
+                body += threads(f"{acc} = red_{n}[ty * {W}]\n" + wsum)
+    stores = "".join(steps(f"{o.name}_f[{row} * {N} + {col}] = {o.name}_r[{elem}]\n") for o in prog.outputs)
+    if not emulate:
+        stores = stores.replace(f"for v in {unroll}({L})", f"for v in {vec}({L})")
+    body += threads(stores)
+    if emulate:
+        loops = f"for bx in T.serial({R // RPB}):\n    for ty in T.serial({RPB}):\n"
+        inner, attrs = 8, '{"tirx.noalias": True}'
+    else:
         loops = (f"for bx in T.thread_binding({R // RPB}, thread='blockIdx.x'):\n"
                  f"    for ty in T.thread_binding({RPB}, thread='threadIdx.y'):\n"
                  f"        for tx in T.thread_binding({T_}, thread='threadIdx.x'):\n")
-        inner = 12
-    else:
-        loops, inner = f"for bx in T.serial({R}):\n", 4
-    attrs = '{"tirx.noalias": True, "tirx.is_scheduled": True}' if cfg else '{"tirx.noalias": True}'
+        inner, attrs = 12, '{"tirx.noalias": True, "tirx.is_scheduled": True}'
     return (f"@T.prim_func(s_tir=True)\ndef main({', '.join(decls)}):\n    T.func_attr({attrs})\n"
             + _indent(views, 4) + _indent(loops, 4) + _indent(body, 4 + inner))
 
 
-def kernel_for(func, cfg: RowConfig | None):
-    """The row program of ``func`` under ``cfg`` (``None``: the serial twin) as a PrimFunc."""
+def kernel_for(func, cfg: RowConfig | None, emulate: bool = False):
+    """The row program of ``func`` under ``cfg`` as a PrimFunc (``emulate``, or ``cfg`` None: the emulation, see
+    :func:`row_source`)."""
     from tvmfuse.tune.hopper import parse
 
-    return parse(row_source(analyze(func), cfg))
+    return parse(row_source(analyze(func), cfg, emulate))
 
 
 def annotate(sch, root, func, options: list[RowConfig], index) -> None:
