@@ -130,30 +130,38 @@ def _flash_config(db, mod, workload_id: int) -> str | None:
     return None if cfg is None else cfg.name
 
 
+def _selected(db, mod, workload_id: int, kernel_class: str, key: str, config):
+    """The template config the best valid record of a ``kernel_class`` kernel selects: ``config`` of its
+    schedule's PrimFunc, read only where the record's trace carries ``key`` (other traces may tensorize, and
+    replaying them would need the tensor intrinsics registered, a 40 s import)."""
+    from tvmfuse.tune.spaces import classify
+
+    best = db.best_record(workload_id) if classify(mod["main"]) == kernel_class else None
+    if best is None or key not in db.record_json(best):
+        return None
+    return config(db.schedule_of(best, mod)["main"])
+
+
 def _wgmma_config(db, mod, workload_id: int) -> str | None:
     """The wgmma tile config (``tvmfuse.tune.hopper``) the best valid record of a GEMM kernel selects."""
     from tvmfuse.tune import hopper
-    from tvmfuse.tune.spaces import classify
 
-    best = db.best_record(workload_id) if classify(mod["main"]) == "gemm" else None
-    # only a wgmma sketch's trace names its candidates; other GEMM traces tensorize (replaying them would need
-    # the tensor intrinsics registered, a 40 s import) and select no wgmma tiles
-    if best is None or hopper.CANDIDATES not in db.record_json(best):
-        return None
-    found = hopper.annotated(db.schedule_of(best, mod)["main"])
-    return None if found is None else found[2].name
+    def name(func):
+        found = hopper.annotated(func)
+        return None if found is None else found[2].name
+
+    return _selected(db, mod, workload_id, "gemm", hopper.CANDIDATES, name)
 
 
 def _row_program_config(db, mod, workload_id: int) -> str | None:
     """The row program config (``tvmfuse.tune.rows``) the best valid record of a row kernel selects."""
     from tvmfuse.tune import rows
-    from tvmfuse.tune.spaces import classify
 
-    best = db.best_record(workload_id) if classify(mod["main"]) == "row_reduction" else None
-    if best is None or rows.ANNOTATION not in db.record_json(best):
-        return None
-    found = rows.annotated(db.schedule_of(best, mod)["main"])
-    return None if found is None else found[1].name
+    def name(func):
+        found = rows.annotated(func)
+        return None if found is None else found[1].name
+
+    return _selected(db, mod, workload_id, "row_reduction", rows.ANNOTATION, name)
 
 
 def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None) -> dict:
