@@ -800,7 +800,7 @@ def schedule(sch, space) -> GemmSpec | None:
     the whole PrimFunc for the annotated kernel, see :func:`expand`). Returns the spec, None if the kernel
     does not fit."""
     from tvmfuse.tune.knobs import sample_option
-    from tvmfuse.tune.spaces import _inline_all_but_outputs
+    from tvmfuse.tune.spaces import _inline_all_but_outputs, bind_placeholder
 
     try:
         spec, info = analyze(sch.mod["main"])
@@ -817,12 +817,5 @@ def schedule(sch, space) -> GemmSpec | None:
     sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
     sch.annotate(root, ANNOTATION, index)
     _inline_all_but_outputs(sch, keep=(sch.get(_reduction_blocks(sch)[0]).name_hint,))
-    for block in sch.get_child_blocks(root):
-        loops = sch.get_loops(block)
-        kinds = [int(iv.iter_type) for iv in sch.get(block).iter_vars]
-        spatial = loops[:len(loops) - kinds.count(2)]
-        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        bx, tx = sch.split(fused, [None, 128])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
+    bind_placeholder(sch)
     return spec

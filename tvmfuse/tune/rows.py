@@ -21,7 +21,7 @@ it, and the program is generated from that: MetaSchedule's postprocessing rewrit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvmfuse.tune.tirtext import expr_text
 
@@ -72,7 +72,8 @@ class RowProgram:
     steps: list
     full: set          # names of buffers of the full shape (parameters and intermediates)
     outputs: list      # parameter buffers written by elementwise steps
-    by_col: set = None  # names of parameters read as a vector broadcast over the rows (gamma, beta)
+    by_col: set = field(default_factory=set)   # parameters read as a row broadcast over the rows (gamma, beta):
+    #                                            filled by analyze()'s check of every step's loads
 
     @property
     def rows(self) -> int:
@@ -161,7 +162,7 @@ def analyze(func) -> RowProgram:
         raise Misfit("no output written row by row")
     if not any(s.kind == "reduce" for s in steps):
         raise Misfit("nothing reduced over the rows")
-    prog = RowProgram(params, tuple(lead), cols, steps, full, outputs, set())
+    prog = RowProgram(params, tuple(lead), cols, steps, full, outputs)
     for s in steps:   # every load must be one the program can address
         _expr(s.value, prog, s.roles, check=True)
         if s.init is not None:
@@ -294,8 +295,8 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     def threads(code: str) -> str:   # code every thread runs
         return f"for tx in T.serial({T_}):\n" + _indent(code, 4) if emulate else code
 
-    def steps(code: str) -> str:     # over the thread's elements, a vector step and its lanes at a time
-        return f"for j in {unroll}({S}):\n    for v in {unroll}({L}):\n" + _indent(code, 8)
+    def steps(code: str, lanes: str = unroll) -> str:   # over the thread's elements, a step's lanes at a time
+        return f"for j in {unroll}({S}):\n    for v in {lanes}({L}):\n" + _indent(code, 8)
 
     decls = [f"{p.name}: T.Buffer({tuple(int(d) for d in p.shape)!r}, '{p.dtype}')" for p in prog.params]
     views = "".join(f"{p.name}_f = T.decl_buffer(({math.prod(int(d) for d in p.shape)},), '{p.dtype}', "
@@ -319,10 +320,9 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
             body += f"{s.buffer.name}_x = T.alloc_buffer(({per},), '{s.buffer.dtype}')\n"
         if s.kind == "reduce" and W > 1:
             body += f"red_{n} = T.alloc_buffer(({RPB * W},), '{s.buffer.dtype}'{shared})\n"
-    loads = "".join(steps(f"{name}_r[{elem}] = {name}_f[{row} * {N} + {col}]\n") for name in reads_full)
-    loads += "".join(steps(f"{name}_c[{elem}] = {name}_f[{col}]\n") for name in sorted(prog.by_col))
-    if not emulate:   # one coalesced 16-byte vector per step
-        loads = loads.replace(f"for v in {unroll}({L})", f"for v in {vec}({L})")
+    # one coalesced 16-byte vector per step
+    loads = "".join(steps(f"{name}_r[{elem}] = {name}_f[{row} * {N} + {col}]\n", vec) for name in reads_full)
+    loads += "".join(steps(f"{name}_c[{elem}] = {name}_f[{col}]\n", vec) for name in sorted(prog.by_col))
     body += threads(loads)
     for n, s in enumerate(prog.steps):
         name = s.buffer.name
@@ -349,10 +349,8 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
                              f"T.tvm_storage_sync('shared')\n")
                 wsum = f"for w in {unroll}(1, {W}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {W} + w]')}\n"
                 body += threads(f"{acc} = red_{n}[ty * {W}]\n" + wsum)
-    stores = "".join(steps(f"{o.name}_f[{row} * {N} + {col}] = {o.name}_r[{elem}]\n") for o in prog.outputs)
-    if not emulate:
-        stores = stores.replace(f"for v in {unroll}({L})", f"for v in {vec}({L})")
-    body += threads(stores)
+    body += threads("".join(steps(f"{o.name}_f[{row} * {N} + {col}] = {o.name}_r[{elem}]\n", vec)
+                            for o in prog.outputs))
     if emulate:
         loops = f"for bx in T.serial({R // RPB}):\n    for ty in T.serial({RPB}):\n"
         inner, attrs = 8, '{"tirx.noalias": True}'

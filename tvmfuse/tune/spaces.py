@@ -625,14 +625,20 @@ def _row_program_sketch(sch, space: ClassSpace):
     s = sch.copy()
     root = s.get_sblock("root")
     rows.annotate(s, root, sch.mod["main"], options, sample_option(s, options, knobs))
-    for block in s.get_child_blocks(root):
-        loops = s.get_loops(block)
-        spatial = loops[:len(loops) - _iter_types(s, block).count(_REDUCE)]
-        fused = s.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        bx, tx = s.split(fused, [None, 128])
-        s.bind(bx, "blockIdx.x")
-        s.bind(tx, "threadIdx.x")
+    bind_placeholder(s)
     return s
+
+
+def bind_placeholder(sch) -> None:
+    """Bind every block's spatial loops, fused, to blocks of 128 threads: a valid GPU schedule for a sketch whose
+    PrimFunc the builder swaps for a template's kernel (wgmma, row program), so the postprocessors accept it."""
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(block)
+        spatial = loops[:len(loops) - _iter_types(sch, block).count(_REDUCE)]
+        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        bx, tx = sch.split(fused, [None, 128])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
 
 
 def template_attention(sch, space: ClassSpace, info: dict) -> list:
