@@ -133,7 +133,7 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
             rec["unwritten"] = int(torch.isnan(got).sum())
             rec["rel_error"] = float(diff)
             rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] < 1e-2
-            if rec["ok"]:
+            if rec["unwritten"] == 0:  # timed even past the tolerance: the table says which were not ok
                 ev = lib.mod.time_evaluator("main", dev, number=20, repeat=5)
                 rec["us"] = float(np.median(ev(*args).results)) * 1e6
                 rec["pct_copy"] = 100 * out["copy_us"] / rec["us"]

@@ -65,7 +65,8 @@ def test_the_serial_twin_computes_the_planners_kernel(case, size, cuda):
     """The twin (one thread per row, the same steps, element order and expression translation as the CUDA
     program) built for the CPU equals the planner's kernel: softmax, add+LayerNorm (a per-row mean between two
     reductions, gamma and beta broadcast over the rows), BERT's softmax over [B, H, S, S] and its LayerNorm
-    over [B, S, D]."""
+    over [B, S, D]. Where the program sums fp16 in float32 (softmax; the planner's kernel sums in fp16) the two
+    differ by the planner's rounding, well under 1%, and a mapping error would be of order one."""
     _, kernels = _row_kernels(case, cuda, **size)
     assert kernels
     rng = np.random.default_rng(0)
@@ -80,7 +81,11 @@ def test_the_serial_twin_computes_the_planners_kernel(case, size, cuda):
                   for b in prog.params]
         want, got = _run(func, inputs), _run(rows.kernel_for(func, None), inputs)
         assert not np.isnan(got).any()
-        assert np.abs(got - want).max() <= 1e-6 * max(1.0, np.abs(want).max()), k.name
+        if rows._widened(prog):
+            assert case != "add_layernorm"   # its LayerNorm sums in float32 already
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2, k.name
+        else:
+            assert np.abs(got - want).max() <= 1e-6 * max(1.0, np.abs(want).max()), k.name
 
 
 @pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax"])
@@ -114,8 +119,9 @@ def test_fp32_norms_from_onnx_ops_become_row_programs(kind, cuda):
 
 def test_the_emulated_fp16_softmax_is_as_close_to_the_exact_one_as_a_reduction_tree_gets(cuda):
     """fp16 softmax over 2048 columns, emulated under configs of one warp, two and eight warps a row, against the
-    exact (fp64) softmax. (The planner's kernel sums the row's exponentials one after another in fp16 and is
-    3.5e-2 off; a tree of per-thread sums, as on the GPU, about 6e-4.)"""
+    exact (fp64) softmax. The planner's kernel sums the row's exponentials one after another in fp16 and is
+    3.9e-2 off; the program sums them in float32, takes exp as 2^(x log2 e) in float32 and multiplies by the
+    sum's reciprocal: 4.7e-4 off, about twice the rounding of the exact softmax to fp16 (2.1e-4)."""
     _, (k,) = _row_kernels("softmax", cuda, M=16, N=2048)
     func = k.mod["main"]
     prog = rows.analyze(func)
@@ -126,7 +132,8 @@ def test_the_emulated_fp16_softmax_is_as_close_to_the_exact_one_as_a_reduction_t
         cfg = rows.parse_config(name)
         assert cfg in rows.configs(prog)
         got = _run(rows.kernel_for(func, cfg, emulate=True), [x, np.zeros_like(x)])
-        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 2e-3, name
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 1e-3, name
+    assert np.linalg.norm(_run(func, [x, np.zeros_like(x)]) - exact) / np.linalg.norm(exact) > 1e-2
 
 
 def test_kernels_that_are_not_row_programs_are_declined(cuda):
@@ -173,6 +180,9 @@ def test_the_cuda_program_reads_rows_once_coalesced_and_keeps_them_in_registers(
     out = prog.outputs[0].name
     _stores_cover_each_element_once(body, f"{out}_f_ptr", 64, cols, cfg)
     assert "__shfl_xor_sync" in body
+    # per element: no division (a per-row divisor's reciprocal, once a thread) and no hexp (its special-value
+    # fixes cost eight instructions an element)
+    assert len(re.findall(r" / ", body)) <= 1 and "hexp" not in body
     shared = [int(n) for n in re.findall(r"__shared__ \w+ \w+\[(\d+)\]", body)]
     assert all(n <= 32 for n in shared), shared   # a word per warp and reduction, no staged rows
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
@@ -210,6 +220,31 @@ def test_a_record_that_selects_the_program_builds_it(tmp_path, cuda):
     assert any(b.name_hint.endswith("_init") for b in _blocks_of(sch.mod["main"]))
     src = fast_build(sch.mod, cuda.target, None).imports[0].inspect_source()
     assert "x_r_ptr" in src and "__shfl_xor_sync" in src
+
+
+def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_default_row_program(tmp_path, cuda):
+    """Without a record a row kernel on CUDA runs the row program at its default config (dlight's schedule ran
+    softmax 65536x2048 at 269 us on the H200, the program at 129-132 us), reported as untuned; the tuner's
+    baseline, the schedule it measures first and keeps, is the sketch at that config. The default is a row a
+    warp where the slices fit, up to 128 threads a block, else the fewest threads."""
+    from test_flash import _cuda_source
+
+    from tvmfuse.compile.build import build
+    from tvmfuse.tune.spaces import default_template_schedule
+
+    fused, (k,) = _row_kernels("softmax", cuda, M=64, N=2048)
+    prog = rows.analyze(k.mod["main"])
+    assert rows.default_config(prog) == rows.RowConfig(32, 4)
+    result = build(fused, target=cuda)
+    assert [s.schedule for s in result.kernels] == ["rows-default"] and result.untuned == [k.name]
+    src = _cuda_source(result.executable)
+    assert "x_r_ptr" in src and "__shfl_xor_sync" in src and "__launch_bounds__(128)" in src
+    sch = default_template_schedule(k.mod, cuda.target)
+    assert rows.annotated(sch.mod["main"])[1] == rows.RowConfig(32, 4)
+    _, (ln,) = _row_kernels("add_layernorm", cuda, M=16, N=8192)   # 8192 fp16 columns: 64 a thread at 128
+    assert rows.default_config(rows.analyze(ln.mod["main"])) == rows.RowConfig(128, 1)
+    (gemm,) = extract_kernels(_fused(CASES["gemm_bias_relu"](M=64, K=64, N=64)[0], cuda), target=cuda)
+    assert rows.default_kernel(gemm.mod["main"]) is None
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

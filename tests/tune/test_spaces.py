@@ -482,3 +482,37 @@ def test_transpose_sketch_with_a_second_operand(cuda):
             (size,) = [int(n) for n in re.findall(r"half x_shared_ptr\[(\d+)\];", src)]
             assert size in (32 * 34, 64 * 34), size
     assert tiled
+
+
+def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_pointwise_default(tmp_path, cuda):
+    """Without a record a pointwise kernel on CUDA runs the pointwise template at the space's `untuned` knobs
+    (16-byte vectors, 128 threads, a vector a thread, unroll 16: the H200's best for SwiGLU and the gelu chain,
+    2026-11-30, where dlight's schedule took 2.6x as long), reported as untuned; the tuner's baseline is that
+    schedule, post-processed. A transpose keeps dlight (its fast sketch is the tiled one), as does a kernel whose
+    space has no `untuned` entry."""
+    from test_flash import _cuda_source
+
+    from tvmfuse.compile.build import build
+    from tvmfuse.tune.spaces import default_template_schedule, pointwise_default_schedule
+
+    model, _, _ = CASES["swiglu"](M=64, N=1024)
+    path = tmp_path / "s.onnx"
+    onnx.save(model, path)
+    fused, _ = partition(import_model(load_model(path)), target=cuda)
+    (kernel,) = extract_kernels(fused, target=cuda)
+    result = build(fused, target=cuda)
+    assert [k.schedule for k in result.kernels] == ["pointwise-default"] and result.untuned == [kernel.name]
+    src = _cuda_source(result.executable)
+    body = src[src.index('extern "C" __global__'):]   # (TVM's prelude defines hexp)
+    assert "__launch_bounds__(128)" in body and "*(uint4*)(a_ptr" in body and "exp2f" in body and "hexp" not in body
+    sch = default_template_schedule(kernel.mod, cuda.target)
+    cats = [i for i in sch.trace.insts if i.kind.name == "SampleCategorical"]
+    assert [int(i.attrs[0][int(sch.trace.get_decision(i))]) for i in cats] == [8, 128, 1, 16]
+    assert "enter_postproc" in str(sch.trace) and "meta_schedule.unroll_explicit" not in sch.mod.script()
+    (transpose,) = [k for k in _kernels("conv_bn_relu", cuda, {}) if k.name == "transpose"]
+    assert pointwise_default_schedule(transpose.mod, cuda.target) is None
+    bare = tmp_path / "cuda.yaml"
+    text = load_spaces("cuda").path.read_text()
+    bare.write_text(re.sub(r"\n +untuned: \{[^}]*\}", "", text))
+    assert "untuned" not in load_space_file(bare).for_class("pointwise").extra
+    assert pointwise_default_schedule(kernel.mod, cuda.target, load_space_file(bare)) is None

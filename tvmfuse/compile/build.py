@@ -14,8 +14,9 @@ from tvmfuse._tvm import PrimFunc, build_context, const_value, default_gpu_rules
 from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.expand import expand
-from tvmfuse.tune import hopper
+from tvmfuse.tune import hopper, rows
 from tvmfuse.tune.flash import flash_kernel, spec_of
+from tvmfuse.tune.spaces import pointwise_default_schedule
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class KernelStatus:
     name: str
     schedule: str  # tuned | default (llvm, untuned) | dlight (cuda fallback) | flash-default (cuda attention,
     #                untuned: the flash template's default tiles) | wgmma-default (a GEMM or conv on sm_90a,
-    #                untuned: the wgmma template's default tiles) | prescheduled
+    #                untuned: the wgmma template's default tiles) | rows-default (a row kernel on cuda,
+    #                untuned: the row program's default config) | pointwise-default (a pointwise kernel on
+    #                cuda, untuned: the pointwise template at the space's `untuned` knobs) | prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:
@@ -79,6 +82,16 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             # untuned GEMM or conv on Hopper: the wgmma template's default tiles (dlight's has no tensor cores)
             updates[gv] = wgmma.with_attr("global_symbol", name)
             statuses.append(KernelStatus(name, "wgmma-default"))
+        elif target.kind == "cuda" and (program := rows.default_kernel(func)) is not None:
+            # untuned row kernel (softmax, a norm): the row program's default config (the H200, 2026-11-30:
+            # dlight's schedule ran softmax 65536x2048 at 269 us, the program at 165-172 us)
+            updates[gv] = program.with_attr("global_symbol", name)
+            statuses.append(KernelStatus(name, "rows-default"))
+        elif target.kind == "cuda" and (sch := pointwise_default_schedule(workload, target.target)) is not None:
+            # untuned pointwise kernel: the pointwise template at the space's `untuned` knobs (the H200,
+            # 2026-11-30: SwiGLU 185 us where dlight's schedule took 481)
+            updates[gv] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
+            statuses.append(KernelStatus(name, "pointwise-default"))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
     # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)

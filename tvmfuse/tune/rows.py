@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tvmfuse.tune.tirtext import expr_text
+from tvmfuse.tune.tirtext import dtype_of, expr_text
 
 CANDIDATES = "tvmfuse.row_program_configs"   # the configs the sketch chose from, ";"-separated names
 ANNOTATION = "tvmfuse.row_program"            # the sampled index into them
@@ -31,6 +31,9 @@ SOURCE = "tvmfuse.row_program_kernel"         # the kernel as the planner made i
 #   generated from its blocks, which MetaSchedule's postprocessing splits (a reduction's init and update)
 _REDUCE = 2
 _COMBINE = {"Add": "{a} + {b}", "Max": "T.max({a}, {b})", "Min": "T.min({a}, {b})"}
+_WIDEN = ("float16", "bfloat16")   # sums of these accumulate in float32; divisions in them by a per-row value
+#                                    multiply by its float32 reciprocal
+_LOG2E = 1.4426950408889634
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
 
 
@@ -223,10 +226,12 @@ def _access(load, prog: RowProgram, roles: dict) -> str:
 
 
 def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str = "e", col: str = "c",
-          row: str = "row", scalar: str = "0") -> str:
+          row: str = "row", scalar: str = "0", wide: frozenset = frozenset(), divisor=None) -> str:
     """TVMScript of a block's value: whole-row buffers as the thread's register ``<name>_r[elem]``, per-row
-    buffers as ``<name>_s[0]``, parameters broadcast over the rows as the thread's staged ``<name>_c[elem]``
-    (``check``: recorded in ``prog.by_col``), per-row parameters at ``row`` of a flat view."""
+    buffers as ``<name>_s[0]`` (those in ``wide`` held in float32, cast back), parameters broadcast over the
+    rows as the thread's staged ``<name>_c[elem]`` (``check``: recorded in ``prog.by_col``), per-row parameters
+    at ``row`` of a flat view. ``divisor(b)``, if given, names a float32 register holding ``1 / b`` for a
+    divisor ``b`` that is the same along the row: a float division by it becomes a multiplication."""
     def load(node, rec):
         buf = _buf(node)
         how = _access(node, prog, roles)
@@ -234,6 +239,8 @@ def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str
             if buf.name not in prog.full:
                 raise Misfit(f"{buf.name} read as a whole row")
             return f"{buf.name}_r[{elem}]"
+        if how == "row" and buf.name in wide:
+            return f"T.Cast('{buf.dtype}', {buf.name}_s[{scalar}])"
         if how == "row":
             return f"{buf.name}_s[{scalar}]" if not _is_param(buf, prog) else f"{buf.name}_f[{row}]"
         if not _is_param(buf, prog):
@@ -247,7 +254,46 @@ def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str
     def var(node):
         raise Misfit(f"variable {node.name} outside an index")
 
-    return expr_text(expr, load, var, lambda why: Misfit(f"a row step {why}"))
+    def rewrite(node, rec):
+        kind, dtype = type(node).__name__, dtype_of(node)
+        if (kind == "Call" and dtype in _WIDEN and str(getattr(node.op, "name", "")) == "tirx.exp"):
+            # exp(x) = 2^(x log2 e) in float32 (ex2.approx, 2 ulp): cuda_fp16's hexp spends four compares and
+            # four fmas an element correcting special values, and the row's instruction budget is ~30 an element
+            return f"T.Cast('{dtype}', T.exp2(T.Cast('float32', {rec(node.args[0])}) * T.float32({_LOG2E!r})))"
+        if (divisor is not None and kind == "Div" and dtype in ("float32", *_WIDEN)
+                and _row_invariant(node.b, prog, roles)):
+            a, inv = rec(node.a), divisor(node.b)
+            return f"({a} * {inv})" if dtype == "float32" else f"T.Cast('{dtype}', T.Cast('float32', {a}) * {inv})"
+        return None
+
+    return expr_text(expr, load, var, lambda why: Misfit(f"a row step {why}"), rewrite)
+
+
+class _Varies(Exception):
+    pass
+
+
+def _row_invariant(expr, prog: RowProgram, roles: dict) -> bool:
+    """Whether ``expr`` is the same at every element of a row (it reads per-row values and constants only)."""
+    def load(node, rec):
+        if _access(node, prog, roles) in ("full", "col"):
+            raise _Varies
+        return ""
+
+    def var(node):
+        raise _Varies
+
+    try:
+        expr_text(expr, load, var, lambda why: _Varies())
+    except _Varies:
+        return False
+    return True
+
+
+def _widened(prog: RowProgram) -> frozenset:
+    """The per-row sums accumulated in float32: an fp16 sum of a 2048-element row loses a bit at each add."""
+    return frozenset(s.buffer.name for s in prog.steps
+                     if s.kind == "reduce" and s.combine == "Add" and str(s.buffer.dtype) in _WIDEN)
 
 
 def _is_param(buf, prog: RowProgram) -> bool:
@@ -269,6 +315,26 @@ def configs(prog: RowProgram, *, threads=(32, 64, 128, 256, 512), rows_per_block
             if prog.rows % r == 0 and t * r <= 512:
                 out.append(RowConfig(t, r))
     return out
+
+
+def default_config(prog: RowProgram) -> RowConfig | None:
+    """The config an untuned CUDA build runs: the fewest threads a row whose slices fit (a row a warp where
+    they do: no barrier), and rows a block up to 128 threads. None where no config fits."""
+    fits = configs(prog)
+    if not fits:
+        return None
+    fewest = min(c.threads for c in fits)
+    return max((c for c in fits if c.threads == fewest and c.threads * c.rows_per_block <= max(128, fewest)),
+               key=lambda c: c.rows_per_block)
+
+
+def default_kernel(func):
+    """The row program of ``func`` under :func:`default_config`, or None where ``func`` is not a row program."""
+    try:
+        cfg = default_config(analyze(func))
+    except (Misfit, TypeError):   # (TypeError: a symbolic extent, which no config can split)
+        return None
+    return None if cfg is None else kernel_for(func, cfg)
 
 
 def _indent(text: str, n: int) -> str:
@@ -306,6 +372,8 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     reads_full = sorted(p.name for p in prog.params if p.name in prog.full and not any(p.same_as(o) for o in prog.outputs))
     dtypes = {p.name: p.dtype for p in prog.params}
     dtypes.update({s.buffer.name: s.buffer.dtype for s in prog.steps})
+    wide = _widened(prog)
+    acc_dtype = {s.buffer.name: ("float32" if s.buffer.name in wide else s.buffer.dtype) for s in prog.steps}
     scope, shared = ("", "") if emulate else (", scope='local'", ", scope='shared'")
     per = T_ if emulate else 1
     body = ""
@@ -314,41 +382,64 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     for name in sorted(prog.by_col):
         body += f"{name}_c = T.alloc_buffer(({per * E},), '{dtypes[name]}'{scope})\n"
     for n, s in enumerate(prog.steps):
+        acc_t = acc_dtype[s.buffer.name]
         if s.kind != "elementwise":
-            body += f"{s.buffer.name}_s = T.alloc_buffer(({per},), '{s.buffer.dtype}'{scope})\n"
+            body += f"{s.buffer.name}_s = T.alloc_buffer(({per},), '{acc_t}'{scope})\n"
         if s.kind == "reduce" and emulate:
-            body += f"{s.buffer.name}_x = T.alloc_buffer(({per},), '{s.buffer.dtype}')\n"
+            body += f"{s.buffer.name}_x = T.alloc_buffer(({per},), '{acc_t}')\n"
         if s.kind == "reduce" and W > 1:
-            body += f"red_{n} = T.alloc_buffer(({RPB * W},), '{s.buffer.dtype}'{shared})\n"
+            body += f"red_{n} = T.alloc_buffer(({RPB * W},), '{acc_t}'{shared})\n"
     # one coalesced 16-byte vector per step
     loads = "".join(steps(f"{name}_r[{elem}] = {name}_f[{row} * {N} + {col}]\n", vec) for name in reads_full)
     loads += "".join(steps(f"{name}_c[{elem}] = {name}_f[{col}]\n", vec) for name in sorted(prog.by_col))
-    body += threads(loads)
+    code = threads(loads)
+    inverses: dict = {}   # a per-row divisor's float32 text -> the register holding its reciprocal
+
+    def divisor(b, roles) -> str:
+        """The register holding ``1 / b`` (``b`` the same along the row), computed once per thread."""
+        nonlocal code
+        if type(b).__name__ in ("BufferLoad", "TensorLoad") and _buf(b).name in wide:
+            text = f"{_buf(b).name}_s[{sc}]"
+        else:
+            text = f"T.Cast('float32', {_expr(b, prog, roles, row=row, scalar=sc, wide=wide)})"
+        if text not in inverses:
+            inverses[text] = f"inv_{len(inverses)}"
+            body_allocs.append(f"{inverses[text]} = T.alloc_buffer(({per},), 'float32'{scope})\n")
+            code += threads(f"{inverses[text]}[{sc}] = T.float32(1) / {text}\n")
+        return f"{inverses[text]}[{sc}]"
+
+    body_allocs: list = []
     for n, s in enumerate(prog.steps):
         name = s.buffer.name
-        val = _expr(s.value, prog, s.roles, elem=elem, col=col, row=row, scalar=sc)
         if s.kind == "elementwise":
-            body += threads(steps(f"{name}_r[{elem}] = {val}\n"))
-        elif s.kind == "row":
-            body += threads(f"{name}_s[{sc}] = {val}\n")
-        else:
-            acc, comb = f"{name}_s[{sc}]", _COMBINE[s.combine]
-            body += threads(f"{acc} = {_expr(s.init, prog, s.roles, row=row, scalar=sc)}\n"
-                            + steps(f"{acc} = {comb.format(a=acc, b=val)}\n"))
-            for m in (16, 8, 4, 2, 1)[5 - int(math.log2(min(T_, 32))):]:   # within each warp
-                if emulate:   # every lane combines its value with lane ^ m's, both as they were
-                    body += threads(f"{name}_x[tx] = {comb.format(a=acc, b=f'{name}_s[T.bitwise_xor(tx, {m})]')}\n")
-                    body += threads(f"{acc} = {name}_x[tx]\n")
-                else:
-                    body += f"{acc} = {comb.format(a=acc, b=_SHFL.format(v=acc, m=m))}\n"
-            if W > 1:   # across the row's warps: a word each in shared memory
-                if emulate:
-                    body += f"for w in T.serial({W}):\n    red_{n}[ty * {W} + w] = {name}_s[w * 32]\n"
-                else:
-                    body += (f"if tx % 32 == 0:\n    red_{n}[ty * {W} + tx // 32] = {acc}\n"
-                             f"T.tvm_storage_sync('shared')\n")
-                wsum = f"for w in {unroll}(1, {W}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {W} + w]')}\n"
-                body += threads(f"{acc} = red_{n}[ty * {W}]\n" + wsum)
+            val = _expr(s.value, prog, s.roles, elem=elem, col=col, row=row, scalar=sc, wide=wide,
+                        divisor=lambda b, roles=s.roles: divisor(b, roles))
+            code += threads(steps(f"{name}_r[{elem}] = {val}\n"))
+            continue
+        val = _expr(s.value, prog, s.roles, elem=elem, col=col, row=row, scalar=sc, wide=wide)
+        if s.kind == "row":
+            code += threads(f"{name}_s[{sc}] = {val}\n")
+            continue
+        acc, comb = f"{name}_s[{sc}]", _COMBINE[s.combine]
+        init = _expr(s.init, prog, s.roles, row=row, scalar=sc, wide=wide)
+        if name in wide:
+            init, val = f"T.Cast('float32', {init})", f"T.Cast('float32', {val})"
+        code += threads(f"{acc} = {init}\n" + steps(f"{acc} = {comb.format(a=acc, b=val)}\n"))
+        for m in (16, 8, 4, 2, 1)[5 - int(math.log2(min(T_, 32))):]:   # within each warp
+            if emulate:   # every lane combines its value with lane ^ m's, both as they were
+                code += threads(f"{name}_x[tx] = {comb.format(a=acc, b=f'{name}_s[T.bitwise_xor(tx, {m})]')}\n")
+                code += threads(f"{acc} = {name}_x[tx]\n")
+            else:
+                code += f"{acc} = {comb.format(a=acc, b=_SHFL.format(v=acc, m=m))}\n"
+        if W > 1:   # across the row's warps: a word each in shared memory
+            if emulate:
+                code += f"for w in T.serial({W}):\n    red_{n}[ty * {W} + w] = {name}_s[w * 32]\n"
+            else:
+                code += (f"if tx % 32 == 0:\n    red_{n}[ty * {W} + tx // 32] = {acc}\n"
+                         f"T.tvm_storage_sync('shared')\n")
+            wsum = f"for w in {unroll}(1, {W}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {W} + w]')}\n"
+            code += threads(f"{acc} = red_{n}[ty * {W}]\n" + wsum)
+    body += "".join(body_allocs) + code
     body += threads("".join(steps(f"{o.name}_f[{row} * {N} + {col}] = {o.name}_r[{elem}]\n", vec)
                             for o in prog.outputs))
     if emulate:

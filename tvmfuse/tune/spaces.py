@@ -742,9 +742,7 @@ def _dry_run(generator, mod, target, tensor_cores: bool) -> int:
     from tvmfuse._tvm import ensure_tensor_intrinsics
 
     ensure_tensor_intrinsics(target.kind.name, tensor_cores=tensor_cores)
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator=generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="dry-run")
-    return len(ctx.generate_design_space())
+    return len(_context(mod, target, generator).generate_design_space())
 
 
 def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
@@ -788,22 +786,41 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     return SpaceChoice(cls, "post-order-apply", "post-order-apply", spaces.version, "; ".join(notes))
 
 
+def _context(mod, target, generator, seed: int = -1):
+    """A MetaSchedule tune context over ``generator``'s space (to list its sketches and post-process them);
+    ``seed`` -1: MetaSchedule's own."""
+    return ms.TuneContext(mod=mod, target=target, space_generator=generator,
+                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="sketches", rand_state=seed)
+
+
+def _postprocessor(ctx):
+    """``apply(sch) -> bool``: the space's postprocessors run on a candidate as MetaSchedule runs them (False
+    where one rejects it, e.g. too many threads)."""
+    postprocs = list(ctx.space_generator.postprocs)
+    for p in postprocs:
+        p._initialize_with_tune_context(ctx)
+
+    def apply(sch) -> bool:
+        sch.enter_postproc()
+        return all(p.apply(sch) for p in postprocs)
+
+    return apply
+
+
 def _config_schedule(mod, target, choose, source: str, candidates: str, spaces: SpaceFile | None = None):
-    """The first sketch of ``mod``'s space on CUDA, where it comes from the template ``source`` and annotates
-    config ``candidates`` (the flash and wgmma templates), with its config decided by ``choose`` (the
+    """The sketch of ``mod``'s space on CUDA that annotates config ``candidates`` (the flash, wgmma and row-program
+    templates), where the space comes from the template ``source``, with its config decided by ``choose`` (the
     candidates' names -> an index, or None): a Schedule whose trace a database can keep, or None."""
     if target.kind.name != "cuda":
         return None
     choice = select_space(mod, target, spaces)
     if choice.source != source:
         return None
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator=choice.generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="template")
-    sketch = ctx.generate_design_space()[0]
-    annotations = sketch.mod["main"].body.block.annotations
-    if candidates not in annotations:
+    sketch = next((s for s in _context(mod, target, choice.generator).generate_design_space() if candidates in s.mod["main"].body.block.annotations),
+                  None)   # (flash, wgmma: the only sketch; the row program: the last of four)
+    if sketch is None:
         return None
-    index = choose(str(annotations[candidates]).split(";"))
+    index = choose(str(sketch.mod["main"].body.block.annotations[candidates]).split(";"))
     if index is None:
         return None
     first = next(i for i in sketch.trace.insts if i.kind.name == "SampleCategorical")  # the config comes first
@@ -851,10 +868,61 @@ def _pick(name: str):
     return lambda names: names.index(name) if name in names else None
 
 
+def rows_default_schedule(mod, target, spaces: SpaceFile | None = None):
+    """A row kernel's row-program sketch on CUDA at the untuned build's config (``tvmfuse.tune.rows.default_config``),
+    or None where the kernel is not a row program or the space's candidates leave its config out."""
+    from tvmfuse.tune import rows
+
+    try:
+        cfg = rows.default_config(rows.analyze(mod["main"]))
+    except rows.Misfit:
+        return None
+    if cfg is None:
+        return None
+    return _config_schedule(mod, target, _pick(cfg.name), "template:row_reduction", rows.CANDIDATES, spaces)
+
+
+def pointwise_default_schedule(mod, target, spaces: SpaceFile | None = None):
+    """A pointwise kernel's one-shot sketch on CUDA at the knob values of its class's ``untuned`` entry (vector
+    lanes: the widest the space offers), or None: another kernel class, a transpose (its tiled sketch is the one
+    that runs well), or an ``untuned`` value the kernel's candidates leave out."""
+    if target.kind.name != "cuda":
+        return None
+    spaces = spaces or load_spaces("cuda")
+    untuned = spaces.for_class("pointwise").extra.get("untuned")
+    choice = select_space(mod, target, spaces)
+    if choice.source != "template:pointwise" or not untuned:
+        return None
+    probe = tvm.s_tir.Schedule(mod)
+    _inline_all_but_outputs(probe)
+    (block,) = probe.get_output_blocks(probe.get_sblock("root"))
+    if _transposed_input(probe, block, [int(d) for d in probe.get(block).writes[0].source.shape]) is not None:
+        return None
+    ctx = _context(mod, target, choice.generator)
+    sketch = ctx.generate_design_space()[0]   # one-shot: lanes, threads, vectors a thread, unroll, in this order
+    cats = [i for i in sketch.trace.insts if i.kind.name == "SampleCategorical"]
+    want = [None, untuned.get("threads"), untuned.get("vectors_per_thread"), untuned.get("unroll")]
+    if len(cats) != len(want):
+        return None
+    trace = sketch.trace
+    for inst, value in zip(cats, want):
+        candidates = [int(c) for c in inst.attrs[0]]
+        value = max(candidates) if value is None else int(value)
+        if value not in candidates:
+            return None
+        trace = trace.with_decision(inst, candidates.index(value), remove_postproc=True)
+    sch = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    # post-processed (the unroll annotation becomes loop pragmas); the template kernels above need none: the
+    # builder swaps them whole
+    return sch if _postprocessor(ctx)(sch) else None
+
+
 def default_template_schedule(mod, target, spaces: SpaceFile | None = None):
-    """The schedule an untuned CUDA build gives a template kernel (flash attention, a wgmma GEMM on sm_90a) as
-    a traced sketch, or None for other kernels."""
-    return flash_default_schedule(mod, target, spaces) or wgmma_default_schedule(mod, target, spaces)
+    """The schedule an untuned CUDA build gives a template kernel (flash attention, a wgmma GEMM on sm_90a, a row
+    program, a pointwise kernel) as a traced sketch, or None for other kernels."""
+    return (flash_default_schedule(mod, target, spaces) or wgmma_default_schedule(mod, target, spaces)
+            or rows_default_schedule(mod, target, spaces) or pointwise_default_schedule(mod, target, spaces))
 
 
 def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0) -> list:
@@ -869,12 +937,9 @@ def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0
     gen = choice.generator
     if isinstance(gen, str):
         gen = _stock(None, target.kind.name)
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator=gen,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="sample", rand_state=seed)
+    ctx = _context(mod, target, gen, seed)
     sketches = ctx.generate_design_space()
-    postprocs = list(ctx.space_generator.postprocs)
-    for p in postprocs:
-        p._initialize_with_tune_context(ctx)
+    postprocess = _postprocessor(ctx)
     out = []
     tries = 0
     while len(out) < n and tries < 8 * n:
@@ -882,7 +947,6 @@ def sample_schedules(mod, target, choice: SpaceChoice, n: int = 4, seed: int = 0
         tries += 1
         sch = tvm.s_tir.Schedule(mod, seed=seed + tries)
         tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        if all(p.apply(sch) for p in postprocs):
+        if postprocess(sch):
             out.append(expand(sch.mod))
     return out

@@ -14,12 +14,18 @@ def dtype_of(expr) -> str:
     return str(expr.ty if hasattr(expr, "ty") else expr.dtype)
 
 
-def expr_text(expr, load, var, misfit) -> str:
+def expr_text(expr, load, var, misfit, rewrite=None) -> str:
     """TVMScript text of ``expr``: a buffer load through ``load(node, rec)`` and a variable through ``var(node)``
     (``rec`` translates a sub-expression, e.g. an index); constants, casts, arithmetic, comparisons, logic,
-    selects and the elementwise math calls as themselves. Anything else raises ``misfit(reason)``."""
+    selects and the elementwise math calls as themselves. Anything else raises ``misfit(reason)``.
+    ``rewrite(node, rec)``, if given, may translate a node its own way: its text, or None for the node as
+    itself."""
     kind = type(expr).__name__
-    rec = lambda e: expr_text(e, load, var, misfit)  # noqa: E731
+    rec = lambda e: expr_text(e, load, var, misfit, rewrite)  # noqa: E731
+    if rewrite is not None:
+        text = rewrite(expr, rec)
+        if text is not None:
+            return text
     if kind in ("TensorLoad", "BufferLoad"):
         return load(expr, rec)
     if kind == "Var":
