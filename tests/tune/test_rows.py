@@ -117,6 +117,33 @@ def test_fp32_norms_from_onnx_ops_become_row_programs(kind, cuda):
     assert "float4" in src and "__shfl_xor_sync" in src
 
 
+def test_rmsnorm_whose_first_spatial_block_is_per_row(cuda):
+    """LLaMA's RMSNorm as the planner fuses it when the squares come from another kernel: mean(x2) -> + eps ->
+    sqrt -> 1 / -> x * that -> * w. Its first spatial block is per row ([rows, 1]); the row shape comes from the
+    largest one (the kernel was declined before: "not one reduction over the last axis"). The twin and every
+    config's emulation equal the planner's kernel."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+    import models
+
+    b, n = models._B(9), 512
+    mean = b.op("ReduceMean", ["x2"], axes=[-1], keepdims=1)
+    inv = b.op("Div", [b.const(1.0), b.op("Sqrt", [b.op("Add", [mean, b.const(1e-6)])])])
+    y = b.op("Mul", [b.op("Mul", ["x", inv]), b.const(1 + 0.1 * b.rng.standard_normal(n))])
+    fused = _fused(b.model({"x2": [16, n], "x": [16, n]}, y, [16, n]), cuda)
+    (k,) = [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "row_reduction"]
+    func = k.mod["main"]
+    prog = rows.analyze(func)
+    assert (prog.rows, prog.cols) == (16, n) and [s.kind for s in prog.steps][:2] == ["reduce", "row"]
+    rng = np.random.default_rng(3)
+    x2, x, w, out = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in prog.params]
+    inputs = [x * x, x, w, out]
+    want = _run(func, inputs)
+    assert np.abs(_run(rows.kernel_for(func, None), inputs) - want).max() <= 1e-6 * np.abs(want).max()
+    for cfg in rows.configs(prog):
+        got = _run(rows.kernel_for(func, cfg, emulate=True), inputs)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6, cfg
+
+
 def test_the_emulated_fp16_softmax_is_as_close_to_the_exact_one_as_a_reduction_tree_gets(cuda):
     """fp16 softmax over 2048 columns, emulated under configs of one warp, two and eight warps a row, against the
     exact (fp64) softmax. The planner's kernel sums the row's exponentials one after another in fp16 and is

@@ -110,7 +110,8 @@ def analyze(func) -> RowProgram:
             raise Misfit(f"block {b.name_hint} writes {len(b.writes)} buffers")
         if not any(int(iv.iter_type) == _REDUCE for iv in b.iter_vars):
             shape = tuple(int(d) for d in b.writes[0].source.shape)
-            if full_shape is None or len(shape) > len(full_shape):
+            # the largest spatial block's: a per-row one ([rows..., 1], e.g. RMSNorm's mean) can come first
+            if full_shape is None or (len(shape), math.prod(shape)) > (len(full_shape), math.prod(full_shape)):
                 full_shape = shape
     if full_shape is None or len(full_shape) < 2:
         raise Misfit("no spatial block over [rows, cols]")
