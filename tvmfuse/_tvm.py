@@ -14,11 +14,12 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.runtime import Tensor
+from tvm.sym import Analyzer  # (TVM 0.27: tvm.arith became tvm.sym)
 from tvm.target import Target
 from tvm.tirx import PrimFunc
 
 __all__ = [
-    "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx",
+    "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx", "Analyzer",
     "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "fast_build", "build_context",
     "tvm_version", "is_scheduled",
 ]

@@ -144,6 +144,51 @@ def test_rmsnorm_whose_first_spatial_block_is_per_row(cuda):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6, cfg
 
 
+def _layernorm_then(tail: str, n: int = 256):
+    """LayerNorm over [2, 8, n], then GPT-2's reshape to [16, n] (the rows' flat order kept) or a transpose of
+    the two leading axes (rows reordered): the planner's row kernel of it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+    import models
+
+    b = models._B(11)
+    y = b.op("LayerNormalization", ["x", b.const(1 + 0.1 * b.rng.standard_normal(n)),
+                                    b.const(0.1 * b.rng.standard_normal(n))], axis=-1, epsilon=1e-5)
+    if tail == "reshape":
+        out, shape = b.op("Reshape", [y, models._int64(b, [16, n])]), [16, n]
+    else:
+        out, shape = b.op("Transpose", [y], perm=[1, 0, 2]), [8, 2, n]
+    cuda = resolve_target("cuda")
+    fused = _fused(b.model({"x": [2, 8, n]}, out, shape), cuda)
+    (k,) = [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "row_reduction"]
+    return k.mod["main"]
+
+
+def test_a_reshape_that_keeps_the_rows_flat_order_is_stored_from_the_rows_registers(tmp_path, cuda):
+    """GPT-2's LayerNorm feeds its GEMM through a reshape to [rows, cols] in the same kernel: the program stores
+    the output from the normalized row's registers (the index maps' flat forms are equal: TVM's analyzer
+    proves it), and equals the planner's kernel, every config emulated; the CUDA stores cover each output
+    element once. A transpose of the rows is declined."""
+    func = _layernorm_then("reshape")
+    prog = rows.analyze(func)
+    assert not prog.outputs and [(o.name, src) for o, src in prog.reshaped] == [
+        ("T_reshape_intermediate", "T_layer_norm_intermediate")]
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in prog.params]
+    want = _run(func, inputs)
+    assert np.abs(_run(rows.kernel_for(func, None), inputs) - want).max() <= 1e-6 * np.abs(want).max()
+    for cfg in rows.configs(prog):
+        got = _run(rows.kernel_for(func, cfg, emulate=True), inputs)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6, cfg
+    cfg = rows.default_config(prog)
+    with build_context():
+        src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
+                          target=SM90A).mod.imports[0].inspect_source()
+    body = src[src.index('extern "C" __global__'):]
+    _stores_cover_each_element_once(body, "T_reshape_intermediate_f_ptr", 16, 256, cfg, "float4", 4)   # (fp32)
+    with pytest.raises(rows.Misfit):
+        rows.analyze(_layernorm_then("transpose"))
+
+
 def test_the_emulated_fp16_softmax_is_as_close_to_the_exact_one_as_a_reduction_tree_gets(cuda):
     """fp16 softmax over 2048 columns, emulated under configs of one warp, two and eight warps a row, against the
     exact (fp64) softmax. The planner's kernel sums the row's exponentials one after another in fp16 and is
@@ -170,19 +215,20 @@ def test_kernels_that_are_not_row_programs_are_declined(cuda):
                 rows.analyze(k.mod["main"])
 
 
-def _stores_cover_each_element_once(src: str, ptr: str, rows_: int, cols: int, cfg) -> None:
+def _stores_cover_each_element_once(src: str, ptr: str, rows_: int, cols: int, cfg, vec: str = "uint4",
+                                    lanes: int = 8) -> None:
     per_block = cfg.rows_per_block
     ranges, python = _cuda_index_env(src)
     ranges["tx"] = range(cfg.threads)
     ranges["bx"] = range(min(ranges["bx"].stop, rows_ // per_block))
     ranges["ty"] = range(per_block)
     seen = np.zeros(ranges["bx"].stop * per_block * cols, dtype=np.int64)
-    stores = re.findall(r"\*\(uint4\*\)\(" + ptr + r" \+ (.+?)\) = ", src)
+    stores = re.findall(r"\*\(" + vec + r"\*\)\(" + ptr + r" \+ (.+?)\) = ", src)
     assert stores
     for expr in stores:
         idx = _at_every_value(python(expr), ranges).ravel()
-        assert (idx % 8 == 0).all()
-        for lane in range(8):
+        assert (idx % lanes == 0).all()
+        for lane in range(lanes):
             np.add.at(seen, idx + lane, 1)
     assert (seen == 1).all(), (seen.min(), seen.max())
 

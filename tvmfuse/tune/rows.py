@@ -75,6 +75,9 @@ class RowProgram:
     steps: list
     full: set          # names of buffers of the full shape (parameters and intermediates)
     outputs: list      # parameter buffers written by elementwise steps
+    reshaped: list = field(default_factory=list)   # (parameter, whole-row buffer): an output that is a reshape
+    #                                                of a whole-row buffer keeping its flat order (GPT-2's
+    #                                                LayerNorm -> [rows, cols] for the next GEMM)
     by_col: set = field(default_factory=set)   # parameters read as a row broadcast over the rows (gamma, beta):
     #                                            filled by analyze()'s check of every step's loads
 
@@ -116,7 +119,7 @@ def analyze(func) -> RowProgram:
     if full_shape is None or len(full_shape) < 2:
         raise Misfit("no spatial block over [rows, cols]")
     lead, cols = full_shape[:-1], full_shape[-1]
-    steps, full, outputs = [], set(), []
+    steps, full, outputs, reshaped = [], set(), [], []
     param_names = {p.name for p in params}
     for p in params:
         if tuple(int(d) for d in p.shape) == full_shape:
@@ -148,6 +151,8 @@ def analyze(func) -> RowProgram:
             if buf.name in param_names:
                 raise Misfit(f"block {b.name_hint}: a per-row output (the program stores whole rows only)")
             steps.append(_Step("reduce", buf, operand, roles, kind, b.init.value))
+        elif buf.name in param_names and (src := _flat_copy_of(b, full, cols)) is not None:
+            reshaped.append((buf, src))
         elif tuple(extents) == full_shape:
             roles = _lead_roles(ivs[:-1], lead, b.name_hint)
             roles[ivs[-1].var.name] = "col"
@@ -162,16 +167,44 @@ def analyze(func) -> RowProgram:
             steps.append(_Step("row", buf, body.value, roles))
         else:
             raise Misfit(f"block {b.name_hint}: iterates {extents}, not rows x {cols}")
-    if not outputs:
+    if not outputs and not reshaped:
         raise Misfit("no output written row by row")
     if not any(s.kind == "reduce" for s in steps):
         raise Misfit("nothing reduced over the rows")
-    prog = RowProgram(params, tuple(lead), cols, steps, full, outputs)
+    prog = RowProgram(params, tuple(lead), cols, steps, full, outputs, reshaped)
     for s in steps:   # every load must be one the program can address
         _expr(s.value, prog, s.roles, check=True)
         if s.init is not None:
             _expr(s.init, prog, s.roles, check=True)
     return prog
+
+
+def _flat_copy_of(block, full: set, cols: int):
+    """The name of the whole-row buffer that ``block`` copies in flat order (``out[i...] = src[f(i...)]`` with
+    ``flat(f(i...)) == flat(i...)``, rows of ``cols`` either side: a reshape), or None."""
+    from tvmfuse._tvm import Analyzer, tirx, tvm
+
+    body, ivs = block.body, block.iter_vars
+    extents = [int(iv.dom.extent) for iv in ivs]
+    load = body.value
+    if (type(load).__name__ not in ("BufferLoad", "TensorLoad") or _buf(load).name not in full or not extents
+            or extents[-1] != cols or [str(i) for i in body.indices] != [iv.var.name for iv in ivs]):
+        return None
+    src = [int(d) for d in _buf(load).shape]
+    if math.prod(src) != math.prod(extents):
+        return None
+
+    def flat(indices, shape):
+        out = tirx.const(0, "int64")
+        for idx, ext in zip(indices, shape):
+            out = out * ext + tirx.Cast("int64", idx)
+        return out
+
+    analyzer = Analyzer()
+    for iv, ext in zip(ivs, extents):
+        analyzer.bind(iv.var, tvm.ir.Range.from_min_extent(0, ext))
+    diff = analyzer.simplify(flat(load.indices, src) - flat([iv.var for iv in ivs], extents))
+    return _buf(load).name if type(diff).__name__ == "IntImm" and int(diff) == 0 else None
 
 
 def _lead_roles(ivs, lead, name) -> dict:
@@ -441,8 +474,8 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
             wsum = f"for w in {unroll}(1, {W}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {W} + w]')}\n"
             code += threads(f"{acc} = red_{n}[ty * {W}]\n" + wsum)
     body += "".join(body_allocs) + code
-    body += threads("".join(steps(f"{o.name}_f[{row} * {N} + {col}] = {o.name}_r[{elem}]\n", vec)
-                            for o in prog.outputs))
+    stores = [(o.name, o.name) for o in prog.outputs] + [(o.name, src) for o, src in prog.reshaped]
+    body += threads("".join(steps(f"{o}_f[{row} * {N} + {col}] = {src}_r[{elem}]\n", vec) for o, src in stores))
     if emulate:
         loops = f"for bx in T.serial({R // RPB}):\n    for ty in T.serial({RPB}):\n"
         inner, attrs = 8, '{"tirx.noalias": True}'
