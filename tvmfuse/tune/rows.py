@@ -31,8 +31,9 @@ SOURCE = "tvmfuse.row_program_kernel"         # the kernel as the planner made i
 #   generated from its blocks, which MetaSchedule's postprocessing splits (a reduction's init and update)
 _REDUCE = 2
 _COMBINE = {"Add": "{a} + {b}", "Max": "T.max({a}, {b})", "Min": "T.min({a}, {b})"}
-_WIDEN = ("float16", "bfloat16")   # sums of these accumulate in float32; divisions in them by a per-row value
-#                                    multiply by its float32 reciprocal
+_WIDEN = ("float16", "bfloat16")   # sums of these accumulate in float32, and their exp runs as a float32 exp2
+#                                    (a division by a per-row value, in these or float32, becomes a
+#                                    multiplication by its float32 reciprocal)
 _LOG2E = 1.4426950408889634
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
 
@@ -428,6 +429,7 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     loads += "".join(steps(f"{name}_c[{elem}] = {name}_f[{col}]\n", vec) for name in sorted(prog.by_col))
     code = threads(loads)
     inverses: dict = {}   # a per-row divisor's float32 text -> the register holding its reciprocal
+    body_allocs: list = []   # those registers
 
     def divisor(b, roles) -> str:
         """The register holding ``1 / b`` (``b`` the same along the row), computed once per thread."""
@@ -442,7 +444,6 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
             code += threads(f"{inverses[text]}[{sc}] = T.float32(1) / {text}\n")
         return f"{inverses[text]}[{sc}]"
 
-    body_allocs: list = []
     for n, s in enumerate(prog.steps):
         name = s.buffer.name
         if s.kind == "elementwise":
