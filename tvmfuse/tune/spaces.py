@@ -886,7 +886,7 @@ def pointwise_default_schedule(mod, target, spaces: SpaceFile | None = None):
     """A pointwise kernel's one-shot sketch on CUDA at the knob values of its class's ``untuned`` entry (vector
     lanes: the widest the space offers), or None: another kernel class, a transpose (its tiled sketch is the one
     that runs well), or an ``untuned`` value the kernel's candidates leave out."""
-    if target.kind.name != "cuda":
+    if target.kind.name != "cuda" or classify(mod["main"]) != "pointwise":   # (before select_space's dry run)
         return None
     spaces = spaces or load_spaces("cuda")
     untuned = spaces.for_class("pointwise").extra.get("untuned")
