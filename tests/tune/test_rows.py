@@ -189,6 +189,35 @@ def test_a_reshape_that_keeps_the_rows_flat_order_is_stored_from_the_rows_regist
         rows.analyze(_layernorm_then("transpose"))
 
 
+def test_a_row_too_short_for_16_byte_vectors_takes_the_widest_narrower_ones(cuda):
+    """add+LayerNorm over 64 fp16 columns: no thread count of 32 or more splits it into 8-lane vectors, so the
+    configs take 2-lane ones (`v2`; a config's name round-trips), every one's emulation equals the planner's
+    kernel, and the CUDA program reads and writes a row with one 4-byte vector per thread, each output element
+    once. A 2048-column row keeps its 16-byte configs only."""
+    _, (k,) = _row_kernels("add_layernorm", cuda, M=64, N=64)
+    func = k.mod["main"]
+    prog = rows.analyze(func)
+    cfgs = rows.configs(prog)
+    assert cfgs and {c.lanes for c in cfgs} == {2} and {c.threads for c in cfgs} == {32}
+    assert all(rows.parse_config(c.name) == c for c in cfgs) and cfgs[0].name == "t32 r1 v2"
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in prog.params]
+    want = _run(func, inputs)
+    for cfg in cfgs:
+        got = _run(rows.kernel_for(func, cfg, emulate=True), inputs)
+        assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max(), cfg
+    cfg = rows.default_config(prog)
+    assert cfg == rows.RowConfig(32, 4, 2)
+    with build_context():
+        src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
+                          target=SM90A).mod.imports[0].inspect_source()
+    body = src[src.index('extern "C" __global__'):]
+    assert re.search(r"\*\(half2\*\)\(x_r_ptr \+ 0\) = \*\(half2\*\)\(x_f_ptr \+ .*threadIdx\.x\) \* 2\)", body)
+    _stores_cover_each_element_once(body, "T_layer_norm_intermediate_f_ptr", 64, 64, cfg, "half2", 2)
+    _, (long,) = _row_kernels("softmax", cuda, M=16, N=2048)
+    assert {c.lanes for c in rows.configs(rows.analyze(long.mod["main"]))} == {0}
+
+
 def test_the_emulated_fp16_softmax_is_as_close_to_the_exact_one_as_a_reduction_tree_gets(cuda):
     """fp16 softmax over 2048 columns, emulated under configs of one warp, two and eight warps a row, against the
     exact (fp64) softmax. The planner's kernel sums the row's exponentials one after another in fp16 and is

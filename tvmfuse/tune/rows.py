@@ -46,15 +46,17 @@ class Misfit(ValueError):
 class RowConfig:
     threads: int = 32        # threads per row (32: a row per warp)
     rows_per_block: int = 1  # rows per thread block (threadIdx.y)
+    lanes: int = 0           # elements a vector; 0: 16 bytes of the widest whole-row parameter. Narrower only
+    #                          where no thread count splits the row into 16-byte vectors (a row under 256 fp16)
 
     @property
     def name(self) -> str:
-        return f"t{self.threads} r{self.rows_per_block}"
+        return f"t{self.threads} r{self.rows_per_block}" + (f" v{self.lanes}" if self.lanes else "")
 
 
 def parse_config(name: str) -> RowConfig:
     f = dict((part[0], int(part[1:])) for part in name.split())
-    return RowConfig(threads=f["t"], rows_per_block=f["r"])
+    return RowConfig(threads=f["t"], rows_per_block=f["r"], lanes=f.get("v", 0))
 
 
 @dataclass
@@ -337,18 +339,22 @@ def _is_param(buf, prog: RowProgram) -> bool:
 
 def configs(prog: RowProgram, *, threads=(32, 64, 128, 256, 512), rows_per_block=(1, 2, 4, 8),
             max_elements: int = 64) -> list[RowConfig]:
-    """The configs whose threads split the row into whole vectors, at most ``max_elements`` per thread."""
+    """The configs whose threads split the row into whole vectors, at most ``max_elements`` per thread: 16-byte
+    vectors, or where no thread count takes those (a short row), the widest narrower ones some thread count
+    takes."""
     lanes, out = prog.lanes(), []
-    for t in threads:
-        t = int(t)
-        if prog.cols % (t * lanes) or prog.cols // t > max_elements:
-            continue
-        for r in rows_per_block:
-            r = int(r)
-            # at most 512 threads a block: 128 registers each (1024 threads leave 64, and 128 threads x 8 rows of
-            # add+LayerNorm's 64-element slices spilled)
-            if prog.rows % r == 0 and t * r <= 512:
-                out.append(RowConfig(t, r))
+    while lanes >= 1 and not out:
+        for t in threads:
+            t = int(t)
+            if prog.cols % (t * lanes) or prog.cols // t > max_elements:
+                continue
+            for r in rows_per_block:
+                r = int(r)
+                # at most 512 threads a block: 128 registers each (1024 threads leave 64, and 128 threads x 8
+                # rows of add+LayerNorm's 64-element slices spilled)
+                if prog.rows % r == 0 and t * r <= 512:
+                    out.append(RowConfig(t, r, 0 if lanes == prog.lanes() else lanes))
+        lanes //= 2
     return out
 
 
@@ -385,7 +391,9 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     emulate = emulate or cfg is None
     T_, RPB = (cfg.threads, cfg.rows_per_block) if cfg else (1, 1)
     unroll, vec = ("T.serial", "T.serial") if emulate else ("T.unroll", "T.vectorized")
-    L = prog.lanes()
+    L = cfg.lanes if cfg and cfg.lanes else prog.lanes()
+    if cfg is None:   # one thread a row: the widest vectors that split it
+        L = math.gcd(L, prog.cols)
     N, R = prog.cols, prog.rows
     E, S, W = N // T_, N // T_ // L, T_ // 32
     at = f"tx * {E} + " if emulate else ""     # a thread's registers: its slice of the emulation's arrays
