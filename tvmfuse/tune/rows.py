@@ -295,7 +295,8 @@ def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str
         kind, dtype = type(node).__name__, dtype_of(node)
         if (kind == "Call" and dtype in _WIDEN and str(getattr(node.op, "name", "")) == "tirx.exp"):
             # exp(x) = 2^(x log2 e) in float32 (ex2.approx, 2 ulp): cuda_fp16's hexp spends four compares and
-            # four fmas an element correcting special values, and the row's instruction budget is ~30 an element
+            # four fmas an element correcting special values (its PTX), and at the H200's copy rate an SM has
+            # ~33 issue slots an element of an fp16 row (128 a clock / ~3.9 elements a clock)
             return f"T.Cast('{dtype}', T.exp2(T.Cast('float32', {rec(node.args[0])}) * T.float32({_LOG2E!r})))"
         if (divisor is not None and kind == "Div" and dtype in ("float32", *_WIDEN)
                 and _row_invariant(node.b, prog, roles)):
@@ -369,12 +370,18 @@ def default_config(prog: RowProgram) -> RowConfig | None:
                key=lambda c: c.rows_per_block)
 
 
-def default_kernel(func):
-    """The row program of ``func`` under :func:`default_config`, or None where ``func`` is not a row program."""
+def untuned_config(func) -> RowConfig | None:
+    """:func:`default_config` of ``func``'s program: what an untuned CUDA build runs and the tuner measures first;
+    None where ``func`` is not a row program or no config fits."""
     try:
-        cfg = default_config(analyze(func))
+        return default_config(analyze(func))
     except (Misfit, TypeError):   # (TypeError: a symbolic extent, which no config can split)
         return None
+
+
+def default_kernel(func):
+    """The row program of ``func`` under :func:`untuned_config`, or None."""
+    cfg = untuned_config(func)
     return None if cfg is None else kernel_for(func, cfg)
 
 

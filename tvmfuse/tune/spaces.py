@@ -869,14 +869,11 @@ def _pick(name: str):
 
 
 def rows_default_schedule(mod, target, spaces: SpaceFile | None = None):
-    """A row kernel's row-program sketch on CUDA at the untuned build's config (``tvmfuse.tune.rows.default_config``),
+    """A row kernel's row-program sketch on CUDA at the untuned build's config (``tvmfuse.tune.rows.untuned_config``),
     or None where the kernel is not a row program or the space's candidates leave its config out."""
     from tvmfuse.tune import rows
 
-    try:
-        cfg = rows.default_config(rows.analyze(mod["main"]))
-    except rows.Misfit:
-        return None
+    cfg = rows.untuned_config(mod["main"])
     if cfg is None:
         return None
     return _config_schedule(mod, target, _pick(cfg.name), "template:row_reduction", rows.CANDIDATES, spaces)
