@@ -5,6 +5,8 @@ checked on the H200 by scripts/wgmma_gemm.py and scripts/bench_gpu.py against Py
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import json
 import shutil
 import subprocess
@@ -123,8 +125,17 @@ def main(a: T.Buffer((8,), "int32")):
 def test_configs_divide_the_shape_and_respect_shared_memory():
     spec = hopper.GemmSpec((), 8192, 8192, 8192, False, False, False)
     options = hopper.configs(spec)
-    assert hopper.default_config(spec) == hopper.parse_config("g2 m1 n256 k64 s3 r8 z128 f0")
-    for c in options:
+    # a GEMM's default loads its tiles by TMA (H200, 2026-12-01: 1845 us against cp.async's 2025); TMA kernels
+    # wait for their wgmma batch (in flight they computed wrong results) and take no conv (gathered rows)
+    assert hopper.default_config(spec) == hopper.parse_config("g2 m1 n256 k64 s4 r8 z128 f0 t1")
+    both = hopper.configs(spec, tma=(0, 1))
+    assert {c.tma for c in both} == {0, 1} and not any(c.tma and c.inflight for c in both)
+    assert all(not c.tma for c in options)   # the template's choices without the space's knob: cp.async
+    conv = hopper.GemmSpec((), 200704, 256, 2304, False, False, True,
+                           hopper.ConvGeometry(64, 56, 56, 256, 56, 56, 3, 3, (1, 1), (1, 1), (1, 1)))
+    assert not any(c.tma for c in hopper.configs(conv, tma=(0, 1)))
+    assert hopper.default_config(conv) == hopper.parse_config("g2 m1 n256 k64 s3 r8 z128 f0")
+    for c in both:
         assert c.shared_bytes() <= 227 * 1024 and c.m_tiles * c.block_n // 2 <= 128
         assert hopper.parse_config(c.name) == c
     small = hopper.GemmSpec((), 192, 384, 128, False, False, True)   # 3 row tiles of 64, K two steps of 64
@@ -428,3 +439,95 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         src = tvm.compile(tvm.IRModule({"main": hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], s3)
                                         .with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0].inspect_source()
         assert assert_copy_sources_disjoint(src) >= 4
+
+
+def _chunk_triples(chunk, count: int) -> set:
+    """{(outer index, k index, element offset)} of a tile's 16-byte chunks under :func:`hopper.tile_layout`'s
+    ``chunk`` (TVMScript expressions of the chunk number, evaluated here)."""
+    env = {"T": type("T", (), {"bitwise_xor": staticmethod(lambda a, b: a ^ b)})}
+    return {tuple(eval(e, env, {"c": c}) for e in chunk("c")) for c in range(count)}
+
+
+def _tma_triples(load_list, box, outer_dim: int, k_dim: int, origin) -> set:
+    """The same triples for the TMA loads ``load_list`` ((tile offset, [c0, c1, c2]) as numbers) of ``box``
+    (innermost first), each landing 128-byte swizzled: box row ``r``'s 16-byte chunk ``c`` at chunk ``r * 8 +
+    (c ^ r % 8)`` (the PTX ISA's 128-byte swizzle on a 1024-byte aligned tile). ``outer_dim`` / ``k_dim``: which
+    tensor dimension is the tile's outer (rows or columns) and K index; ``origin`` their values at the tile's
+    corner."""
+    out = set()
+    for off, coords in load_list:
+        for r in range(box[1]):
+            for c in range(box[0] // 8):
+                at = list(coords)
+                at[0] += c * 8
+                at[1] += r
+                out.add((at[outer_dim] - origin[0], at[k_dim] - origin[1], off + r * 64 + (c ^ r % 8) * 8))
+    return out
+
+
+@pytest.mark.parametrize("spec", [
+    hopper.GemmSpec((), 1024, 512, 256, False, False, False),      # B stored [K, N]: one 64 x 64 box per 64 columns
+    hopper.GemmSpec((), 1000, 512, 256, False, False, True),       # B stored [N, K]; rows end in a partial tile
+    hopper.GemmSpec((4,), 192, 256, 128, True, True, True),        # batched A and B (attention-like)
+    hopper.GemmSpec((2, 3), 64, 256, 128, True, False, False),     # a batch folded into the rows (shared weight)
+], ids=["nmajor", "kmajor_tail", "batched", "folded"])
+def test_tma_boxes_fill_the_tiles_the_wgmma_descriptors_read(spec):
+    """The TMA kernel's loads cannot run here, so each tensor map and load is emulated: every element of each box
+    must land where :func:`hopper.tile_layout` (the layout the wgmma descriptors read, checked on the H200 since
+    the cp.async kernels) puts that element of the tile, for A and B of every TMA config's tile shape; the maps'
+    dims and byte strides must be the row-major tensors'; and the stage's expected bytes must be the boxes'."""
+    shapes = {(c.block_m, c.block_n): c for c in hopper.configs(spec, tma=(1,))}
+    assert shapes and all(c.tma and not c.inflight for c in shapes.values())
+    for cfg in shapes.values():
+        maps = hopper.tma_maps(spec, cfg)
+        pm, pn, j, bz = 1 if spec.rows > cfg.block_m else 0, spec.n // cfg.block_n - 1, spec.k // 64 - 1, 0
+        if spec.grid_batch > 1:
+            bz = spec.grid_batch - 1
+        env = {"bz": bz}
+        for name, m in maps.items():
+            dims, strides = m["dims"], m["strides"]
+            assert strides == [2 * dims[0], 2 * dims[0] * dims[1]]   # contiguous, innermost first
+            assert max(m["box"][:2]) <= 256 and m["box"][0] * 2 == 128   # TMA's box limits, one swizzle row
+            loads = [(off, [eval(c, {}, {**env, "pm": pm, "pn": pn, "j": j}) for c in coords])
+                     for off, coords in m["coords"]("pm", "pn", "j")]
+            assert all(c[2] == (bz if dims[2] > 1 else 0) for _, c in loads)
+            if name == "a":
+                want = _chunk_triples(hopper.tile_layout(128, True, cfg.block_m, 64)[0], cfg.block_m * 8)
+                got = _tma_triples(loads, m["box"], 1, 0, (pm * cfg.block_m, j * 64))
+                rows = spec.m if spec.a_batched and not spec.fold_batch else spec.rows
+                assert dims[:2] == [spec.k, rows]
+            else:
+                want = _chunk_triples(hopper.tile_layout(128, spec.b_kmajor, cfg.block_n, 64)[0], cfg.block_n * 8)
+                outer, k = (1, 0) if spec.b_kmajor else (0, 1)
+                got = _tma_triples(loads, m["box"], outer, k, (pn * cfg.block_n, j * 64))
+                assert dims[:2] == ([spec.k, spec.n] if spec.b_kmajor else [spec.n, spec.k])
+            assert got == want, (name, cfg.name)
+        boxes = sum(math.prod(m["box"]) * len(m["coords"]("0", "0", "0")) for m in maps.values())
+        assert boxes == cfg.block_k * (cfg.block_m + cfg.block_n)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s4 r8 z128 f0 t1", False),
+                                          ("g2 m2 n128 k64 s4 r1 z128 f0 t1", True),
+                                          ("g1 m1 n128 k64 s3 r1 z128 f0 t1", False)])
+def test_tma_kernels_build_for_sm90a_with_their_maps_and_shared_memory(tmp_path, cfg, b_kmajor):
+    """The TMA kernel as built: the host encodes both tensor maps and passes them by value; the loads are TMA
+    (no cp.async) completing on mbarriers; no block-wide barrier after the mbarriers' setup; the launch asks for
+    all the shared memory the stages and mbarriers take (TVM sized the buffer to its highest plain access and,
+    with none, gave the launch no dynamic shared memory); two computing warpgroups take the producer's
+    registers; no spills and asynchronous wgmmas."""
+    spec = hopper.GemmSpec((), 1024, 1024, 1024, False, False, b_kmajor)
+    c = hopper.parse_config(cfg)
+    decls = ["a: T.Buffer((1024, 1024), 'float16')", "b: T.Buffer((1024, 1024), 'float16')",
+             "c: T.Buffer((1024, 1024), 'float16')"]
+    func = hopper.parse(hopper.gemm_source(spec, c, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc})"))
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A)
+    src, host = lib.mod.imports[0].inspect_source(), lib.mod.inspect_source()
+    kernel_def = next(ln for ln in src.splitlines() if ln.startswith('extern "C" __global__') and ln.endswith("{"))
+    assert kernel_def.count("const __grid_constant__ CUtensorMap") == 2 and "runtime.cuTensorMapEncodeTiled" in host
+    assert "cp.async.bulk.tensor.3d" in src and "cp.async.cg" not in src and "mbarrier.try_wait.parity" in src
+    assert src.count("__syncthreads()") == 1
+    assert f"__launch_bounds__({c.threads})" in src and c.threads == 128 * (c.warpgroups + 1)
+    assert re.search(rf"\b{c.shared_bytes()}\b", host), c.shared_bytes()
+    assert ("setmaxnreg.inc" in src) == (c.warpgroups == 2)
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")

@@ -140,6 +140,7 @@ class WgmmaConfig:
     raster: int = 8       # tile rows launched together (B tiles reused from L2)
     swizzle: int = 128    # shared tiles in wgmma's 128-byte swizzled layout (needs block_k 64), or 0: no swizzle
     inflight: int = 1     # wgmma batches left running at the end of a K step (1: the next step's issue overlaps)
+    tma: int = 0          # 1: tiles loaded by TMA from a producer warpgroup, stages handed over by mbarriers
 
     @property
     def block_m(self) -> int:
@@ -147,45 +148,55 @@ class WgmmaConfig:
 
     @property
     def threads(self) -> int:
-        return 128 * self.warpgroups
+        """Threads per block: the computing warpgroups, plus the producer warpgroup of a TMA kernel."""
+        return 128 * (self.warpgroups + (1 if self.tma else 0))
 
     @property
     def name(self) -> str:
         return (f"g{self.warpgroups} m{self.m_tiles} n{self.block_n} k{self.block_k} s{self.stages} "
-                f"r{self.raster} z{self.swizzle} f{self.inflight}")
+                f"r{self.raster} z{self.swizzle} f{self.inflight}" + (" t1" if self.tma else ""))
 
     def shared_bytes(self) -> int:
-        return 2 * self.stages * self.block_k * (self.block_m + self.block_n)
+        """The tiles' stages, and a TMA kernel's two mbarriers (8 bytes each) per stage."""
+        return 2 * self.stages * self.block_k * (self.block_m + self.block_n) + (16 * self.stages if self.tma else 0)
 
 
 def parse_config(name: str) -> WgmmaConfig:
     """The config :attr:`WgmmaConfig.name` names (``"g2 m1 n128 k64 s4 r8 z128 f1"``)."""
     f = dict((part[0], int(part[1:])) for part in name.split())
     return WgmmaConfig(warpgroups=f["g"], m_tiles=f["m"], block_n=f["n"], block_k=f["k"], stages=f["s"],
-                       raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1))
+                       raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1), tma=f.get("t", 0))
 
 
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
-            stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1),
+            stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,),
             max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
     """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
-    partial tile) and fit registers and shared memory."""
+    partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only for GEMMs (a conv's
+    gathered rows are not a tiled tensor) with 128-byte swizzled tiles, TMA's layout."""
     out = []
     for g in warpgroups:
         for mt in m_tiles:
             for n in block_n:
                 for kb in block_k:
                     for st in stages:
-                        for r, z, f in [(r, z, f) for r in raster for z in swizzle for f in inflight]:
-                            c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f))
+                        for r, z, f, t in [(r, z, f, t) for r in raster for z in swizzle for f in inflight
+                                           for t in tma]:
+                            c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f),
+                                            int(t))
                             tiles_m = -(-spec.rows // c.block_m)   # a partial last tile row is predicated
                             if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
                                     and (spec.conv is None or spec.conv.c % c.block_k == 0)
                                     and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
                                     and tiles_m % c.raster == 0
-                                    # a batch in flight holds a stage: at 3 stages that left two and ran
-                                    # 1.24x slower on the H200 (2026-11-30); at 4 it matched or beat f0
-                                    and c.stages - c.inflight >= 2 + c.inflight
+                                    # cp.async: a batch in flight holds a stage: at 3 stages that left two and
+                                    # ran 1.24x slower on the H200 (2026-11-30); at 4 it matched or beat f0.
+                                    # TMA: the producer refills a stage as soon as it is released; a batch
+                                    # in flight gave wrong results (rel. err. 1-2e-2 on every shape but one,
+                                    # H200 2026-12-01, cause not found), so TMA kernels wait for their batch
+                                    and (c.stages - c.inflight >= 2 + c.inflight if not c.tma
+                                         else c.inflight == 0)
+                                    and (not c.tma or (spec.conv is None and c.swizzle == 128))
                                     and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
                                     and c.shared_bytes() <= max_shared_bytes):
@@ -199,13 +210,14 @@ def _a_predicated(spec: GemmSpec, cfg: WgmmaConfig) -> bool:
 
 
 def default_config(spec: GemmSpec) -> WgmmaConfig:
-    """The fastest measured at 8192^3 where it fits (H200, 2026-11-30, BENCHMARKS.md): 128x256 tiles of two
-    warpgroups, 3 stages (1996 us), then 256x128 (2061 us), then 128x128 (2099 us)."""
-    options = configs(spec)
+    """The fastest measured at 8192^3 where it fits (H200, BENCHMARKS.md): a GEMM's 128x256 tiles by TMA, 4 stages
+    (1845 us, 0.92x cuBLAS, 2026-12-01); else (a conv) 128x256 tiles by cp.async, 3 stages (1996-2025 us), then
+    256x128 (2061 us), then 128x128 (2099 us)."""
+    options = configs(spec, tma=(0, 1))
     whole = [c for c in options if spec.rows % c.block_m == 0]   # tiles without a predicated last row first
     options = whole + [c for c in options if c not in whole]
-    for want in (WgmmaConfig(2, 1, 256, 64, 3, 8, 128, 0), WgmmaConfig(2, 2, 128, 64, 3, 8, 128, 0),
-                 WgmmaConfig(2, 1, 128, 64, 3, 8, 128, 0)):
+    for want in (WgmmaConfig(2, 1, 256, 64, 4, 8, 128, 0, 1), WgmmaConfig(2, 1, 256, 64, 3, 8, 128, 0),
+                 WgmmaConfig(2, 2, 128, 64, 3, 8, 128, 0), WgmmaConfig(2, 1, 128, 64, 3, 8, 128, 0)):
         if want in options:
             return want
     return options[0]
@@ -305,24 +317,64 @@ def _all(conds: list[str]) -> str | None:
     return conds[0] if len(conds) == 1 else f"T.And({conds[0]}, {_all(conds[1:])})"
 
 
+def _tile_coords(spec: GemmSpec, cfg: WgmmaConfig) -> tuple[str, str]:
+    """The block's tile row and column (``pid_m``, ``pid_n``) from ``bx``: groups of ``raster`` tile rows walk the
+    columns together."""
+    R, tiles_n = cfg.raster, spec.n // cfg.block_n
+    return f"(bx // {R * tiles_n} * {R} + bx % {R * tiles_n} % {R})", f"(bx % {R * tiles_n} // {R})"
+
+
+def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str,
+                   sb_at: int) -> tuple[str, str]:
+    """TVMScript of one K step's wgmmas (stage ``ko % stages``; A's stages at element 0 of ``smem``, B's at
+    ``sb_at``) and of the store of accumulator ``i`` of m-tile ``t`` (rows past the last predicated)."""
+    BM, BN, BK, S, MT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles
+    a_tile, b_tile = BM * BK, BN * BK
+    _, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
+    _, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
+    wg = "(tx // 128)"
+    wgmmas = ""
+    for kk in range(BK // 16):
+        for t in range(MT):
+            accs = ", ".join(f"acc[{t * BN // 2 + i}]" for i in range(BN // 2))
+            a_off, a_lbo, a_sbo = a_desc(kk)
+            b_off, b_lbo, b_sbo = b_desc(kk)
+            # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
+            da = desc("smem", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
+                       cfg.swizzle)
+            db = desc("smem", f"{sb_at} + ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
+            wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}")
+
+    # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
+    lane, warp = "(tx % 32)", "(tx % 128 // 32)"
+    row = (f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {warp} * 16 + {lane} // 4 + p % 2 * 8")
+    col = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 + v"
+    stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + p * 2 + v]")
+    if spec.rows % BM:
+        stored = f"if {row} < {spec.rows}:\n    {stored}"
+    stores = (f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n        for v in T.vectorized(2):\n"
+              + _indent(stored, 12))
+    return wgmmas, stores
+
+
 def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
                 store: str) -> str:
     """TVMScript of the kernel: ``params`` the function's parameter declarations, ``a`` / ``b`` the names of the
     A and B buffers among them, ``store`` the store of one accumulator, a format string with the fields
     ``{bz}`` (flattened batch index), ``{row}``, ``{col}`` (output row within the batch and column) and
     ``{acc}`` (the fp32 accumulator)."""
+    if cfg.tma:
+        return tma_source(spec, cfg, params, a, b, store)
     BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
     M, N, K = spec.rows, spec.n, spec.k
     tiles_m, tiles_n, kt = -(-M // BM), N // BN, K // BK
     tail = M % BM != 0   # the last tile row reads zeros past row M and stores nothing there
-    R, F = cfg.raster, cfg.inflight
-    # tile coordinates: groups of R tile rows walk the columns together
-    pid_m = f"(bx // {R * tiles_n} * {R} + bx % {R * tiles_n} % {R})"
-    pid_n = f"(bx % {R * tiles_n} // {R})"
+    F = cfg.inflight
+    pid_m, pid_n = _tile_coords(spec, cfg)
     a_tile, b_tile = BM * BK, BN * BK
     _, b_batch = _batch_offsets(spec)
-    a_chunk, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
-    b_chunk, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
+    a_chunk, _ = tile_layout(cfg.swizzle, True, BM, BK)
+    b_chunk, _ = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
     zfill = bool(F) and _a_predicated(spec, cfg)   # A's predicated copies in the main loop: branch-free
     # One shared allocation: A's stages at 0, B's at sb_at. (With two, TVM's shared-memory planner sees no use of
     # A's tiles in the main loop when its only accesses there are the zero-filling copies and the descriptors, and
@@ -354,25 +406,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
         return out
 
-    wg = "(tx // 128)"
-    wgmmas = ""
-    for kk in range(BK // 16):
-        for t in range(MT):
-            accs = ", ".join(f"acc[{t * BN // 2 + i}]" for i in range(BN // 2))
-            a_off, a_lbo, a_sbo = a_desc(kk)
-            b_off, b_lbo, b_sbo = b_desc(kk)
-            # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
-            da = desc("smem", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
-                       cfg.swizzle)
-            db = desc("smem", f"{sb_at} + ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
-            wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}")
-
-    lane, warp = "(tx % 32)", "(tx % 128 // 32)"
-    row = (f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {warp} * 16 + {lane} // 4 + i % 4 // 2 * 8")
-    col = f"{pid_n} * {BN} + i // 4 * 8 + {lane} % 4 * 2 + i % 2"
-    stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + i]")
-    if tail:
-        stored = f"if {row} < {M}:\n    {stored}"
+    wgmmas, stored = _mma_and_store(spec, cfg, store, pid_m, pid_n, sb_at)
     # Loads run L = S - 1 - F tiles ahead: a stage is refilled once the wgmma batches that read it are done
     # (with F batches left in flight at a step's end, the stage read F + 1 steps ago; the barrier at the top
     # of each step orders every warpgroup's wait before anyone's refill). One cp.async group per tile.
@@ -408,9 +442,184 @@ def main({", ".join(params)}):
 {_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
                     T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-                for t in T.unroll({MT}):
-                    for i in T.unroll({BN // 2}):
-{_indent(stored, 24)}"""
+{_indent(stored, 16)}"""
+
+
+# The TMA kernel's PTX, as device functions of our own (``T.cuda.func_call`` with this source): mbarriers in
+# shared memory (32-bit shared addresses), a wait that spins on try_wait inside the asm (its labels are local to
+# the braces), an arrive predicated without a branch, and the 3-D tiled TMA load that completes on an mbarrier.
+# The wait and the arrive, which run while a wgmma batch is in flight (``inflight`` 1), take no "memory" clobber:
+# with one, the compiler must treat the accumulator array as memory the asm may read, and materializes registers
+# that the batch in flight is still writing (wrong results on the H200, 2026-12-01: rel. err. 1-2e-2 for every f1
+# config, f0 exact). Volatile asm statements keep their order among themselves, wgmmas included.
+_TMA_SOURCE = {
+    "tvmfuse_mbar_init": r"""
+__forceinline__ __device__ void tvmfuse_mbar_init(unsigned int bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+""",
+    "tvmfuse_mbar_init_fence": r"""
+__forceinline__ __device__ void tvmfuse_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+""",
+    "tvmfuse_mbar_expect_tx": r"""
+__forceinline__ __device__ void tvmfuse_mbar_expect_tx(unsigned int bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+""",
+    "tvmfuse_mbar_arrive_if": r"""
+__forceinline__ __device__ void tvmfuse_mbar_arrive_if(unsigned int bar, int pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}"
+               :: "r"(bar), "r"(pred));
+}
+""",
+    "tvmfuse_mbar_wait": r"""
+__forceinline__ __device__ void tvmfuse_mbar_wait(unsigned int bar, int parity) {
+  asm volatile("{\n.reg .pred p;\nTVMFUSE_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra.uni TVMFUSE_WAIT;\n}" :: "r"(bar), "r"(parity));
+}
+""",
+    # Hopper's warpgroup register reallocation: the producer gives registers back, the computing warpgroups take
+    # them (two computing warpgroups: 2 x 128 x 232 + 128 x 40 = 64512 of the SM's 65536)
+    "tvmfuse_regs_take": r"""
+__forceinline__ __device__ void tvmfuse_regs_take() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+}
+""",
+    "tvmfuse_regs_give": r"""
+__forceinline__ __device__ void tvmfuse_regs_give() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+}
+""",
+    "tvmfuse_tma_load_3d": r"""
+__forceinline__ __device__ void tvmfuse_tma_load_3d(unsigned int dst, unsigned long long map, int c0, int c1, int c2,
+                                                    unsigned int bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+""",
+}
+
+
+def _ptx(fn: str, *args: str) -> str:
+    """A statement calling one of :data:`_TMA_SOURCE`'s functions (TVM emits a function's source once per name)."""
+    return f"T.evaluate(T.cuda.func_call({', '.join([repr(fn), *args])}, source_code=_TMA_SOURCE[{fn!r}]))\n"
+
+
+def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
+    """The TMA tensor maps of A and B, in the CUDA driver's order (innermost dimension first): ``dims`` (elements),
+    ``strides`` (bytes, of dimensions 1 and 2), ``box`` (elements of one load) and where the block's loads of K step
+    ``j`` start, ``coords(pid_m, pid_n, bz, j)`` -> a list of (element offset of the load in the stage's tile,
+    [c0, c1, c2]) as TVMScript.
+
+    A is 3-D ``[batch, rows, K]``, one ``[block_m, 64]`` box per step (batch 1 where it folds into the rows or is
+    not batched); B is ``[batch, N, K]`` (K-major, one ``[block_n, 64]`` box) or ``[batch, K, N]`` (one ``[64, 64]``
+    box per 64 columns). Each box lands in shared memory 128-byte swizzled: row ``r``'s 16-byte chunk ``c`` at
+    chunk ``r * 8 + (c ^ r % 8)``, :func:`tile_layout`'s layout of the tile. Rows past the tensor read as zero."""
+    BM, BN = cfg.block_m, cfg.block_n
+    M, N, K = spec.rows, spec.n, spec.k
+    a_rows, a_batch = (spec.m, spec.grid_batch) if spec.a_batched and not spec.fold_batch else (M, 1)
+    b_batch = spec.grid_batch if spec.b_batched else 1
+    az = "bz" if a_batch > 1 else "0"
+    bz = "bz" if b_batch > 1 else "0"
+    a = {"dims": [K, a_rows, a_batch], "strides": [2 * K, 2 * K * a_rows], "box": [64, BM, 1],
+         "coords": lambda pm, pn, j: [(0, [f"{j} * 64", f"{pm} * {BM}", az])]}
+    if spec.b_kmajor:
+        b = {"dims": [K, N, b_batch], "strides": [2 * K, 2 * K * N], "box": [64, BN, 1],
+             "coords": lambda pm, pn, j: [(0, [f"{j} * 64", f"{pn} * {BN}", bz])]}
+    else:
+        b = {"dims": [N, K, b_batch], "strides": [2 * N, 2 * N * K], "box": [64, 64, 1],
+             "coords": lambda pm, pn, j: [(nb * 64 * 64, [f"{pn} * {BN} + {nb * 64}", f"{j} * 64", bz])
+                                          for nb in range(BN // 64)]}
+    return {"a": a, "b": b}
+
+
+def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str, store: str) -> str:
+    """TVMScript of the warp-specialized TMA kernel (:func:`gemm_source`'s arguments; a GEMM, not a conv).
+
+    The host encodes A's and B's tensor maps (:func:`tma_maps`, 128-byte swizzle) before the launch; the kernel
+    takes them by value (``const __grid_constant__ CUtensorMap``). Warpgroups ``0 .. warpgroups - 1`` compute;
+    one thread of the last warpgroup produces. Stage ``s`` has two mbarriers: ``full[s]`` (the producer's arrival
+    with the stage's byte count; TMA completes the bytes) and ``empty[s]`` (every computing thread arrives once the
+    wgmma batch that read the stage is done). The producer waits for ``empty`` before refilling a stage; the
+    computing warpgroups wait for ``full`` before their wgmmas, and no thread waits for the whole block inside the
+    loop. The n-th completion of a barrier has phase parity ``n % 2``."""
+    BM, BN, BK, S, F = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.inflight
+    NC = 128 * cfg.warpgroups   # computing threads
+    tiles_m, tiles_n, kt = -(-spec.rows // BM), spec.n // BN, spec.k // BK
+    pid_m, pid_n = _tile_coords(spec, cfg)
+    a_tile, b_tile = BM * BK, BN * BK
+    sb_at = S * a_tile
+    wgmmas, stored = _mma_and_store(spec, cfg, store, pid_m, pid_n, sb_at)
+    maps = tma_maps(spec, cfg)
+    bars = 2 * S * (a_tile + b_tile)   # byte offset of the mbarriers: full[0..S), then empty[0..S)
+
+    def full(s: str) -> str:
+        return f"smem_base + T.uint32({bars} + ({s}) * 8)"
+
+    def empty(s: str) -> str:
+        return f"smem_base + T.uint32({bars + 8 * S} + ({s}) * 8)"
+
+    encode = ""
+    for name, buf in (("a", a), ("b", b)):
+        m = maps[name]
+        args = [f"{name}map", f"{buf}.data", *map(str, m["dims"]), *map(str, m["strides"]), *map(str, m["box"]),
+                "1", "1", "1"]
+        encode += (f"{name}map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)\n"
+                   f"T.evaluate(T.tensormap_encode_tiled({', '.join(args)}, descriptor_dtype='float16', rank=3, "
+                   f"swizzle=3))\n")
+    loads = _ptx("tvmfuse_mbar_expect_tx", full("s"), str(2 * (a_tile + b_tile)))
+    for name, at in (("a", "0"), ("b", str(sb_at))):
+        tile = a_tile if name == "a" else b_tile
+        for off, (c0, c1, c2) in maps[name]["coords"](pid_m, pid_n, "j"):
+            dst = f"smem_base + T.uint32(({at} + s * {tile} + {off}) * 2)"
+            loads += _ptx("tvmfuse_tma_load_3d", dst, f"T.address_of({name}map)", c0, c1, c2, full("s"))
+    init = "".join(_ptx("tvmfuse_mbar_init", full(str(s)), "1") + _ptx("tvmfuse_mbar_init", empty(str(s)), str(NC))
+                   for s in range(S)) + _ptx("tvmfuse_mbar_init_fence")
+    # the stage read F steps ago is released once this step's wait leaves at most F batches in flight
+    release = _ptx("tvmfuse_mbar_arrive_if", empty(f"(ko + {S - F}) % {S}"), f"T.Cast('int32', ko >= {F})")
+    # two computing warpgroups: 384 threads leave 168 registers each, which spilled the 128 accumulators of a
+    # 64 x 256 tile; the producer's registers go to them (one computing warpgroup has 255 already)
+    take, give = ((_ptx("tvmfuse_regs_take").strip(), _ptx("tvmfuse_regs_give").strip()) if cfg.warpgroups == 2
+                  else ("T.evaluate(0)", "T.evaluate(0)"))
+    return f"""
+@T.prim_func(s_tir=True)
+def main({", ".join(params)}):
+    T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True}})
+{_indent(encode, 4)}    for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):
+        for bx in T.thread_binding({tiles_m * tiles_n}, thread="blockIdx.x"):
+            for tx in T.thread_binding({cfg.threads}, thread="threadIdx.x"):
+                smem = T.alloc_buffer(({S * (a_tile + b_tile) + 8 * S},), "float16", scope="shared.dyn", align=1024)
+                acc = T.alloc_buffer(({cfg.m_tiles * BN // 2},), "float32", scope="local")
+                smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))
+                if tx == 0:
+                    # a store TVM's shared-memory planner sees, at the buffer's last element (the last mbarrier,
+                    # initialized next): it drops an allocation only ever addressed (descriptors, TMA, mbarriers)
+                    # and sizes one to its highest access, and the launch got no dynamic shared memory
+                    smem[{S * (a_tile + b_tile) + 8 * S - 1}] = T.float16(0)
+{_indent(init, 20)}                T.tvm_storage_sync("shared")
+                if tx < {NC}:
+                    {take}
+                    for i in T.unroll({cfg.m_tiles * BN // 2}):
+                        acc[i] = T.float32(0)
+                    for ko in T.serial({kt}):
+                        {_ptx("tvmfuse_mbar_wait", full(f"ko % {S}"), f"ko // {S} % 2").strip()}
+                        T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+{_indent(wgmmas, 24)}                        T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+                        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
+                        {release.strip()}
+                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+{_indent(stored, 20)}                else:
+                    {give}
+                    if tx == {NC}:
+                        for j in T.serial({kt}):
+                            s: T.let[T.int32] = j % {S}
+                            if j >= {S}:
+                                {_ptx("tvmfuse_mbar_wait", empty("s"), f"(j // {S} + 1) % 2").strip()}
+{_indent(loads, 28)}"""
 
 
 def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: str) -> str:
@@ -451,7 +660,7 @@ def parse(source: str):
     from tvmfuse._tvm import tvm
     from tvm.script import tirx as T
 
-    return tvm.script.parse(source, extra_vars={"T": T})
+    return tvm.script.parse(source, extra_vars={"T": T, "_TMA_SOURCE": _TMA_SOURCE})
 
 
 # ------------------------------------------------------------------------ the planner's GEMM kernels
@@ -745,7 +954,7 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
         spec, info = analyze(func)
     except Exception:  # noqa: BLE001 - as schedule(): anything analyze() cannot take keeps the default path
         return None
-    if not configs(spec):
+    if not configs(spec, tma=(0, 1)):
         return None
     return spec, info, default_config(spec)
 
@@ -790,7 +999,7 @@ def supports(target) -> bool:
     return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a"
 
 
-_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight")
+_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma")
 
 
 def schedule(sch, space) -> GemmSpec | None:
