@@ -184,9 +184,10 @@ def main() -> int:
     # small checks: the first three configs on a K-major B; TMA configs also on an N-major B with a partial last
     # tile row (TMA's zero fill past the tensor)
     tail = None if a.conv else GemmSpec((), 1000, 1024, 1024, False, False, False)
-    for i, c in enumerate(cfgs):
-        for s in (small, tail):
-            if s is not None and (i < 3 or c.tma) and c in configs(s, tma=(0, 1)):
+    many = None if a.conv else GemmSpec((), 4000, 2048, 512, False, False, True)   # > 132 tiles: persistent blocks
+    for i, c in enumerate(cfgs):                                                  # take one or two each
+        for s in (small, tail, many):
+            if s is not None and (i < 3 or c.tma) and c in configs(s, tma=(0, 1), persistent=(0, 1)):
                 rows.append(run_case(s, c, timing=False))
                 print(json.dumps(rows[-1]), flush=True)
     base = torch_us(spec)

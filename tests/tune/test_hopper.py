@@ -135,6 +135,10 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
                            hopper.ConvGeometry(64, 56, 56, 256, 56, 56, 3, 3, (1, 1), (1, 1), (1, 1)))
     assert not any(c.tma for c in hopper.configs(conv, tma=(0, 1)))
     assert hopper.default_config(conv) == hopper.parse_config("g2 m1 n256 k64 s3 r8 z128 f0")
+    # persistent blocks are a TMA kernel's option (measured equal to one block per tile, 2026-12-01)
+    everything = hopper.configs(spec, tma=(0, 1), persistent=(0, 1))
+    assert any(c.persistent for c in everything) and all(c.tma for c in everything if c.persistent)
+    assert not hopper.default_config(spec).persistent
     for c in both:
         assert c.shared_bytes() <= 227 * 1024 and c.m_tiles * c.block_n // 2 <= 128
         assert hopper.parse_config(c.name) == c
@@ -507,20 +511,26 @@ def test_tma_boxes_fill_the_tiles_the_wgmma_descriptors_read(spec):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s4 r8 z128 f0 t1", False),
-                                          ("g2 m2 n128 k64 s4 r1 z128 f0 t1", True),
-                                          ("g1 m1 n128 k64 s3 r1 z128 f0 t1", False)])
-def test_tma_kernels_build_for_sm90a_with_their_maps_and_shared_memory(tmp_path, cfg, b_kmajor):
+@pytest.mark.parametrize("cfg,b_kmajor,mnk", [("g2 m1 n256 k64 s4 r8 z128 f0 t1", False, (1024, 1024, 1024)),
+                                              ("g2 m2 n128 k64 s4 r1 z128 f0 t1", True, (1024, 1024, 1024)),
+                                              ("g1 m1 n128 k64 s3 r1 z128 f0 t1", False, (1024, 1024, 1024)),
+                                              ("g2 m1 n256 k64 s4 r8 z128 f0 t1 p1", True, (4000, 2048, 512))])
+def test_tma_kernels_build_for_sm90a_with_their_maps_and_shared_memory(tmp_path, cfg, b_kmajor, mnk):
     """The TMA kernel as built: the host encodes both tensor maps and passes them by value; the loads are TMA
     (no cp.async) completing on mbarriers; no block-wide barrier after the mbarriers' setup; the launch asks for
     all the shared memory the stages and mbarriers take (TVM sized the buffer to its highest plain access and,
     with none, gave the launch no dynamic shared memory); two computing warpgroups take the producer's
-    registers; no spills and asynchronous wgmmas."""
-    spec = hopper.GemmSpec((), 1024, 1024, 1024, False, False, b_kmajor)
+    registers; no spills and asynchronous wgmmas. A persistent kernel launches one block per SM, and its blocks
+    walk 1 or 2 of the 256 tiles (the last tile row partial)."""
+    m, n, k = mnk
+    spec = hopper.GemmSpec((), m, n, k, False, False, b_kmajor)
     c = hopper.parse_config(cfg)
-    decls = ["a: T.Buffer((1024, 1024), 'float16')", "b: T.Buffer((1024, 1024), 'float16')",
-             "c: T.Buffer((1024, 1024), 'float16')"]
+    assert c in hopper.configs(spec, tma=(0, 1), persistent=(0, 1))
+    decls = [f"a: T.Buffer(({m}, {k}), 'float16')", f"b: T.Buffer({(n, k) if b_kmajor else (k, n)}, 'float16')",
+             f"c: T.Buffer(({m}, {n}), 'float16')"]
     func = hopper.parse(hopper.gemm_source(spec, c, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc})"))
+    tiles = -(-m // c.block_m) * (n // c.block_n)
+    assert f'thread_binding({min(tiles, hopper.SMS) if c.persistent else tiles}, thread="blockIdx.x")' in func.script()
     lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A)
     src, host = lib.mod.imports[0].inspect_source(), lib.mod.inspect_source()
     kernel_def = next(ln for ln in src.splitlines() if ln.startswith('extern "C" __global__') and ln.endswith("{"))
@@ -530,4 +540,5 @@ def test_tma_kernels_build_for_sm90a_with_their_maps_and_shared_memory(tmp_path,
     assert f"__launch_bounds__({c.threads})" in src and c.threads == 128 * (c.warpgroups + 1)
     assert re.search(rf"\b{c.shared_bytes()}\b", host), c.shared_bytes()
     assert ("setmaxnreg.inc" in src) == (c.warpgroups == 2)
+    assert ("for (int it = 0; it < 2;" in src) == bool(c.persistent)
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from tvmfuse.tune.tirtext import BINARY, FUNCS, expr_text
 
 ANNOTATION = "tvmfuse.wgmma_config"
+SMS = 132   # streaming multiprocessors of an H100 / H200 SXM: a persistent kernel's blocks
 CANDIDATES = "tvmfuse.wgmma_candidates"
 SPEC = "tvmfuse.wgmma_spec"
 
@@ -141,6 +142,8 @@ class WgmmaConfig:
     swizzle: int = 128    # shared tiles in wgmma's 128-byte swizzled layout (needs block_k 64), or 0: no swizzle
     inflight: int = 1     # wgmma batches left running at the end of a K step (1: the next step's issue overlaps)
     tma: int = 0          # 1: tiles loaded by TMA from a producer warpgroup, stages handed over by mbarriers
+    persistent: int = 0   # 1 (TMA only): one block per SM walks the tiles; the next tile's loads run during the
+    #                       epilogue of this one
 
     @property
     def block_m(self) -> int:
@@ -154,7 +157,8 @@ class WgmmaConfig:
     @property
     def name(self) -> str:
         return (f"g{self.warpgroups} m{self.m_tiles} n{self.block_n} k{self.block_k} s{self.stages} "
-                f"r{self.raster} z{self.swizzle} f{self.inflight}" + (" t1" if self.tma else ""))
+                f"r{self.raster} z{self.swizzle} f{self.inflight}" + (" t1" if self.tma else "")
+                + (" p1" if self.persistent else ""))
 
     def shared_bytes(self) -> int:
         """The tiles' stages, and a TMA kernel's two mbarriers (8 bytes each) per stage."""
@@ -165,11 +169,12 @@ def parse_config(name: str) -> WgmmaConfig:
     """The config :attr:`WgmmaConfig.name` names (``"g2 m1 n128 k64 s4 r8 z128 f1"``)."""
     f = dict((part[0], int(part[1:])) for part in name.split())
     return WgmmaConfig(warpgroups=f["g"], m_tiles=f["m"], block_n=f["n"], block_k=f["k"], stages=f["s"],
-                       raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1), tma=f.get("t", 0))
+                       raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1), tma=f.get("t", 0),
+                       persistent=f.get("p", 0))
 
 
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
-            stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,),
+            stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,), persistent=(0,),
             max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
     """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
     partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only for GEMMs (a conv's
@@ -180,10 +185,10 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
             for n in block_n:
                 for kb in block_k:
                     for st in stages:
-                        for r, z, f, t in [(r, z, f, t) for r in raster for z in swizzle for f in inflight
-                                           for t in tma]:
+                        for r, z, f, t, p in [(r, z, f, t, p) for r in raster for z in swizzle for f in inflight
+                                              for t in tma for p in persistent]:
                             c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f),
-                                            int(t))
+                                            int(t), int(p))
                             tiles_m = -(-spec.rows // c.block_m)   # a partial last tile row is predicated
                             if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
                                     and (spec.conv is None or spec.conv.c % c.block_k == 0)
@@ -197,6 +202,7 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     and (c.stages - c.inflight >= 2 + c.inflight if not c.tma
                                          else c.inflight == 0)
                                     and (not c.tma or (spec.conv is None and c.swizzle == 128))
+                                    and (c.tma or not c.persistent)
                                     and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
                                     and c.shared_bytes() <= max_shared_bytes):
@@ -317,17 +323,18 @@ def _all(conds: list[str]) -> str | None:
     return conds[0] if len(conds) == 1 else f"T.And({conds[0]}, {_all(conds[1:])})"
 
 
-def _tile_coords(spec: GemmSpec, cfg: WgmmaConfig) -> tuple[str, str]:
-    """The block's tile row and column (``pid_m``, ``pid_n``) from ``bx``: groups of ``raster`` tile rows walk the
-    columns together."""
+def _tile_coords(spec: GemmSpec, cfg: WgmmaConfig, tile: str = "bx") -> tuple[str, str]:
+    """The tile row and column (``pid_m``, ``pid_n``) of tile number ``tile``: groups of ``raster`` tile rows walk
+    the columns together."""
     R, tiles_n = cfg.raster, spec.n // cfg.block_n
-    return f"(bx // {R * tiles_n} * {R} + bx % {R * tiles_n} % {R})", f"(bx % {R * tiles_n} // {R})"
+    return (f"({tile} // {R * tiles_n} * {R} + {tile} % {R * tiles_n} % {R})",
+            f"({tile} % {R * tiles_n} // {R})")
 
 
 def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str,
-                   sb_at: int) -> tuple[str, str]:
-    """TVMScript of one K step's wgmmas (stage ``ko % stages``; A's stages at element 0 of ``smem``, B's at
-    ``sb_at``) and of the store of accumulator ``i`` of m-tile ``t`` (rows past the last predicated)."""
+                   sb_at: int, step: str = "ko") -> tuple[str, str]:
+    """TVMScript of one K step's wgmmas (stage ``step % stages``; A's stages at element 0 of ``smem``, B's at
+    ``sb_at``) and of the stores of the accumulators (rows past the last predicated)."""
     BM, BN, BK, S, MT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles
     a_tile, b_tile = BM * BK, BN * BK
     _, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
@@ -340,9 +347,9 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
             a_off, a_lbo, a_sbo = a_desc(kk)
             b_off, b_lbo, b_sbo = b_desc(kk)
             # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
-            da = desc("smem", f"ko % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
+            da = desc("smem", f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
                        cfg.swizzle)
-            db = desc("smem", f"{sb_at} + ko % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
+            db = desc("smem", f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
             wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}")
 
     # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
@@ -550,10 +557,15 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     BM, BN, BK, S, F = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.inflight
     NC = 128 * cfg.warpgroups   # computing threads
     tiles_m, tiles_n, kt = -(-spec.rows // BM), spec.n // BN, spec.k // BK
-    pid_m, pid_n = _tile_coords(spec, cfg)
+    tiles = tiles_m * tiles_n
+    # blocks, and tiles per block: block bx takes tiles bx, bx + grid, ..; the barriers' phases run on across them
+    # (step g = it * kt + k of the block's it-th tile)
+    grid = min(tiles, SMS) if cfg.persistent else tiles
+    per_block = -(-tiles // grid)
+    pid_m, pid_n = _tile_coords(spec, cfg, f"(bx + it * {grid})")
     a_tile, b_tile = BM * BK, BN * BK
     sb_at = S * a_tile
-    wgmmas, stored = _mma_and_store(spec, cfg, store, pid_m, pid_n, sb_at)
+    wgmmas, stored = _mma_and_store(spec, cfg, store, pid_m, pid_n, sb_at, step="g")
     maps = tma_maps(spec, cfg)
     bars = 2 * S * (a_tile + b_tile)   # byte offset of the mbarriers: full[0..S), then empty[0..S)
 
@@ -574,13 +586,13 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     loads = _ptx("tvmfuse_mbar_expect_tx", full("s"), str(2 * (a_tile + b_tile)))
     for name, at in (("a", "0"), ("b", str(sb_at))):
         tile = a_tile if name == "a" else b_tile
-        for off, (c0, c1, c2) in maps[name]["coords"](pid_m, pid_n, "j"):
+        for off, (c0, c1, c2) in maps[name]["coords"](pid_m, pid_n, "k"):
             dst = f"smem_base + T.uint32(({at} + s * {tile} + {off}) * 2)"
             loads += _ptx("tvmfuse_tma_load_3d", dst, f"T.address_of({name}map)", c0, c1, c2, full("s"))
     init = "".join(_ptx("tvmfuse_mbar_init", full(str(s)), "1") + _ptx("tvmfuse_mbar_init", empty(str(s)), str(NC))
                    for s in range(S)) + _ptx("tvmfuse_mbar_init_fence")
     # the stage read F steps ago is released once this step's wait leaves at most F batches in flight
-    release = _ptx("tvmfuse_mbar_arrive_if", empty(f"(ko + {S - F}) % {S}"), f"T.Cast('int32', ko >= {F})")
+    release = _ptx("tvmfuse_mbar_arrive_if", empty(f"(g + {S - F}) % {S}"), f"T.Cast('int32', g >= {F})")
     # two computing warpgroups: 384 threads leave 168 registers each, which spilled the 128 accumulators of a
     # 64 x 256 tile; the producer's registers go to them (one computing warpgroup has 255 already)
     take, give = ((_ptx("tvmfuse_regs_take").strip(), _ptx("tvmfuse_regs_give").strip()) if cfg.warpgroups == 2
@@ -590,7 +602,7 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
 def main({", ".join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True}})
 {_indent(encode, 4)}    for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):
-        for bx in T.thread_binding({tiles_m * tiles_n}, thread="blockIdx.x"):
+        for bx in T.thread_binding({grid}, thread="blockIdx.x"):
             for tx in T.thread_binding({cfg.threads}, thread="threadIdx.x"):
                 smem = T.alloc_buffer(({S * (a_tile + b_tile) + 8 * S},), "float16", scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer(({cfg.m_tiles * BN // 2},), "float32", scope="local")
@@ -603,23 +615,29 @@ def main({", ".join(params)}):
 {_indent(init, 20)}                T.tvm_storage_sync("shared")
                 if tx < {NC}:
                     {take}
-                    for i in T.unroll({cfg.m_tiles * BN // 2}):
-                        acc[i] = T.float32(0)
-                    for ko in T.serial({kt}):
-                        {_ptx("tvmfuse_mbar_wait", full(f"ko % {S}"), f"ko // {S} % 2").strip()}
-                        T.evaluate(T.ptx.wgmma.fence.sync.aligned())
-{_indent(wgmmas, 24)}                        T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
-                        T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
-                        {release.strip()}
-                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-{_indent(stored, 20)}                else:
+                    for it in T.serial({per_block}):
+                        if bx + it * {grid} < {tiles}:
+                            for i in T.unroll({cfg.m_tiles * BN // 2}):
+                                acc[i] = T.float32(0)
+                            for ko in T.serial({kt}):
+                                g: T.let[T.int32] = it * {kt} + ko
+                                {_ptx("tvmfuse_mbar_wait", full(f"g % {S}"), f"g // {S} % 2").strip()}
+                                T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+{_indent(wgmmas, 32)}                                T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+                                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
+                                {release.strip()}
+                            T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+{_indent(stored, 28)}                else:
                     {give}
                     if tx == {NC}:
-                        for j in T.serial({kt}):
-                            s: T.let[T.int32] = j % {S}
-                            if j >= {S}:
-                                {_ptx("tvmfuse_mbar_wait", empty("s"), f"(j // {S} + 1) % 2").strip()}
-{_indent(loads, 28)}"""
+                        for it in T.serial({per_block}):
+                            if bx + it * {grid} < {tiles}:
+                                for k in T.serial({kt}):
+                                    g: T.let[T.int32] = it * {kt} + k
+                                    s: T.let[T.int32] = g % {S}
+                                    if g >= {S}:
+                                        {_ptx("tvmfuse_mbar_wait", empty("s"), f"(g // {S} + 1) % 2").strip()}
+{_indent(loads, 36)}"""
 
 
 def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: str) -> str:
@@ -999,7 +1017,7 @@ def supports(target) -> bool:
     return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a"
 
 
-_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma")
+_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma", "persistent")
 
 
 def schedule(sch, space) -> GemmSpec | None:
