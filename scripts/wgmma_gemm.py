@@ -176,6 +176,9 @@ def main() -> int:
     if a.build_only:
         for c in cfgs:
             for s in (spec, small):
+                if c.tma and c not in configs(s, tma=(0, 1), persistent=(0, 1)):
+                    print(c.name, "does not fit", s)
+                    continue
                 t0 = time.time()
                 print(c.name, "conv" if s.conv else "kmajor" if s.b_kmajor else "nmajor", ptxas(build(s, c)), f"{time.time() - t0:.1f}s",
                       flush=True)
@@ -183,7 +186,8 @@ def main() -> int:
     rows = []
     # small checks: the first three configs on a K-major B; TMA configs also on an N-major B with a partial last
     # tile row (TMA's zero fill past the tensor)
-    tail = None if a.conv else GemmSpec((), 1000, 1024, 1024, False, False, False)
+    # (a conv: 28 x 28 outputs, TMA's 2 x 32 pixel patches with their last 4 columns idle)
+    tail = conv_spec(8, 128, 28, 128) if a.conv else GemmSpec((), 1000, 1024, 1024, False, False, False)
     many = None if a.conv else GemmSpec((), 4000, 2048, 512, False, False, True)   # > 132 tiles: persistent blocks
     for i, c in enumerate(cfgs):                                                  # take one or two each
         for s in (small, tail, many):

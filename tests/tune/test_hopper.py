@@ -131,10 +131,22 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     both = hopper.configs(spec, tma=(0, 1))
     assert {c.tma for c in both} == {0, 1} and not any(c.tma and c.inflight for c in both)
     assert all(not c.tma for c in options)   # the template's choices without the space's knob: cp.async
+    # a stride-1 conv too (its output pixels in 8 x 8 patches: H200, 2026-12-01, 362 us against cp.async's 482);
+    # strided ones, or ones whose patches would leave more than 15% idle, keep cp.async; dilated ones may take TMA
+    # when tuned (checked there) but not untuned (not yet run on a GPU)
     conv = hopper.GemmSpec((), 200704, 256, 2304, False, False, True,
                            hopper.ConvGeometry(64, 56, 56, 256, 56, 56, 3, 3, (1, 1), (1, 1), (1, 1)))
-    assert not any(c.tma for c in hopper.configs(conv, tma=(0, 1)))
-    assert hopper.default_config(conv) == hopper.parse_config("g2 m1 n256 k64 s3 r8 z128 f0")
+    assert hopper.pixel_tile(conv) == (8, 8) and any(c.tma for c in hopper.configs(conv, tma=(0, 1)))
+    assert hopper.default_config(conv) == hopper.parse_config("g2 m1 n256 k64 s4 r8 z128 f0 t1")
+    strided = hopper.GemmSpec((), 64 * 28 * 28, 256, 2304, False, False, True,
+                              hopper.ConvGeometry(64, 56, 56, 256, 28, 28, 3, 3, (2, 2), (1, 1), (1, 1)))
+    small = hopper.GemmSpec((), 32 * 49, 512, 4608, False, False, True,
+                            hopper.ConvGeometry(32, 7, 7, 512, 7, 7, 3, 3, (1, 1), (1, 1), (1, 1)))
+    for other in (strided, small):
+        assert hopper.pixel_tile(other) is None and not any(c.tma for c in hopper.configs(other, tma=(0, 1)))
+    dilated = hopper.GemmSpec((), 2 * 16 * 16, 64, 1152, False, False, True,
+                              hopper.ConvGeometry(2, 16, 16, 128, 16, 16, 3, 3, (1, 1), (2, 2), (2, 2)))
+    assert any(c.tma for c in hopper.configs(dilated, tma=(0, 1))) and not hopper.default_config(dilated).tma
     # persistent blocks are a TMA kernel's option (measured equal to one block per tile, 2026-12-01)
     everything = hopper.configs(spec, tma=(0, 1), persistent=(0, 1))
     assert any(c.persistent for c in everything) and all(c.tma for c in everything if c.persistent)
@@ -288,8 +300,11 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
     for k in (conv, tail):
         spec, _ = hopper.analyze(k.mod["main"])
         assert hopper.untuned_config(k.mod["main"], cuda.target)[2] == hopper.default_config(spec)
-        assert "wgmma.mma_async" in tvm.compile(tvm.IRModule({"main": hopper.default_kernel(k.mod["main"], cuda.target)}),
-                                                target=SM90A).mod.imports[0].inspect_source()
+        src = tvm.compile(tvm.IRModule({"main": hopper.default_kernel(k.mod["main"], cuda.target)}),
+                          target=SM90A).mod.imports[0].inspect_source()
+        assert "wgmma.mma_async" in src
+        # both by TMA: the conv's input in 8 x 8 pixel patches (a 4-D box), the GEMM's rows in 3-D boxes
+        assert ("cp.async.bulk.tensor.4d" in src) == (k is conv) and "cp.async.bulk.tensor.3d" in src
         assert hopper.annotated(default_template_schedule(k.mod, cuda.target).mod["main"])[2] == hopper.default_config(spec)
 
 
@@ -542,3 +557,80 @@ def test_tma_kernels_build_for_sm90a_with_their_maps_and_shared_memory(tmp_path,
     assert ("setmaxnreg.inc" in src) == (c.warpgroups == 2)
     assert ("for (int it = 0; it < 2;" in src) == bool(c.persistent)
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+
+
+def _conv_geometry(n, hw, c, k=3, pad=1, dilation=1) -> hopper.ConvGeometry:
+    out = hw + 2 * pad - dilation * (k - 1)
+    return hopper.ConvGeometry(n, hw, hw, c, out, out, k, k, (1, 1), (pad, pad), (dilation, dilation))
+
+
+@pytest.mark.parametrize("geometry,f,cfg", [
+    ((1, 30, 64), 64, "g2 m1 n64 k64 s4 r1 z128 f0 t1"),     # 2 x 32 patches: the last column idle; 15 patches, so
+    #                                                           the last block's second patch is past the image
+    ((2, 16, 128, 3, 2, 2), 64, "g2 m2 n64 k64 s3 r1 z128 f0 t1"),   # 8 x 8 patches, dilation 2, two steps a tap
+], ids=["partial_patches", "dilated"])
+def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
+    """The TMA conv cannot run here, so its data path is emulated from the generated expressions: each block's A
+    tile is filled from the input by its tensor map's boxes (the coordinates evaluated from :func:`hopper.tma_maps`'
+    text; outside the input, zeros, as TMA fills), B's from the filter likewise, the tiles multiplied, each thread's
+    accumulators taken in wgmma's fragment layout, and the kernel's epilogue (its TVMScript, executed as Python)
+    stores them. The output must be the conv, and nothing outside it written twice or left unwritten."""
+    import numpy as np
+
+    g = _conv_geometry(*geometry)
+    spec = hopper.GemmSpec((), g.n * g.oh * g.ow, f, g.r * g.s * g.c, False, False, True, conv=g)
+    c = hopper.parse_config(cfg)
+    assert c in hopper.configs(spec, tma=(1,), stages=(3, 4), raster=(1,))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((g.n, g.h, g.w, g.c))
+    w = rng.standard_normal((f, g.r, g.s, g.c))
+    ref = np.zeros((g.n, g.oh, g.ow, f))
+    (dh, dw), (pt, pl) = g.dilation, g.pad
+    xp = np.pad(x, ((0, 0), (pt, pt), (pl, pl), (0, 0)))
+    for r in range(g.r):
+        for s in range(g.s):
+            ref += xp[:, r * dh:r * dh + g.oh, s * dw:s * dw + g.ow, :] @ w[:, r, s, :].T
+    maps = hopper.tma_maps(spec, c)
+    a_map, b_map = maps["a"], maps["b"]
+    assert a_map["dims"] == [g.c, g.w, g.h, g.n] and a_map["box"][0] == 64 and a_map["box"][3] == 1
+    bw, bh = a_map["box"][1:3]
+    wf = w.reshape(f, -1)
+    out = np.full((spec.rows, f), np.nan)
+    writes = np.zeros((spec.rows, f), int)
+    _, stores = hopper._mma_and_store(spec, c, "out[{row}, {col}] = {acc}", "pm", "pn", 0)
+    code = compile(stores.replace("T.unroll(", "range(").replace("T.vectorized(", "range("), "stores", "exec")
+
+    class T:   # what the epilogue's predicates call
+        And = staticmethod(lambda a, b: a and b)
+
+    tiles_m = hopper._tiles_m(spec, c)
+    for pm in range(tiles_m):
+        for pn in range(f // c.block_n):
+            acc = np.zeros((c.block_m, c.block_n))
+            for j in range(spec.k // 64):
+                a = np.zeros((c.block_m, 64))
+                for off, coords in a_map["coords"]("pm", "pn", "j"):
+                    c0, c1, c2, c3 = (eval(e, {}, {"pm": pm, "pn": pn, "j": j}) for e in coords)
+                    for hh in range(bh):
+                        for ww in range(bw):
+                            y, xx = c2 + hh, c1 + ww
+                            if 0 <= c3 < g.n and 0 <= y < g.h and 0 <= xx < g.w:
+                                a[off // (64 * 64) * 64 + hh * bw + ww] = x[c3, y, xx, c0:c0 + 64]
+                ((_, (k0, n0, _)),) = [(o, [eval(e, {}, {"pm": pm, "pn": pn, "j": j}) for e in cs])
+                                       for o, cs in b_map["coords"]("pm", "pn", "j")]
+                acc += a @ wf[n0:n0 + c.block_n, k0:k0 + 64].T
+            for tx in range(128 * c.warpgroups):
+                lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
+                regs = {}
+                for t in range(c.m_tiles):
+                    for i in range(c.block_n // 2):   # wgmma's accumulator fragment of a 64 x N tile
+                        regs[t * c.block_n // 2 + i] = acc[(wg * c.m_tiles + t) * 64 + warp * 16 + lane // 4
+                                                           + 8 * (i // 2 % 2), i // 4 * 8 + lane % 4 * 2 + i % 2]
+
+                class Out:
+                    def __setitem__(self, key, value):
+                        out[key] = value
+                        writes[key] += 1
+                exec(code, {"T": T, "out": Out(), "acc": regs, "tx": tx, "pm": pm, "pn": pn})
+    assert (writes == 1).all(), (writes == 0).sum()
+    np.testing.assert_allclose(out, ref.reshape(spec.rows, f), rtol=1e-9, atol=1e-9)

@@ -177,8 +177,8 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
             stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,), persistent=(0,),
             max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
     """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
-    partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only for GEMMs (a conv's
-    gathered rows are not a tiled tensor) with 128-byte swizzled tiles, TMA's layout."""
+    partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only with 128-byte swizzled tiles,
+    TMA's layout, and for a conv only where its output pixels tile well (:func:`pixel_tile`)."""
     out = []
     for g in warpgroups:
         for mt in m_tiles:
@@ -189,7 +189,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                               for t in tma for p in persistent]:
                             c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f),
                                             int(t), int(p))
-                            tiles_m = -(-spec.rows // c.block_m)   # a partial last tile row is predicated
+                            if c.tma and spec.conv is not None and pixel_tile(spec) is None:
+                                continue
+                            tiles_m = _tiles_m(spec, c)   # a partial last tile row is predicated
                             if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
                                     and (spec.conv is None or spec.conv.c % c.block_k == 0)
                                     and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
@@ -201,7 +203,7 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     # H200 2026-12-01, cause not found), so TMA kernels wait for their batch
                                     and (c.stages - c.inflight >= 2 + c.inflight if not c.tma
                                          else c.inflight == 0)
-                                    and (not c.tma or (spec.conv is None and c.swizzle == 128))
+                                    and (not c.tma or c.swizzle == 128)
                                     and (c.tma or not c.persistent)
                                     and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
@@ -215,17 +217,62 @@ def _a_predicated(spec: GemmSpec, cfg: WgmmaConfig) -> bool:
     return (spec.conv is not None and spec.conv.padded) or spec.rows % cfg.block_m != 0
 
 
+def pixel_tile(spec: GemmSpec) -> tuple[int, int] | None:
+    """A conv's TMA patch: ``(bh, bw)`` output rows and columns of one image, 64 pixels (one wgmma m-tile; a block
+    takes ``block_m / 64`` consecutive patches, numbered image by image, row by row). The shape that covers the
+    fewest pixels past the output (ties: the wider); None where the conv is strided (a strided box needs TMA's
+    traversal strides, not built), its channels are no multiple of 64, or the patches cover more than 15% more
+    pixels than the output has (56 x 56: 8 x 8 patches, none idle; 28 x 28: 4 x 16, 14% idle; 14 x 14: none)."""
+    g = spec.conv
+    if g is None or g.stride != (1, 1) or g.c % 64:
+        return None
+    best = None
+    for bw in (64, 32, 16, 8, 4, 2, 1):
+        bh = 64 // bw
+        covered = -(-g.oh // bh) * bh * -(-g.ow // bw) * bw
+        if best is None or covered < best[0]:
+            best = (covered, bh, bw)
+    if best[0] * 20 > g.oh * g.ow * 23:
+        return None
+    return best[1], best[2]
+
+
+def _patches(spec: GemmSpec) -> int:
+    """A TMA conv's patches (:func:`pixel_tile`), all images."""
+    g = spec.conv
+    bh, bw = pixel_tile(spec)
+    return g.n * -(-g.oh // bh) * -(-g.ow // bw)
+
+
+def _tiles_m(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+    """Tile rows: of ``block_m / 64`` patches of output pixels for a TMA conv (the last tile's past the output read
+    zeros and store nothing), else of ``block_m`` GEMM rows (the last one partial where they do not divide)."""
+    if cfg.tma and spec.conv is not None:
+        return -(-_patches(spec) // (cfg.block_m // 64))
+    return -(-spec.rows // cfg.block_m)
+
+
 def default_config(spec: GemmSpec) -> WgmmaConfig:
-    """The fastest measured at 8192^3 where it fits (H200, BENCHMARKS.md): a GEMM's 128x256 tiles by TMA, 4 stages
-    (1845 us, 0.92x cuBLAS, 2026-12-01); else (a conv) 128x256 tiles by cp.async, 3 stages (1996-2025 us), then
-    256x128 (2061 us), then 128x128 (2099 us)."""
-    options = configs(spec, tma=(0, 1))
+    """The fastest measured where it fits (H200, BENCHMARKS.md): 128x256 tiles by TMA, 4 stages (8192^3 GEMM 1623-1758
+    us, 0.95-0.99x cuBLAS; the 3x3 conv 362 us, 0.86x cuDNN, 2026-12-01), then 256x128 (1757 / 371 us), then
+    128x128 (410 us, the conv); else by cp.async: 128x256 tiles, 3 stages (the GEMM 1996-2025 us, the conv 482-490),
+    then 256x128, then 128x128."""
+    # (an untuned build runs unchecked, so a conv takes the TMA kernel only as run and checked on the H200: stride
+    # 1, no dilation, 8 x 8 and partial 2 x 32 patches, 2026-12-01)
+    tma = (0, 1) if spec.conv is None or spec.conv.dilation == (1, 1) else (0,)
+    options = configs(spec, tma=tma)
     whole = [c for c in options if spec.rows % c.block_m == 0]   # tiles without a predicated last row first
     options = whole + [c for c in options if c not in whole]
-    for want in (WgmmaConfig(2, 1, 256, 64, 4, 8, 128, 0, 1), WgmmaConfig(2, 1, 256, 64, 3, 8, 128, 0),
-                 WgmmaConfig(2, 2, 128, 64, 3, 8, 128, 0), WgmmaConfig(2, 1, 128, 64, 3, 8, 128, 0)):
-        if want in options:
-            return want
+    # (warpgroups, m_tiles, block_n, tma, stages) in order; each at the deepest pipeline that fits the K steps and
+    # the widest raster group that divides the tile rows
+    # (TMA only at the tile shapes run on the H200)
+    for g, mt, n, t, stages in ((2, 1, 256, 1, (4, 3)), (2, 2, 128, 1, (4, 3)), (2, 1, 128, 1, (4, 3)),
+                                (2, 1, 256, 0, (3,)), (2, 2, 128, 0, (3,)), (2, 1, 128, 0, (3,))):
+        for st in stages:
+            for raster in (8, 4, 1):
+                cfg = WgmmaConfig(g, mt, n, 64, st, raster, 128, 0, t)
+                if cfg in options:
+                    return cfg
     return options[0]
 
 
@@ -331,6 +378,14 @@ def _tile_coords(spec: GemmSpec, cfg: WgmmaConfig, tile: str = "bx") -> tuple[st
             f"({tile} % {R * tiles_n} // {R})")
 
 
+def _pixel_origin(spec: GemmSpec, patch: str) -> tuple[str, str, str]:
+    """(image, first output row, first output column) of a TMA conv's patch number ``patch``."""
+    g = spec.conv
+    bh, bw = pixel_tile(spec)
+    ph, pw = -(-g.oh // bh), -(-g.ow // bw)
+    return f"({patch} // {ph * pw})", f"({patch} // {pw} % {ph} * {bh})", f"({patch} % {pw} * {bw})"
+
+
 def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str,
                    sb_at: int, step: str = "ko") -> tuple[str, str]:
     """TVMScript of one K step's wgmmas (stage ``step % stages``; A's stages at element 0 of ``smem``, B's at
@@ -354,11 +409,22 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
 
     # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
     lane, warp = "(tx % 32)", "(tx % 128 // 32)"
-    row = (f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {warp} * 16 + {lane} // 4 + p % 2 * 8")
+    within = f"{warp} * 16 + {lane} // 4 + p % 2 * 8"   # row within the warpgroup's m-tile t
     col = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 + v"
+    if cfg.tma and spec.conv is not None:   # m-tile t is one bh x bw patch of output pixels
+        n, oh, ow = _pixel_origin(spec, f"({pid_m} * {BM // 64} + {wg} * {MT} + t)")
+        bh, bw = pixel_tile(spec)
+        g = spec.conv
+        y, x = f"({oh} + ({within}) // {bw})", f"({ow} + ({within}) % {bw})"
+        row = f"({n} * {g.oh} + {y}) * {g.ow} + {x}"
+        pred = _all(([f"{n} < {g.n}"] if _patches(spec) % (BM // 64) else [])
+                    + ([f"{y} < {g.oh}"] if g.oh % bh else []) + ([f"{x} < {g.ow}"] if g.ow % bw else []))
+    else:
+        row = f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {within}"
+        pred = f"{row} < {spec.rows}" if spec.rows % BM else None
     stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + p * 2 + v]")
-    if spec.rows % BM:
-        stored = f"if {row} < {spec.rows}:\n    {stored}"
+    if pred is not None:
+        stored = f"if {pred}:\n    {stored}"
     stores = (f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n        for v in T.vectorized(2):\n"
               + _indent(stored, 12))
     return wgmmas, stores
@@ -500,6 +566,14 @@ __forceinline__ __device__ void tvmfuse_regs_give() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
 }
 """,
+    "tvmfuse_tma_load_4d": r"""
+__forceinline__ __device__ void tvmfuse_tma_load_4d(unsigned int dst, unsigned long long map, int c0, int c1, int c2,
+                                                    int c3, unsigned int bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+""",
     "tvmfuse_tma_load_3d": r"""
 __forceinline__ __device__ void tvmfuse_tma_load_3d(unsigned int dst, unsigned long long map, int c0, int c1, int c2,
                                                     unsigned int bar) {
@@ -519,11 +593,13 @@ def _ptx(fn: str, *args: str) -> str:
 def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
     """The TMA tensor maps of A and B, in the CUDA driver's order (innermost dimension first): ``dims`` (elements),
     ``strides`` (bytes, of dimensions 1 and 2), ``box`` (elements of one load) and where the block's loads of K step
-    ``j`` start, ``coords(pid_m, pid_n, bz, j)`` -> a list of (element offset of the load in the stage's tile,
-    [c0, c1, c2]) as TVMScript.
+    ``j`` start, ``coords(pid_m, pid_n, j)`` -> a list of (element offset of the load in the stage's tile,
+    [c0, c1, ..]) as TVMScript (``bz``: the batch index).
 
     A is 3-D ``[batch, rows, K]``, one ``[block_m, 64]`` box per step (batch 1 where it folds into the rows or is
-    not batched); B is ``[batch, N, K]`` (K-major, one ``[block_n, 64]`` box) or ``[batch, K, N]`` (one ``[64, 64]``
+    not batched); a conv's A is its NHWC input, 4-D, one ``[1, bh, bw, 64]`` box of input pixels per patch and
+    step (the patch's output pixels shifted by the step's filter tap, 64 of its channels; :func:`pixel_tile`):
+    padding and patches past the last image read outside the input, which TMA fills with zeros. B is ``[batch, N, K]`` (K-major, one ``[block_n, 64]`` box) or ``[batch, K, N]`` (one ``[64, 64]``
     box per 64 columns). Each box lands in shared memory 128-byte swizzled: row ``r``'s 16-byte chunk ``c`` at
     chunk ``r * 8 + (c ^ r % 8)``, :func:`tile_layout`'s layout of the tile. Rows past the tensor read as zero."""
     BM, BN = cfg.block_m, cfg.block_n
@@ -534,6 +610,21 @@ def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
     bz = "bz" if b_batch > 1 else "0"
     a = {"dims": [K, a_rows, a_batch], "strides": [2 * K, 2 * K * a_rows], "box": [64, BM, 1],
          "coords": lambda pm, pn, j: [(0, [f"{j} * 64", f"{pm} * {BM}", az])]}
+    if spec.conv is not None:
+        g = spec.conv
+        bh, bw = pixel_tile(spec)
+        cpt = g.c // 64   # K steps per filter tap
+        (dh, dw), (pt, pl) = g.dilation, g.pad
+
+        def conv_coords(pm, pn, j):
+            out = []
+            for q in range(BM // 64):   # the block's patches, one box each, 64 rows of the tile apart
+                n, oh, ow = _pixel_origin(spec, f"({pm} * {BM // 64} + {q})")
+                out.append((q * 64 * 64, [f"{j} % {cpt} * 64", f"{ow} + {j} // {cpt} % {g.s} * {dw} - {pl}",
+                                          f"{oh} + {j} // {cpt} // {g.s} * {dh} - {pt}", n]))
+            return out
+        a = {"dims": [g.c, g.w, g.h, g.n], "strides": [2 * g.c, 2 * g.c * g.w, 2 * g.c * g.w * g.h],
+             "box": [64, bw, bh, 1], "coords": conv_coords}
     if spec.b_kmajor:
         b = {"dims": [K, N, b_batch], "strides": [2 * K, 2 * K * N], "box": [64, BN, 1],
              "coords": lambda pm, pn, j: [(0, [f"{j} * 64", f"{pn} * {BN}", bz])]}
@@ -545,7 +636,8 @@ def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
 
 
 def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str, store: str) -> str:
-    """TVMScript of the warp-specialized TMA kernel (:func:`gemm_source`'s arguments; a GEMM, not a conv).
+    """TVMScript of the warp-specialized TMA kernel (:func:`gemm_source`'s arguments; a GEMM, or a stride-1 conv
+    whose output pixels tile well, :func:`pixel_tile`).
 
     The host encodes A's and B's tensor maps (:func:`tma_maps`, 128-byte swizzle) before the launch; the kernel
     takes them by value (``const __grid_constant__ CUtensorMap``). Warpgroups ``0 .. warpgroups - 1`` compute;
@@ -556,7 +648,7 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     loop. The n-th completion of a barrier has phase parity ``n % 2``."""
     BM, BN, BK, S, F = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.inflight
     NC = 128 * cfg.warpgroups   # computing threads
-    tiles_m, tiles_n, kt = -(-spec.rows // BM), spec.n // BN, spec.k // BK
+    tiles_m, tiles_n, kt = _tiles_m(spec, cfg), spec.n // BN, spec.k // BK
     tiles = tiles_m * tiles_n
     # blocks, and tiles per block: block bx takes tiles bx, bx + grid, ..; the barriers' phases run on across them
     # (step g = it * kt + k of the block's it-th tile)
@@ -578,17 +670,18 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     encode = ""
     for name, buf in (("a", a), ("b", b)):
         m = maps[name]
+        rank = len(m["dims"])
         args = [f"{name}map", f"{buf}.data", *map(str, m["dims"]), *map(str, m["strides"]), *map(str, m["box"]),
-                "1", "1", "1"]
+                *["1"] * rank]
         encode += (f"{name}map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)\n"
-                   f"T.evaluate(T.tensormap_encode_tiled({', '.join(args)}, descriptor_dtype='float16', rank=3, "
-                   f"swizzle=3))\n")
+                   f"T.evaluate(T.tensormap_encode_tiled({', '.join(args)}, descriptor_dtype='float16', "
+                   f"rank={rank}, swizzle=3))\n")
     loads = _ptx("tvmfuse_mbar_expect_tx", full("s"), str(2 * (a_tile + b_tile)))
     for name, at in (("a", "0"), ("b", str(sb_at))):
         tile = a_tile if name == "a" else b_tile
-        for off, (c0, c1, c2) in maps[name]["coords"](pid_m, pid_n, "k"):
+        for off, coords in maps[name]["coords"](pid_m, pid_n, "k"):
             dst = f"smem_base + T.uint32(({at} + s * {tile} + {off}) * 2)"
-            loads += _ptx("tvmfuse_tma_load_3d", dst, f"T.address_of({name}map)", c0, c1, c2, full("s"))
+            loads += _ptx(f"tvmfuse_tma_load_{len(coords)}d", dst, f"T.address_of({name}map)", *coords, full("s"))
     init = "".join(_ptx("tvmfuse_mbar_init", full(str(s)), "1") + _ptx("tvmfuse_mbar_init", empty(str(s)), str(NC))
                    for s in range(S)) + _ptx("tvmfuse_mbar_init_fence")
     # the stage read F steps ago is released once this step's wait leaves at most F batches in flight
