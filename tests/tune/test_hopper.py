@@ -295,7 +295,7 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
     assert hopper.annotated(sch.mod["main"])[2] == want
     assert default_template_schedule(kernel.mod, SM90) is None and hopper.default_kernel(kernel.mod["main"], SM90) is None
     # a conv and a GEMM whose rows end in a partial tile: the same, at the default config of their spec
-    (conv,) = _gemm_kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=2, cin=64, cout=64, hw=8)), cuda)
+    (conv,) = _gemm_kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=2, cin=64, cout=128, hw=8)), cuda)
     (tail,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=96, K=128, N=128)[0], cuda)
     for k in (conv, tail):
         spec, _ = hopper.analyze(k.mod["main"])
