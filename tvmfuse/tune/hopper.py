@@ -520,11 +520,11 @@ def main({", ".join(params)}):
 
 # The TMA kernel's PTX, as device functions of our own (``T.cuda.func_call`` with this source): mbarriers in
 # shared memory (32-bit shared addresses), a wait that spins on try_wait inside the asm (its labels are local to
-# the braces), an arrive predicated without a branch, and the 3-D tiled TMA load that completes on an mbarrier.
-# The wait and the arrive, which run while a wgmma batch is in flight (``inflight`` 1), take no "memory" clobber:
-# with one, the compiler must treat the accumulator array as memory the asm may read, and materializes registers
-# that the batch in flight is still writing (wrong results on the H200, 2026-12-01: rel. err. 1-2e-2 for every f1
-# config, f0 exact). Volatile asm statements keep their order among themselves, wgmmas included.
+# the braces), an arrive predicated without a branch, and the 3-D and 4-D tiled TMA loads that complete on an
+# mbarrier. The wait and the arrive, which run between wgmmas, take no "memory" clobber (volatile asm statements
+# keep their order among themselves, wgmmas included; a clobber tells the compiler the asm may read the
+# accumulator array). Dropping it was tried against the wrong results of TMA kernels with a batch in flight (H200,
+# 2026-12-01) and did not change them; those kernels are not offered (:func:`configs`).
 _TMA_SOURCE = {
     "tvmfuse_mbar_init": r"""
 __forceinline__ __device__ void tvmfuse_mbar_init(unsigned int bar, int count) {
@@ -592,16 +592,17 @@ def _ptx(fn: str, *args: str) -> str:
 
 def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
     """The TMA tensor maps of A and B, in the CUDA driver's order (innermost dimension first): ``dims`` (elements),
-    ``strides`` (bytes, of dimensions 1 and 2), ``box`` (elements of one load) and where the block's loads of K step
-    ``j`` start, ``coords(pid_m, pid_n, j)`` -> a list of (element offset of the load in the stage's tile,
-    [c0, c1, ..]) as TVMScript (``bz``: the batch index).
+    ``strides`` (bytes, of every dimension but the first), ``box`` (elements of one load) and where the block's
+    loads of K step ``j`` start, ``coords(pid_m, pid_n, j)`` -> a list of (element offset of the load in the
+    stage's tile, [c0, c1, ..]) as TVMScript (``bz``: the batch index).
 
     A is 3-D ``[batch, rows, K]``, one ``[block_m, 64]`` box per step (batch 1 where it folds into the rows or is
     not batched); a conv's A is its NHWC input, 4-D, one ``[1, bh, bw, 64]`` box of input pixels per patch and
     step (the patch's output pixels shifted by the step's filter tap, 64 of its channels; :func:`pixel_tile`):
-    padding and patches past the last image read outside the input, which TMA fills with zeros. B is ``[batch, N, K]`` (K-major, one ``[block_n, 64]`` box) or ``[batch, K, N]`` (one ``[64, 64]``
-    box per 64 columns). Each box lands in shared memory 128-byte swizzled: row ``r``'s 16-byte chunk ``c`` at
-    chunk ``r * 8 + (c ^ r % 8)``, :func:`tile_layout`'s layout of the tile. Rows past the tensor read as zero."""
+    padding and patches past the last image read outside the input, which TMA fills with zeros. B is ``[batch, N,
+    K]`` (K-major, one ``[block_n, 64]`` box) or ``[batch, K, N]`` (one ``[64, 64]`` box per 64 columns). Each box
+    lands in shared memory 128-byte swizzled: row ``r``'s 16-byte chunk ``c`` at chunk ``r * 8 + (c ^ r % 8)``,
+    :func:`tile_layout`'s layout of the tile. Rows past the tensor read as zero."""
     BM, BN = cfg.block_m, cfg.block_n
     M, N, K = spec.rows, spec.n, spec.k
     a_rows, a_batch = (spec.m, spec.grid_batch) if spec.a_batched and not spec.fold_batch else (M, 1)
@@ -645,7 +646,9 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     with the stage's byte count; TMA completes the bytes) and ``empty[s]`` (every computing thread arrives once the
     wgmma batch that read the stage is done). The producer waits for ``empty`` before refilling a stage; the
     computing warpgroups wait for ``full`` before their wgmmas, and no thread waits for the whole block inside the
-    loop. The n-th completion of a barrier has phase parity ``n % 2``."""
+    loop. The n-th completion of a barrier has phase parity ``n % 2``. A persistent kernel (``persistent`` 1)
+    launches :data:`SMS` blocks, each walking tiles ``bx, bx + grid, ..``; its barriers' phases run on across
+    them, so the producer loads the next tile while the computing warpgroups store this one."""
     BM, BN, BK, S, F = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.inflight
     NC = 128 * cfg.warpgroups   # computing threads
     tiles_m, tiles_n, kt = _tiles_m(spec, cfg), spec.n // BN, spec.k // BK
