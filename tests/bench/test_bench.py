@@ -42,12 +42,13 @@ def test_bench_cli_json(example_model, tmp_path):
     from tvmfuse.cli.main import app
 
     res = CliRunner().invoke(app, ["bench", str(example_model), "--target", "llvm", "--db", str(tmp_path / "none.db"),
-                                   "--against", "onnxruntime", "--repeat", "2", "--json"])
+                                   "--against", "onnxruntime", "--repeat", "2", "--number", "3", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout.strip().splitlines()[-1])
     assert [r["backend"] for r in doc["results"]] == ["tvmfuse", "onnxruntime"]
+    assert doc["calls_per_sample"] == 3   # every backend's sample: the mean of 3 back-to-back calls
     for r in doc["results"]:
-        assert {"backend", "median_ms", "p90_ms"} <= set(r)
+        assert {"backend", "median_ms", "p90_ms"} <= set(r) and r["samples"] == 2
 
 
 def test_bench_cli_refuses_an_unknown_backend(example_model):

@@ -2,7 +2,9 @@
 
 Every backend runs the same random inputs; each backend's outputs are compared with onnxruntime's (CPU)
 where onnxruntime can run the model. Latency: ``median_ms`` and ``p90_ms`` over ``repeat`` timed
-samples (TVM: ``time_evaluator`` samples of ``number`` calls each; others: one synchronised call each).
+samples, each the mean of ``number`` back-to-back calls, synchronised once per sample for every backend (TVM's
+``time_evaluator``; CUDA events around PyTorch's calls; a host clock around onnxruntime's), so that a GPU runs
+every backend under the same load (its clock falls under sustained load).
 Torch baselines rebuild the ONNX graph with :mod:`tvmfuse.bench.torch_onnx` (no onnx2torch there);
 an unsupported graph or a missing torch gives an entry with ``available: false`` and the reason.
 """
@@ -88,8 +90,9 @@ def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
     samples = []
     for _ in range(cfg.repeat):
         t0 = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t0)
+        for _ in range(cfg.number):
+            call()
+        samples.append((time.perf_counter() - t0) / cfg.number)
     return outs, samples, providers[0]
 
 
@@ -112,14 +115,16 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
             if device == "cuda":
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
-                fn(*args)
+                for _ in range(cfg.number):
+                    fn(*args)
                 e.record()
                 e.synchronize()
-                samples.append(s.elapsed_time(e) * 1e-3)
+                samples.append(s.elapsed_time(e) * 1e-3 / cfg.number)
             else:
                 t0 = time.perf_counter()
-                fn(*args)
-                samples.append(time.perf_counter() - t0)
+                for _ in range(cfg.number):
+                    fn(*args)
+                samples.append((time.perf_counter() - t0) / cfg.number)
     return outs, samples
 
 
@@ -155,7 +160,8 @@ def run_bench(cfg: BenchConfig) -> dict:
     feeds = [feeds_d[n] for n in names]
     results: list[dict] = []
     outputs: dict[str, list] = {}
-    report: dict = {"model": str(cfg.model), "target": target.canonical, "device": target.device, "results": results}
+    report: dict = {"model": str(cfg.model), "target": target.canonical, "device": target.device,
+                    "calls_per_sample": cfg.number, "results": results}
 
     mod = import_model(loaded)
     t0 = time.perf_counter()

@@ -18,6 +18,7 @@ def bench_command(
                                 help="Comma-separated baselines: onnxruntime, tvm-default, torch (= torch-eager + "
                                      "torch-compile), torch-eager, torch-compile; empty for none."),
     repeat: int = typer.Option(30, "--repeat", min=1, help="Timed samples per backend."),
+    number: int = typer.Option(5, "--number", min=1, help="Back-to-back calls per sample (every backend)."),
     planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
@@ -30,7 +31,8 @@ def bench_command(
         from tvmfuse.frontend import parse_input_shapes
 
         cfg = BenchConfig(model=model, target=target, db=db, against=tuple(against.split(",")) if against else (),
-                          planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat, seed=seed)
+                          planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat,
+                          number=number, seed=seed)
         report = run_bench(cfg)
         if as_json:
             emit_json(report)
