@@ -1,15 +1,18 @@
 """The Hopper wgmma GEMM template on the GPU: configs checked and timed beside cuBLAS (torch.matmul).
 
 For the ANCHORS.md GEMM case (8192^3 fp16, ``relu(A @ W + bias)``, W stored [K, N]) it builds each given
-config of ``tvmfuse.tune.hopper`` with that epilogue, checks it against torch on fresh random inputs
-with the output poisoned (NaN) first, and times it with TVM's time evaluator; ``torch.matmul`` alone
-(cuBLAS) and ``relu(A @ W + b)`` are timed in the same run. A small K-major case (W stored [N, K]) is
-checked too. ``--build-only`` builds for sm_90a and runs ptxas (no GPU).
+config of ``tvmfuse.tune.hopper`` with that epilogue (cp.async or TMA, `` t1``; persistent, `` p1``), checks it
+against torch on fresh random inputs with the output poisoned (NaN) first, and times it with TVM's time
+evaluator; ``torch.matmul`` alone (cuBLAS) and ``relu(A @ W + b)`` are timed in the same run. Small cases are
+checked first: a K-major one (W stored [N, K]) for the first three configs, and for TMA configs also one whose
+rows end in a partial tile and a K-major one of more tiles than SMs. ``--build-only`` builds for sm_90a and runs
+ptxas (no GPU).
 
 ``--conv``: the same for the template's implicit-GEMM conv, on the ANCHORS.md conv case (64 x 256 x 56 x 56,
 3x3, pad 1, 256 filters; NHWC in and out, ``relu(conv + bias)``) beside cuDNN's channels-last conv
 (``torch.nn.functional.conv2d`` alone and with bias + ReLU). A ResNet-50 7x7 conv (batch 32, 512 channels:
-1568 rows, a partial last tile row) is checked too.
+1568 rows, a partial last tile row) is checked too, and for TMA configs a 28x28 one (2 x 32 pixel patches, the
+last columns idle).
 
     python scripts/wgmma_gemm.py [--conv] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json] [--build-only]
 """
