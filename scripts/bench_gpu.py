@@ -53,21 +53,14 @@ def _bench_torch(fn):
     get the same load. (Until 2026-12-01 this was triton's ``do_bench``: 100 ms of calls, each after an L2 flush.)"""
     import torch
 
-    def run(n: int) -> float:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(n):
-            fn()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e) * 1e-3
+    from tvmfuse.bench import call_samples
 
     fn()
     torch.cuda.synchronize()
-    once = max(run(3) / 3, 1e-6)
-    run(max(1, int(0.025 / once)))                    # warm-up
+    once = max(call_samples(fn, repeat=1, number=3, cuda=True)[0], 1e-6)
+    call_samples(fn, repeat=1, number=max(1, int(0.025 / once)), cuda=True)    # warm-up
     number = max(10, int(np.ceil(0.030 / once)))      # calls per repeat: at least 10, at least 30 ms
-    return float(np.median([run(number) / number for _ in range(10)]))
+    return float(np.median(call_samples(fn, repeat=10, number=number, cuda=True)))
 
 
 def copy_ceiling() -> float:

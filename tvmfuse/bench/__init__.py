@@ -38,6 +38,30 @@ def _stats(samples_s: list[float]) -> dict:
     return {"median_ms": float(np.median(arr)), "p90_ms": float(np.percentile(arr, 90)), "samples": int(arr.size)}
 
 
+def call_samples(call, *, repeat: int, number: int, cuda: bool = False) -> list[float]:
+    """``repeat`` samples of ``call``, each the mean seconds of ``number`` back-to-back calls, synchronised once per
+    sample: between two CUDA events (``cuda``: PyTorch's current stream) or on the host clock (a call that
+    synchronises itself, or a CPU one)."""
+    samples = []
+    for _ in range(repeat):
+        if cuda:
+            import torch
+
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(number):
+                call()
+            e.record()
+            e.synchronize()
+            samples.append(s.elapsed_time(e) * 1e-3 / number)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(number):
+                call()
+            samples.append((time.perf_counter() - t0) / number)
+    return samples
+
+
 def time_vm(vm, args, dev, *, repeat: int, number: int) -> list[float]:
     vm["main"](*args)
     dev.sync()
@@ -87,13 +111,7 @@ def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
         outs = [np.asarray(v) for v in call()]
     for _ in range(2):
         call()
-    samples = []
-    for _ in range(cfg.repeat):
-        t0 = time.perf_counter()
-        for _ in range(cfg.number):
-            call()
-        samples.append((time.perf_counter() - t0) / cfg.number)
-    return outs, samples, providers[0]
+    return outs, call_samples(call, repeat=cfg.repeat, number=cfg.number), providers[0]
 
 
 def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled: bool):
@@ -110,21 +128,7 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
         outs = [o.detach().cpu().numpy() for o in fn(*args)]
         for _ in range(3):
             fn(*args)
-        samples = []
-        for _ in range(cfg.repeat):
-            if device == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(cfg.number):
-                    fn(*args)
-                e.record()
-                e.synchronize()
-                samples.append(s.elapsed_time(e) * 1e-3 / cfg.number)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(cfg.number):
-                    fn(*args)
-                samples.append((time.perf_counter() - t0) / cfg.number)
+        samples = call_samples(lambda: fn(*args), repeat=cfg.repeat, number=cfg.number, cuda=device == "cuda")
     return outs, samples
 
 
