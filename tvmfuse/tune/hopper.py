@@ -263,9 +263,8 @@ def default_config(spec: GemmSpec) -> WgmmaConfig:
     options = configs(spec, tma=tma)
     whole = [c for c in options if spec.rows % c.block_m == 0]   # tiles without a predicated last row first
     options = whole + [c for c in options if c not in whole]
-    # (warpgroups, m_tiles, block_n, tma, stages) in order; each at the deepest pipeline that fits the K steps and
-    # the widest raster group that divides the tile rows
-    # (TMA only at the tile shapes run on the H200)
+    # (warpgroups, m_tiles, block_n, tma, stages) in order, TMA only at the tile shapes run on the H200; each at the
+    # deepest pipeline that fits the K steps and the widest raster group that divides the tile rows
     for g, mt, n, t, stages in ((2, 1, 256, 1, (4, 3)), (2, 2, 128, 1, (4, 3)), (2, 1, 128, 1, (4, 3)),
                                 (2, 1, 256, 0, (3,)), (2, 2, 128, 0, (3,)), (2, 1, 128, 0, (3,))):
         for st in stages:
