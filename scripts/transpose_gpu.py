@@ -32,7 +32,7 @@ def _kernel(target):
     from tvmfuse.plan import partition
     from tvmfuse.tune import extract_kernels
 
-    model, _, _ = CASES["conv_bn_relu"]()
+    model, _, _ = CASES["conv_bn_relu"](layout="NCHW")
     path = Path(tempfile.mkdtemp()) / "conv_bn_relu.onnx"
     onnx.save(model, path)
     fused, _ = partition(import_model(load_model(path)), target=target)

@@ -186,3 +186,26 @@ def test_channels_last_convs_match_onnxruntime(llvm):
     (ref,) = ort_run(model, [x])
     assert rel_err(got, ref) < 1e-4
     assert CostModel.for_target(resolve_target("cuda")).conv_layout == "NHWC"  # what GPU plans use
+
+
+def test_an_nhwc_model_keeps_no_transpose_once_its_convs_run_channels_last(llvm):
+    """A model that takes and returns NHWC tensors says so in ONNX as Transpose -> Conv -> ... -> Transpose (the
+    conv case of ANCHORS.md, timed channels-last). Run channels-last, the layout transposes undo the model's:
+    the plan is the conv kernel alone, with no copy of the input or output, and still matches onnxruntime."""
+    from tvmfuse.bench.cases import conv_bn_relu
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    config = PlannerConfig(cost_model=CostModel.for_target(llvm, conv_layout="NHWC"))
+    model, _, _ = conv_bn_relu(B=2, C=16, H=6, W=5)
+    fused, plan = plan_tvmfuse(import_proto(model), llvm, config=config)
+    assert [g.pattern for g in plan.groups] == ["conv_epilogue"] and "transpose" not in plan.groups[0].ops
+    assert _launches(fused) == 1 and "permute_dims" not in fused["main"].script()
+    assert any("3 transposes that undid each other removed" in n for n in plan.rewrites), plan.rewrites
+    x = np.random.default_rng(0).standard_normal((2, 6, 5, 16)).astype(np.float16)
+    (got,) = build_and_run(fused, llvm, [x])
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+    # transposes that are not undone stay: the NCHW model's input in a kernel of its own, its output in the epilogue
+    _, plan = plan_tvmfuse(import_proto(conv_bn_relu(B=2, C=16, H=6, W=5, layout="NCHW")[0]), llvm, config=config)
+    assert [g.ops.count("transpose") for g in plan.groups] == [1, 1] and plan.groups[1].ops[-1] == "transpose"

@@ -430,7 +430,7 @@ def test_nchw_to_nhwc_transpose_gets_a_shared_memory_tile_sketch(cuda):
     flat candidate read x 2 bytes at a time with a stride of H x W. The tiled sketch reads rows of the input's
     innermost axis into shared memory with vector loads and writes the output's innermost axis with vector
     stores."""
-    (kernel,) = [k for k in _kernels("conv_bn_relu", cuda, {}) if k.name == "transpose"]
+    (kernel,) = [k for k in _kernels("conv_bn_relu", cuda, {"layout": "NCHW"}) if k.name == "transpose"]
     tiled = []
     for choice, sch in _space_points(kernel, cuda, range(1, 7)):
         assert choice.source == "template:pointwise", choice
@@ -509,7 +509,7 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_pointwise_default
     cats = [i for i in sch.trace.insts if i.kind.name == "SampleCategorical"]
     assert [int(i.attrs[0][int(sch.trace.get_decision(i))]) for i in cats] == [8, 128, 1, 16]
     assert "enter_postproc" in str(sch.trace) and "meta_schedule.unroll_explicit" not in sch.mod.script()
-    (transpose,) = [k for k in _kernels("conv_bn_relu", cuda, {}) if k.name == "transpose"]
+    (transpose,) = [k for k in _kernels("conv_bn_relu", cuda, {"layout": "NCHW"}) if k.name == "transpose"]
     assert pointwise_default_schedule(transpose.mod, cuda.target) is None
     bare = tmp_path / "cuda.yaml"
     text = load_spaces("cuda").path.read_text()

@@ -68,19 +68,29 @@ def gemm_bias_relu(M=8192, K=8192, N=8192, seed=0):
             (M * K + K * N + M * N) * 2, 2 * M * N * K)
 
 
-def conv_bn_relu(B=64, C=256, H=56, W=56, seed=0):
-    """NCHW conv3x3 (pad 1) -> BatchNormalization -> Relu (the ONNX form; NHWC is a layout choice)."""
+def conv_bn_relu(B=64, C=256, H=56, W=56, seed=0, layout="NHWC"):
+    """conv3x3 (pad 1) -> BatchNormalization -> Relu on ``layout`` tensors.
+
+    ANCHORS.md times this case channels-last (PyTorch's ``channels_last`` input and output), so the default
+    model takes and returns NHWC tensors, which ONNX (whose Conv is NCHW) writes as Transpose -> Conv -> ... ->
+    Transpose. ``layout="NCHW"``: the plain ONNX form, whose channels-last build transposes its input first."""
+    if layout not in ("NHWC", "NCHW"):
+        raise ValueError(f"layout must be NHWC or NCHW, not {layout!r}")
     rng = np.random.default_rng(seed)
     w = _const("w", (rng.standard_normal((C, C, 3, 3)) * 0.05).astype("float16"))
     scale = _const("scale", rng.uniform(0.5, 1.5, C).astype("float16"))
     bias = _const("bias", rng.standard_normal(C).astype("float16"))
     mean = _const("mean", rng.standard_normal(C).astype("float16"))
     var = _const("var", rng.uniform(0.5, 2.0, C).astype("float16"))
-    nodes = [helper.make_node("Conv", ["x", "w"], ["t0"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+    nhwc = layout == "NHWC"
+    nodes = [helper.make_node("Conv", ["xc" if nhwc else "x", "w"], ["t0"], pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
              helper.make_node("BatchNormalization", ["t0", "scale", "bias", "mean", "var"], ["t1"], epsilon=1e-5),
-             helper.make_node("Relu", ["t1"], ["y"])]
-    return (_model(nodes, "conv_bn_relu", [_vi("x", (B, C, H, W))], [_vi("y", (B, C, H, W))],
-                   [w, scale, bias, mean, var]),
+             helper.make_node("Relu", ["t1"], ["yc" if nhwc else "y"])]
+    shape = (B, H, W, C) if nhwc else (B, C, H, W)
+    if nhwc:
+        nodes = ([helper.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2])] + nodes
+                 + [helper.make_node("Transpose", ["yc"], ["y"], perm=[0, 2, 3, 1])])
+    return (_model(nodes, "conv_bn_relu", [_vi("x", shape)], [_vi("y", shape)], [w, scale, bias, mean, var]),
             (2 * B * C * H * W + C * C * 9) * 2, 2 * B * H * W * C * C * 9)
 
 

@@ -213,8 +213,48 @@ def channels_last(mod, *, log: RewriteLog):
         relax.transform.FoldConstant(),
     ])(mod)
     added = mod.script().count("R.permute_dims(") - before
-    log.notes.append(f"convolutions run channels-last (NHWC): {added} layout transposes added at the edges")
+    mod, cancelled = compose_transposes(mod)
+    log.notes.append(f"convolutions run channels-last (NHWC): {added} layout transposes added at the edges"
+                     + (f"; {cancelled} transposes that undid each other removed" if cancelled else ""))
     return mod
+
+
+def _axes(call) -> list[int]:
+    axes = call.attrs.axes
+    ndim = int(call.args[0].ty.ndim)
+    return list(range(ndim))[::-1] if axes is None else [int(a) for a in axes]
+
+
+def compose_transposes(mod) -> "tuple[tvm.IRModule, int]":
+    """``permute_dims(permute_dims(x, p), q)`` -> ``permute_dims(x, p[q])``, and ``x`` for an identity permutation
+    (ConvertLayout leaves one where a model's own output transpose followed the layout).
+
+    A model that takes NHWC tensors says so in ONNX as Transpose -> Conv (NCHW); once the convs run NHWC the
+    layout transpose that :func:`channels_last` puts in front of them undoes the model's, and the pair would
+    otherwise cost a copy of the input. The inner transpose stays while something else reads it. Returns
+    the module and the number of transposes removed."""
+    bindings = _bindings(mod)
+    if bindings is None:
+        return mod, 0
+    defs = {b.var: b.value for b in bindings}
+    plan = {}
+    for b in bindings:
+        if _op(b.value) != "relax.permute_dims":
+            continue
+        axes, x = _axes(b.value), b.value.args[0]
+        inner = defs.get(x)
+        if _op(inner) == "relax.permute_dims":
+            p = _axes(inner)
+            axes, x = [p[i] for i in axes], inner.args[0]
+        elif axes != list(range(len(axes))):
+            continue
+        plan[b.var] = (lambda bb, vmap, x=x: vmap.get(x, x)) if axes == list(range(len(axes))) else (
+            lambda bb, vmap, x=x, axes=axes: relax.op.permute_dims(vmap.get(x, x), axes))
+    if not plan:
+        return mod, 0
+    before = mod.script().count("R.permute_dims(")
+    mod = tvm.transform.Sequential(_CLEAN)(rebuild_main(mod, plan, set()))
+    return mod, before - mod.script().count("R.permute_dims(")
 
 
 # ---------------------------------------------------------------------------------------------- attention
