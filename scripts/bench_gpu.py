@@ -38,6 +38,7 @@ from tvmfuse.bench.models import MODELS, SMALL_MODELS  # noqa: E402
 OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="bench_gpu-"))
 OUT.mkdir(parents=True, exist_ok=True)
 T0 = time.time()
+KEEP: dict = {}   # per case: the PyTorch baselines' calls and tvmfuse's build, for --interleave
 
 
 def log(*a):
@@ -96,8 +97,8 @@ def torch_case(name: str, size: dict, model=None) -> dict:
         torch.backends.cudnn.benchmark = True
         x = torch.randn(*shape, device=dev, dtype=h)
         f, args = build_fn(model, dev, channels_last=cnn), (x.contiguous(memory_format=torch.channels_last) if cnn else x,)
-        extra["layout"] = ("channels_last, cudnn.benchmark; the ONNX graph replayed op by op" if cnn
-                           else "the ONNX graph replayed op by op")
+        extra["layout"] = ("channels_last, cudnn.benchmark; the ONNX graph replayed op by op as a module" if cnn
+                           else "the ONNX graph replayed op by op as a module")
     elif name == "pointwise":
         M, N = size.get("M", 16384), size.get("N", 8192)
         x, res = torch.randn(M, N, device=dev, dtype=h), torch.randn(M, N, device=dev, dtype=h)
@@ -121,18 +122,20 @@ def torch_case(name: str, size: dict, model=None) -> dict:
         bg = torch.randn(N, device=dev, dtype=h)
         f, args = (lambda A: torch.relu(A @ W + bg)), (A,)
         extra["cublas_gemm_alone_s"] = _bench_torch(lambda: A @ W)
+        KEEP.setdefault(name, {})["cublas_gemm_alone_s"] = lambda: A @ W
     elif name == "conv_bn_relu":
         B, C, H, W_ = size.get("B", 64), size.get("C", 256), size.get("H", 56), size.get("W", 56)
         xc = torch.randn(B, C, H, W_, device=dev, dtype=h).to(memory_format=torch.channels_last)
         conv = torch.nn.Conv2d(C, C, 3, padding=1, bias=False).to(dev, h).to(memory_format=torch.channels_last)
         bn = torch.nn.BatchNorm2d(C).to(dev, h).eval()
         f, args = (lambda z: torch.relu(bn(conv(z)))), (xc,)
-        extra["layout"] = "channels_last (NHWC) for torch; tvmfuse runs the ONNX NCHW graph"
+        extra["layout"] = "NHWC in and out on both sides (torch channels_last; the ONNX model wraps its Conv in Transposes)"
     elif name == "attention":
         B, H, S, D = size.get("B", 4), size.get("H", 32), size.get("S", 4096), size.get("D", 128)
         q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=h) for _ in range(3))
         f, args = (lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * D**-0.5, dim=-1) @ v), (q, k, v)
         extra["sdpa_flash_s"] = _bench_torch(lambda: F.scaled_dot_product_attention(q, k, v))
+        KEEP.setdefault(name, {})["sdpa_flash_s"] = lambda: F.scaled_dot_product_attention(q, k, v)
     else:
         raise KeyError(name)
     with torch.no_grad():
@@ -144,8 +147,7 @@ def torch_case(name: str, size: dict, model=None) -> dict:
         r["compile_build_s"] = time.time() - t0
         r["compile_s"] = _bench_torch(lambda: c(*args))
     r.update(extra)
-    del args
-    torch.cuda.empty_cache()
+    KEEP.setdefault(name, {})["compile_s"] = lambda: c(*args)
     return r
 
 
@@ -172,6 +174,25 @@ def _time_vm(exe, target, args, params=()):
     # (On the H200, 2026-11-30, timing the call as a saved VM closure measured the same as this, 3906 vs 3903 us
     # for the GEMM case: the gap between a case and its tuned kernels is not per-call VM overhead.)
     return float(np.median(te(*full).results)), out
+
+
+def interleaved(name: str, rounds: int) -> dict:
+    """The case's tvmfuse build and its PyTorch baselines timed in turn, ``rounds`` times (A B A B ...): the H200's
+    clock drifts with load and temperature (the eleventh session saw cuBLAS move 1609 -> 1673 us between runs),
+    so a ratio of two figures taken minutes apart carries that drift; each round's ratio does not. Returns the
+    per-round seconds and the median per-round ratio (baseline / tvmfuse: above 1, tvmfuse is faster)."""
+    import torch
+
+    exe, target, args, params = KEEP[name]["tvmfuse"]
+    torch_fns = {k: f for k, f in KEEP[name].items() if k != "tvmfuse"}
+    out: dict = {"tvmfuse_s": [], **{k: [] for k in torch_fns}}
+    for _ in range(rounds):
+        out["tvmfuse_s"].append(_time_vm(exe, target, args, params)[0])
+        with torch.no_grad():
+            for k, f in torch_fns.items():
+                out[k].append(_bench_torch(f))
+    out["ratio"] = {k: float(np.median([b / a for a, b in zip(out["tvmfuse_s"], out[k])])) for k in torch_fns}
+    return out
 
 
 def reference(model, arrays, target):
@@ -285,6 +306,7 @@ def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, dead
     finally:
         db.close()
     t, out = _time_vm(built.executable, target, args, built.lifted_params)
+    KEEP.setdefault(name, {})["tvmfuse"] = (built.executable, target, args, built.lifted_params)
     rec["s"] = t
     rec["kernel_sum_s"] = sum(k.best_ms for k in built.kernels if k.best_ms) / 1e3
     rec["rel_error"] = relative_error(_first(out)[0], ref[0])
@@ -306,6 +328,8 @@ def main() -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=520.0, help="stop starting new tuning after this")
     ap.add_argument("--merge", nargs="*", default=[], help="earlier bench_gpu.json files to show beside")
+    ap.add_argument("--interleave", type=int, default=0,
+                    help="after both sides ran, time tvmfuse and the PyTorch baselines in turn this many rounds")
     a = ap.parse_args()
     stages = set(a.stages.split(","))
     cases = [c for c in a.cases.split(",") if c]
@@ -391,7 +415,16 @@ def main() -> int:
                 traceback.print_exc()
                 row["tvmfuse"] = {"error": str(err).strip().splitlines()[-1][:300]}
             save()
+        if a.interleave and "tvmfuse" in KEEP.get(name, {}) and len(KEEP[name]) > 1:
+            log(name, f"interleaved: {a.interleave} rounds")
+            row["interleaved"] = interleaved(name, a.interleave)
+            save()
         del args
+        KEEP.pop(name, None)
+        if copy:
+            import torch
+
+            torch.cuda.empty_cache()
     save()
     # ---- the table
     print()
@@ -424,6 +457,9 @@ def main() -> int:
         for k in ("cublas_gemm_alone_s", "sdpa_flash_s"):
             if tr.get(k):
                 print(f"{'':15s}   {k}: {tr[k] * 1e6:.0f} us")
+        for k, ratio in r.get("interleaved", {}).get("ratio", {}).items():
+            n = len(r["interleaved"]["tvmfuse_s"])
+            print(f"{'':15s}   interleaved x{n}: {k[:-2]} / tvmfuse = {ratio:.3f} (median of per-round ratios)")
         if tf.get("kernel_sum_s"):
             print(f"{'':15s}   tvmfuse kernels (as timed in tuning): {tf['kernel_sum_s'] * 1e6:.0f} us")
         if tf.get("error") or st.get("error"):
