@@ -214,6 +214,34 @@ def interleaved(name: str, rounds: int) -> dict:
     return out
 
 
+def top_kernels(fn, k=12, runs=5) -> list[dict]:
+    """The ``k`` CUDA kernels taking the most device time over ``runs`` calls of ``fn`` (torch.profiler's CUPTI
+    trace: it sees TVM's kernels too), each with its calls and microseconds per call of ``fn``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:k]
+    return [{"kernel": e.key[:100], "calls_per_run": e.count // runs, "us_per_run": e.device_time_total / runs}
+            for e in rows]
+
+
+def profile_build(name: str) -> list[dict]:
+    """Where the tvmfuse build's time goes: its heaviest kernels in one run of the whole model."""
+    from tvmfuse._tvm import relax, tvm
+
+    exe, target, args, params = KEEP[name]["tvmfuse"]
+    dev = target.tvm_device()
+    vm = relax.VirtualMachine(exe, dev)
+    full = list(args) + [tvm.runtime.tensor(p.numpy(), dev) for p in params]
+    return top_kernels(lambda: (vm["main"](*full), dev.sync()))
+
+
 def reference(model, arrays, target):
     """fp32 run of the same ONNX graph (PyTorch on the GPU, onnxruntime on the CPU)."""
     if target.is_gpu:
@@ -347,6 +375,8 @@ def main() -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--deadline-s", type=float, default=520.0, help="stop starting new tuning after this")
     ap.add_argument("--merge", nargs="*", default=[], help="earlier bench_gpu.json files to show beside")
+    ap.add_argument("--profile", action="store_true",
+                    help="list the tvmfuse build's heaviest kernels in a run of the whole case (torch.profiler)")
     ap.add_argument("--interleave", type=int, default=0,
                     help="after both sides ran, time tvmfuse and the PyTorch baselines in turn this many rounds")
     a = ap.parse_args()
@@ -434,6 +464,10 @@ def main() -> int:
                 traceback.print_exc()
                 row["tvmfuse"] = {"error": str(err).strip().splitlines()[-1][:300]}
             save()
+        if a.profile and copy and "tvmfuse" in KEEP.get(name, {}):
+            log(name, "profile")
+            row["tvmfuse_profile"] = profile_build(name)
+            save()
         if a.interleave and "tvmfuse" in KEEP.get(name, {}) and len(KEEP[name]) > 1:
             log(name, f"interleaved: {a.interleave} rounds")
             row["interleaved"] = interleaved(name, a.interleave)
@@ -479,6 +513,8 @@ def main() -> int:
         for k, ratio in r.get("interleaved", {}).get("ratio", {}).items():
             n = len(r["interleaved"]["tvmfuse_s"])
             print(f"{'':15s}   interleaved x{n}: {k[:-2]} / tvmfuse = {ratio:.3f} (median of per-round ratios)")
+        for p in r.get("tvmfuse_profile", [])[:8]:
+            print(f"{'':15s}   {p['us_per_run']:8.1f} us  x{p['calls_per_run']:<3d} {p['kernel'][:70]}")
         if tf.get("kernel_sum_s"):
             print(f"{'':15s}   tvmfuse kernels (as timed in tuning): {tf['kernel_sum_s'] * 1e6:.0f} us")
         if tf.get("error") or st.get("error"):

@@ -21,21 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gpu import _bench_torch  # noqa: E402
+from bench_gpu import _bench_torch, top_kernels  # noqa: E402
 from tvmfuse.bench.models import MODELS  # noqa: E402
 from tvmfuse.bench.torch_onnx import build_fn  # noqa: E402
-
-
-def _top_kernels(fn, k=8) -> list[dict]:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-    rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:k]
-    return [{"kernel": e.key[:90], "calls_per_run": e.count // 5, "us_per_run": e.device_time_total / 5} for e in rows]
 
 
 def _variant(model, label: str, channels_last: bool, x) -> dict:
@@ -56,7 +44,7 @@ def _variant(model, label: str, channels_last: bool, x) -> dict:
         row["compile_build_s"] = round(time.time() - t0, 1)
         row["compile_us"] = _bench_torch(lambda: c(xi)) * 1e6
         row["compile_us_again"] = _bench_torch(lambda: c(xi)) * 1e6
-        row["top_kernels"] = _top_kernels(lambda: c(xi))
+        row["top_kernels"] = top_kernels(lambda: c(xi), k=8)
     torch._dynamo.reset()
     torch.cuda.empty_cache()
     return row

@@ -209,3 +209,29 @@ def test_an_nhwc_model_keeps_no_transpose_once_its_convs_run_channels_last(llvm)
     # transposes that are not undone stay: the NCHW model's input in a kernel of its own, its output in the epilogue
     _, plan = plan_tvmfuse(import_proto(conv_bn_relu(B=2, C=16, H=6, W=5, layout="NCHW")[0]), llvm, config=config)
     assert [g.ops.count("transpose") for g in plan.groups] == [1, 1] and plan.groups[1].ops[-1] == "transpose"
+
+
+def test_fp16_batchnorm_folds_through_the_accumulation_cast(llvm, tmp_path):
+    """The frontend makes an fp16 conv accumulate in fp32 and cast back (astype(conv2d(.., f32), f16)) before the
+    BatchNorm's subtract/divide/multiply/add. The fold must look through that cast: the epilogue is then one bias
+    add in fp16 instead of four per-channel ops with four constants, and the numerics still match onnxruntime."""
+    import onnx
+
+    from tvmfuse.frontend import import_model, load_model
+
+    model = models.to_fp16(models.conv_bn_relu(n=2, cin=16, cout=24, hw=8))
+    path = tmp_path / "cbr16.onnx"
+    onnx.save(model, path)
+    loaded = load_model(path)
+    mod = import_model(loaded)
+    assert "out_dtype=\"float32\"" in mod.script() and "R.astype(" in mod.script()
+    fused, plan = partition(mod, target=llvm)
+    (g,) = plan.groups
+    assert any("BatchNorm" in n and "folded" in n for n in g.notes), g.notes
+    prim = fused[g.kernel]
+    assert len(prim.params) == 4   # x, the scaled weights, one bias, the output
+    assert not any(op in prim.script() for op in ("T_subtract", "T_divide", "T_multiply")), prim.script()
+    x = np.random.default_rng(0).standard_normal((2, 16, 8, 8)).astype(np.float16)
+    (got,) = build_and_run(fused, llvm, [x])
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2

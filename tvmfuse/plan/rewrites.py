@@ -114,8 +114,16 @@ def _per_channel(const, channels: int) -> np.ndarray | None:
     return arr.reshape(-1)
 
 
+def _single_user(users: dict, var, op: str):
+    """The binding of ``var``'s only user when that user is an ``op`` call and ``var`` stays inside the dataflow."""
+    us = users.get(var, [])
+    if len(us) == 1 and isinstance(var, relax.DataflowVar) and _op(us[0].value) == op:
+        return us[0]
+    return None
+
+
 class FoldBatchNorm:
-    """conv2d -> (add | subtract | multiply | divide by per-channel constants)+ => conv2d(W·s) + t."""
+    """conv2d [-> astype] -> (add | subtract | multiply | divide by per-channel constants)+ => conv2d(W·s) [-> astype] + t."""
 
     def __init__(self, *, log: RewriteLog):
         self.log = log
@@ -139,6 +147,11 @@ class FoldBatchNorm:
             channels = tensor_shape(b.var.ty)[1]
             scale, shift = np.ones(channels), np.zeros(channels)
             chain, cur, ops = [], b.var, []
+            # an fp16 conv accumulates in fp32 and is cast back before the BatchNorm (the importer's form): the
+            # chain starts after that cast, and the folded bias is added in the cast's dtype
+            cast = _single_user(users, cur, "relax.astype")
+            if cast is not None:
+                cur = cast.var
             while True:
                 us = users.get(cur, [])
                 if len(us) != 1 or not isinstance(cur, relax.DataflowVar):
@@ -169,15 +182,18 @@ class FoldBatchNorm:
                 continue  # a conv bias alone: nothing to fold
             weight = const_numpy(b.value.args[1])
             dtype = weight.dtype
-            new_w = (weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))).astype(dtype)
-            new_b = shift.reshape(1, channels, 1, 1).astype(dtype)
+            with np.errstate(over="ignore", invalid="ignore"):
+                new_w = (weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))).astype(dtype)
+                new_b = shift.reshape(1, channels, 1, 1).astype(str(cast.var.ty.dtype) if cast is not None else dtype)
+            if not (np.isfinite(new_w).all() and np.isfinite(new_b).all()):
+                continue  # scaled past the dtype's range (fp16: 65504): the unfolded ops keep the values in range
             conv_call, last = b.value, chain[-1]
 
             def emit_conv(bb, vmap, conv_call=conv_call, new_w=new_w):
                 return relax.Call(conv_call.op, [substitute(conv_call.args[0], vmap), relax.const(new_w)], conv_call.attrs,
                                   ty_args=conv_call.ty_args)
 
-            def emit_bias(bb, vmap, conv_var=b.var, new_b=new_b):
+            def emit_bias(bb, vmap, conv_var=(b.var if cast is None else cast.var), new_b=new_b):
                 return relax.op.add(vmap[conv_var], relax.const(new_b))
 
             plan[b.var] = emit_conv
@@ -186,10 +202,10 @@ class FoldBatchNorm:
             # the chain's last binding keeps its var name (users refer to it); tag it by that name
             plan[last.var] = emit_bias
             names[last.var] = tag_name = self.log.fresh("bnfold")
-            y = tensor_bytes(b.var.ty)
+            y = tensor_bytes((b.var if cast is None else cast.var).ty)
             # the unfused baseline is the imported graph's ops (as FuseOps sees them): one kernel each
             orig = tuple(ops)
-            unfused = len(ops) * (2 * y + channels * dtype.itemsize)
+            unfused = len(ops) * (2 * y + channels * new_b.dtype.itemsize)
             bn_ops = ops
             self.log.tags[tag_name] = Tag(
                 "bn_folded", orig, unfused, note=f"BatchNorm ({'/'.join(bn_ops)}) folded into the conv weights and bias")
