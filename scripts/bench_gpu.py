@@ -39,6 +39,7 @@ OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="bench_gpu-"))
 OUT.mkdir(parents=True, exist_ok=True)
 T0 = time.time()
 KEEP: dict = {}   # per case: the PyTorch baselines' calls and tvmfuse's build, for --interleave
+TORCH_DEVICE = "cuda"   # the PyTorch side's device ("cpu": tests/bench/test_torch_replay.py runs it at tiny sizes)
 
 
 def log(*a):
@@ -57,11 +58,13 @@ def _bench_torch(fn):
     from tvmfuse.bench import call_samples
 
     fn()
-    torch.cuda.synchronize()
-    once = max(call_samples(fn, repeat=1, number=3, cuda=True)[0], 1e-6)
-    call_samples(fn, repeat=1, number=max(1, int(0.025 / once)), cuda=True)    # warm-up
+    cuda = TORCH_DEVICE == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    once = max(call_samples(fn, repeat=1, number=3, cuda=cuda)[0], 1e-6)
+    call_samples(fn, repeat=1, number=max(1, int(0.025 / once)), cuda=cuda)    # warm-up
     number = max(10, int(np.ceil(0.030 / once)))      # calls per repeat: at least 10, at least 30 ms
-    return float(np.median(call_samples(fn, repeat=10, number=number, cuda=True)))
+    return float(np.median(call_samples(fn, repeat=10, number=number, cuda=cuda)))
 
 
 def copy_ceiling() -> float:
@@ -84,7 +87,7 @@ def torch_case(name: str, size: dict, model=None) -> dict:
     import torch
     import torch.nn.functional as F
 
-    dev, h = "cuda", torch.float16
+    dev, h = TORCH_DEVICE, torch.float16
     torch.manual_seed(0)
     extra: dict = {}
     if name in MODELS:
@@ -164,7 +167,8 @@ def _eager_and_compiled(f, args) -> tuple[dict, object]:
         c = torch.compile(f)
         t0 = time.time()
         c(*args)
-        torch.cuda.synchronize()
+        if TORCH_DEVICE == "cuda":
+            torch.cuda.synchronize()
         r["compile_build_s"] = time.time() - t0
         r["compile_s"] = _bench_torch(lambda: c(*args))
     return r, (lambda: c(*args))
