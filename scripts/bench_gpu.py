@@ -185,12 +185,16 @@ def _inputs(loaded, target, seed):
     return arrays, [tvm.runtime.tensor(a, dev) for a in arrays]
 
 
-def _time_vm(exe, target, args, params=()):
+def _vm(exe, target, args, params=()):
+    """A VM of the build on the target's device, its ``main``'s arguments (inputs, then lifted weights) and the device."""
     from tvmfuse._tvm import relax, tvm
 
     dev = target.tvm_device()
-    vm = relax.VirtualMachine(exe, dev)
-    full = list(args) + [tvm.runtime.tensor(p.numpy(), dev) for p in params]
+    return relax.VirtualMachine(exe, dev), list(args) + [tvm.runtime.tensor(p.numpy(), dev) for p in params], dev
+
+
+def _time_vm(exe, target, args, params=()):
+    vm, full, dev = _vm(exe, target, args, params)
     out = vm["main"](*full)
     dev.sync()
     te = vm.time_evaluator("main", dev, number=10, repeat=10, min_repeat_ms=30)
@@ -237,12 +241,7 @@ def top_kernels(fn, k=12, runs=5) -> list[dict]:
 
 def profile_build(name: str) -> list[dict]:
     """Where the tvmfuse build's time goes: its heaviest kernels in one run of the whole model."""
-    from tvmfuse._tvm import relax, tvm
-
-    exe, target, args, params = KEEP[name]["tvmfuse"]
-    dev = target.tvm_device()
-    vm = relax.VirtualMachine(exe, dev)
-    full = list(args) + [tvm.runtime.tensor(p.numpy(), dev) for p in params]
+    vm, full, dev = _vm(*KEEP[name]["tvmfuse"])
     return top_kernels(lambda: (vm["main"](*full), dev.sync()))
 
 
