@@ -235,3 +235,33 @@ def test_fp16_batchnorm_folds_through_the_accumulation_cast(llvm, tmp_path):
     (got,) = build_and_run(fused, llvm, [x])
     (ref,) = ort_run(model, [x])
     assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+
+
+@pytest.mark.parametrize("cin,k,stride,pad,dilation", [(3, 7, 2, 3, 1), (5, 3, 1, 2, 2)])
+def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilation):
+    """GPU plans run a channels-last conv whose input channels are not a multiple of 64 (a stem's 3) as an im2col
+    kernel (K = taps x channels, zero-padded to 64) and a GEMM the tensor-core template takes; the numerics must
+    stay those of the conv: a stem (7x7, stride 2, padding 3) and a dilated conv with padding."""
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    b = models._B(5)
+    conv = b.op("Conv", ["x", b.w(16, cin, k, k)], kernel_shape=[k, k], strides=[stride] * 2, pads=[pad] * 4,
+                dilations=[dilation] * 2)
+    bn = b.op("BatchNormalization", [conv, b.const(1 + 0.1 * b.rng.standard_normal(16)),
+                                     b.const(0.1 * b.rng.standard_normal(16)), b.const(0.1 * b.rng.standard_normal(16)),
+                                     b.const(1 + 0.1 * b.rng.random(16))], epsilon=1e-5)
+    out = (13 + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    model = b.model({"x": [2, cin, 13, 13]}, b.op("Relu", [bn]), [2, 16, out, out])
+    config = PlannerConfig(cost_model=CostModel.for_target(llvm, conv_layout="NHWC", im2col_k=512))
+    fused, plan = plan_tvmfuse(import_proto(model), llvm, config=config)
+    kpad = -(-k * k * cin // 64) * 64
+    assert any(f"runs as im2col + GEMM (K {k * k * cin} padded to {kpad})" in n for n in plan.rewrites), plan.rewrites
+    prims = [f.script() for f in fused.functions.values() if isinstance(f, PrimFunc)]
+    assert not any("conv2d" in p for p in prims) and any("im2col" in p for p in prims)
+    assert [g.pattern for g in plan.groups if "matmul" in g.ops] == ["gemm_epilogue"]
+    x = np.random.default_rng(0).standard_normal((2, cin, 13, 13)).astype(np.float32)
+    (got,) = build_and_run(fused, llvm, [x])
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got, ref) < 1e-5
+    assert CostModel.for_target(resolve_target("cuda")).im2col_k and not CostModel.for_target(llvm).im2col_k

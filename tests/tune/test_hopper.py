@@ -383,7 +383,7 @@ _CONVS = {   # (model, what the spec must say)
 
 
 @pytest.mark.parametrize("case", ["gemm_bias_relu", "gelu_residual", "head_split", "batched", "transposed_weight",
-                                  *_CONVS])
+                                  "stem_im2col", *_CONVS])
 def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, cuda, case):
     """wgmma cannot run here, so the kernel's scalar twin (the same spec, flat A/B addressing, batch folding,
     implicit-GEMM gather with its zero fill, row-tail predicates and epilogue store, one element per iteration)
@@ -397,6 +397,8 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         model = {"gemm_bias_relu": lambda: CASES["gemm_bias_relu"](M=128, K=128, N=128)[0],
                  "gelu_residual": _linear_gelu_residual, "head_split": _head_split,
                  "batched": lambda: models.to_fp16(models.gemm_epilogue(m=64, k=128, n=64, batched=True)),
+                 # a 3-channel 7x7 stride-2 stem: im2col rows (K 147 padded to 192), then this GEMM
+                 "stem_im2col": lambda: _conv(n=2, cin=3, cout=64, hw=16, k=7, stride=2, pad=3),
                  **{name: make for name, (make, _) in _CONVS.items()}}[case]()
         (kernel,) = _gemm_kernels(tmp_path, model, cuda)
         func = kernel.mod["main"]
@@ -407,6 +409,8 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
     if case == "head_split":
         assert "// T.int64(64)" in info["store"] and "% T.int64(64)" in info["store"]
         assert info["reindexed"] and hopper.default_kernel(func, cuda.target) is not None
+    elif case == "stem_im2col":
+        assert (spec.rows, spec.k, spec.n, spec.conv) == (2 * 8 * 8, 192, 64, None) and info["reindexed"]
     elif case not in _CONVS:
         assert not info["reindexed"]
     assert hopper.untuned_config(func, cuda.target) is not None

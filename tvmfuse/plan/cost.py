@@ -62,6 +62,8 @@ class CostModel:
         function of its :class:`~tvmfuse.plan.attention.AttentionSpec` giving the reason
     conv_layout : "NHWC" to run 2-D convolutions channels-last (the tensor-core template's implicit GEMM then
         reads its operands contiguously along K), or None to keep the model's layout
+    im2col_k : channels-last convs whose input channels are not a multiple of 64 (a stem's 3) run as an im2col
+        kernel and a GEMM where their K, padded to 64, is at most this; 0: never
     """
 
     launch_bytes: int = 1 << 20
@@ -71,6 +73,7 @@ class CostModel:
     min_parallel_units: int = 132
     attention_decline: object = None   # a reason (str), or a function of the AttentionSpec giving one
     conv_layout: str | None = None
+    im2col_k: int = 0
 
     @classmethod
     def for_target(cls, target: TargetInfo, **overrides) -> "CostModel":
@@ -84,7 +87,7 @@ class CostModel:
             base = cls(launch_bytes=5e-6 * 4e12, shared_memory_bytes=smem, min_parallel_units=132,
                        attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
-                       conv_layout="NHWC")
+                       conv_layout="NHWC", im2col_k=512)
         else:
             cores = int(attrs.get("num-cores", 2)) if attrs else 2
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1))

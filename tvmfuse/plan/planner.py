@@ -161,6 +161,9 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
     if layout == "NHWC":
         mod = rewrites.channels_last(mod, log=log)
         dump("channels_last", mod)
+        if getattr(cost_model, "im2col_k", 0):
+            mod = rewrites.im2col_narrow_convs(mod, log=log, limit_k=cost_model.im2col_k)
+            dump("im2col", mod)
     if config.attention:
         mod = rewrites.FuseAttention(log=log, decline=getattr(cost_model, "attention_decline", None))(mod)
         dump("attention", mod)

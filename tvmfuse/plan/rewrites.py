@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
+from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tirx, tvm
 from tvmfuse.plan.graph import substitute, tensor_bytes, tensor_shape
 from tvmfuse.plan.tags import RewriteLog, Tag
 
@@ -271,6 +271,68 @@ def compose_transposes(mod) -> "tuple[tvm.IRModule, int]":
     before = mod.script().count("R.permute_dims(")
     mod = tvm.transform.Sequential(_CLEAN)(rebuild_main(mod, plan, set()))
     return mod, before - mod.script().count("R.permute_dims(")
+
+
+# -------------------------------------------------------------------------------------------- narrow convs
+def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512):
+    """NHWC convs whose input channels are not a multiple of 64, as an im2col kernel and a GEMM.
+
+    The tensor-core conv template reads each filter tap's channels 64 at a time (:mod:`tvmfuse.tune.hopper`), so a
+    network's stem (3 channels, 7x7, stride 2) got a generic schedule: on the H200 (2026-12-01) ResNet-50 b32's
+    stem took 242 us where cuDNN's first-layer kernel took 61 us, 11% of the model's time. Here the rows of A
+    (one per output pixel; K = R*S*C taps x channels, zero-padded to a multiple of 64) are written by one
+    injective kernel, and the conv becomes ``matmul(A, W)`` with the filter as a [K, F] constant: a GEMM the
+    wgmma template takes, its epilogue fused as any GEMM's. Costs A's bytes (written once, read once): taken only
+    where K, padded, is at most ``limit_k``."""
+    from tvm import te
+
+    bindings = _bindings(mod)
+    if bindings is None:
+        return mod
+    plan = {}
+    for b in bindings:
+        call = b.value
+        if _op(call) != "relax.nn.conv2d" or not isinstance(call.args[1], RelaxConstant):
+            continue
+        at = call.attrs
+        xs, ys = tensor_shape(call.args[0].ty), tensor_shape(b.var.ty)
+        if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "OHWI", "NHWC") \
+                or int(at.groups) != 1 or xs is None or ys is None or xs[3] % 64 == 0:
+            continue
+        weight = const_numpy(call.args[1])
+        (n, h, w, c), (_, oh, ow, f), (_, r, s, _) = xs, ys, weight.shape
+        k = r * s * c
+        kpad = -(-k // 64) * 64
+        if kpad > limit_k:
+            continue
+        w_mat = np.zeros((kpad, f), weight.dtype)
+        w_mat[:k] = weight.reshape(f, k).T
+        (sh, sw), (dh, dw) = [int(v) for v in at.strides], [int(v) for v in at.dilation]
+        pt, pl = int(at.padding[0]), int(at.padding[1])
+        dtype = str(call.args[0].ty.dtype)
+        out_dtype = str(b.var.ty.dtype)   # the conv's own (its out_dtype attribute, when set, is this too)
+
+        def im2col(x, n=n, h=h, w=w, c=c, oh=oh, ow=ow, s=s, k=k, kpad=kpad, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt,
+                   pl=pl, dtype=dtype):
+            def row(m, kk):
+                hi = m // ow % oh * sh - pt + kk // (s * c) * dh
+                wi = m % ow * sw - pl + kk // c % s * dw
+                inside = tirx.all(kk < k, hi >= 0, hi < h, wi >= 0, wi < w)
+                return tirx.if_then_else(inside, x[m // (oh * ow), hi, wi, kk % c], tirx.const(0, dtype))
+
+            return te.compute((n * oh * ow, kpad), row, name="im2col")
+
+        def emit(bb, vmap, x=call.args[0], im2col=im2col, w_mat=w_mat, out_dtype=out_dtype, ys=ys):
+            rows = bb.emit_te(im2col, vmap.get(x, x), primfunc_name_hint="im2col")
+            gemm = bb.emit(relax.op.matmul(rows, relax.const(w_mat), out_dtype=out_dtype))
+            return relax.op.reshape(gemm, ys)
+
+        plan[b.var] = emit
+        log.notes.append(f"conv {b.var.name} ({c} input channels, {r}x{s}) runs as im2col + GEMM (K {k} padded to "
+                         f"{kpad})")
+    if not plan:
+        return mod
+    return tvm.transform.Sequential(_CLEAN)(rebuild_main(mod, plan, set()))
 
 
 # ---------------------------------------------------------------------------------------------- attention
