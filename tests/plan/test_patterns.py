@@ -239,9 +239,10 @@ def test_fp16_batchnorm_folds_through_the_accumulation_cast(llvm, tmp_path):
 
 @pytest.mark.parametrize("cin,k,stride,pad,dilation", [(3, 7, 2, 3, 1), (5, 3, 1, 2, 2)])
 def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilation):
-    """GPU plans run a channels-last conv whose input channels are not a multiple of 64 (a stem's 3) as an im2col
-    kernel (K = taps x channels, zero-padded to 64) and a GEMM the tensor-core template takes; the numerics must
-    stay those of the conv: a stem (7x7, stride 2, padding 3) and a dilated conv with padding."""
+    """GPU plans run a channels-last conv with fewer than 16 input channels (a stem's 3) as an im2col kernel
+    (K = taps x channels, zero-padded to 64) and a GEMM the tensor-core template takes; the numerics must stay
+    those of the conv: a stem (7x7, stride 2, padding 3) and a dilated conv with padding. 16 channels and more
+    stay convs."""
     from tvmfuse.plan.cost import CostModel
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
@@ -265,3 +266,7 @@ def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilati
     (ref,) = ort_run(model, [x])
     assert rel_err(got, ref) < 1e-5
     assert CostModel.for_target(resolve_target("cuda")).im2col_k and not CostModel.for_target(llvm).im2col_k
+    wide = models._B(6)
+    y = wide.op("Conv", ["x", wide.w(16, 16, 3, 3)], kernel_shape=[3, 3], pads=[1] * 4)
+    _, plan = plan_tvmfuse(import_proto(wide.model({"x": [1, 16, 8, 8]}, y, [1, 16, 8, 8])), llvm, config=config)
+    assert not any("im2col" in n for n in plan.rewrites)

@@ -62,8 +62,8 @@ class CostModel:
         function of its :class:`~tvmfuse.plan.attention.AttentionSpec` giving the reason
     conv_layout : "NHWC" to run 2-D convolutions channels-last (the tensor-core template's implicit GEMM then
         reads its operands contiguously along K), or None to keep the model's layout
-    im2col_k : channels-last convs whose input channels are not a multiple of 64 (a stem's 3) run as an im2col
-        kernel and a GEMM where their K, padded to 64, is at most this; 0: never
+    im2col_k : channels-last convs with fewer than 16 input channels (a stem's 3) run as an im2col kernel and a
+        GEMM where their K, padded to 64, is at most this; 0: never
     """
 
     launch_bytes: int = 1 << 20

@@ -275,7 +275,8 @@ def compose_transposes(mod) -> "tuple[tvm.IRModule, int]":
 
 # -------------------------------------------------------------------------------------------- narrow convs
 def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512):
-    """NHWC convs whose input channels are not a multiple of 64, as an im2col kernel and a GEMM.
+    """NHWC convs with fewer than 16 input channels (an image's 1-4: a network's stem), as an im2col kernel and a
+    GEMM.
 
     The tensor-core conv template reads each filter tap's channels 64 at a time (:mod:`tvmfuse.tune.hopper`), so a
     network's stem (3 channels, 7x7, stride 2) got a generic schedule: on the H200 (2026-12-01) ResNet-50 b32's
@@ -283,7 +284,9 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512):
     (one per output pixel; K = R*S*C taps x channels, zero-padded to a multiple of 64) are written by one
     injective kernel, and the conv becomes ``matmul(A, W)`` with the filter as a [K, F] constant: a GEMM the
     wgmma template takes, its epilogue fused as any GEMM's. Costs A's bytes (written once, read once): taken only
-    where K, padded, is at most ``limit_k``."""
+    where K, padded, is at most ``limit_k``, and only below 16 channels, where a tap's channels do not fill one
+    tensor-core K step (wider convs that the template cannot take keep the other tensor-core template, untested
+    against this)."""
     from tvm import te
 
     bindings = _bindings(mod)
@@ -297,7 +300,7 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512):
         at = call.attrs
         xs, ys = tensor_shape(call.args[0].ty), tensor_shape(b.var.ty)
         if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "OHWI", "NHWC") \
-                or int(at.groups) != 1 or xs is None or ys is None or xs[3] % 64 == 0:
+                or int(at.groups) != 1 or xs is None or ys is None or xs[3] >= 16:
             continue
         weight = const_numpy(call.args[1])
         (n, h, w, c), (_, oh, ow, f), (_, r, s, _) = xs, ys, weight.shape
