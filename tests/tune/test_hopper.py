@@ -373,8 +373,10 @@ _CONVS = {   # (model, what the spec must say)
                             dict(r=3, stride=(2, 2), pad=(1, 1), padded=True, tail=True)),
     "conv1x1_stride2": (lambda: _conv(cin=128, cout=64, hw=16, k=1, stride=2, pad=0),
                         dict(r=1, stride=(2, 2), pad=(0, 0), padded=False, tail=False)),
-    "conv1x1_one_k_step": (lambda: _conv(cin=64, cout=64, hw=8, k=1, pad=0),   # K = 64: fewer steps than stages
-                           dict(r=1, stride=(1, 1), pad=(0, 0), padded=False, tail=False)),
+    # K = 64: fewer steps than stages; a 1x1 stride-1 conv reads its input as a matrix: the template's GEMM
+    "conv1x1_one_k_step": (lambda: _conv(cin=64, cout=64, hw=8, k=1, pad=0), dict(gemm=True, tail=False)),
+    "conv1x1_7x7_gemm": (lambda: _conv(n=3, cin=128, cout=128, hw=7, k=1, pad=0),   # 147 rows: a partial tile
+                         dict(gemm=True, tail=True)),
     "conv3x3_dilated": (lambda: _conv(n=1, cin=64, cout=64, hw=7, pad=2, dilation=2),
                         dict(r=3, stride=(1, 1), pad=(2, 2), dilation=(2, 2), padded=True, tail=True)),
     "conv_residual": (lambda: models.to_fp16(models.conv_bn_relu_residual(n=1, c=64, hw=8)),
@@ -414,7 +416,10 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
     elif case not in _CONVS:
         assert not info["reindexed"]
     assert hopper.untuned_config(func, cuda.target) is not None
-    if case in _CONVS:
+    if case in _CONVS and _CONVS[case][1].get("gemm"):
+        assert spec.conv is None and spec.b_kmajor and (spec.rows % 64 != 0) == _CONVS[case][1]["tail"], spec
+        assert hopper.configs(spec, tma=(1,))   # TMA loads A at any image size (a 7x7 conv had no pixel patches)
+    elif case in _CONVS:
         want = dict(_CONVS[case][1])
         padded, tail = want.pop("padded"), want.pop("tail")
         g = spec.conv

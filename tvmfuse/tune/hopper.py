@@ -869,8 +869,8 @@ def analyze(func) -> tuple[GemmSpec, dict]:
     ext = [int(iv.dom.extent) for iv in spatial]
     if conv:
         spec, x, y = _conv_spec(value.b, names, red, ext, bufs, params)
-        g = spec.conv
-        out_idx = ["{row}" + f" // {g.oh * g.ow}", "{row}" + f" // {g.ow} % {g.oh}", "{row}" + f" % {g.ow}", "{col}"]
+        oh, ow = ext[1], ext[2]
+        out_idx = ["{row}" + f" // {oh * ow}", "{row}" + f" // {ow} % {oh}", "{row}" + f" % {ow}", "{col}"]
     else:
         spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params)
         out_idx = _gemm_out_index(spec)
@@ -996,8 +996,11 @@ def _conv_spec(mul, names, red, ext, bufs, params):
         raise Misfit("the conv reads outside its input without padding")
     if g.c % 64:
         raise Misfit(f"the conv's input channels ({g.c}) are not a multiple of 64")
+    # a 1x1 conv of stride 1 reads its NHWC input as a [rows, channels] matrix, row for row: a GEMM (whose A tiles
+    # TMA loads at any image size, where the conv's pixel patches leave 14x14 and 7x7 images to cp.async)
+    pointwise = (g.r, g.s, g.stride, g.pad, g.h, g.w) == (1, 1, (1, 1), (0, 0), g.oh, g.ow)
     spec = GemmSpec(batch=(), m=g.n * g.oh * g.ow, n=ext[3], k=g.r * g.s * g.c, a_batched=False, b_batched=False,
-                    b_kmajor=True, conv=g)
+                    b_kmajor=True, conv=None if pointwise else g)
     return spec, x, y
 
 
