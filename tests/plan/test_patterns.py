@@ -241,8 +241,8 @@ def test_fp16_batchnorm_folds_through_the_accumulation_cast(llvm, tmp_path):
 def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilation):
     """GPU plans run a channels-last conv with fewer than 16 input channels (a stem's 3) as an im2col kernel
     (K = taps x channels, zero-padded to 64) and a GEMM the tensor-core template takes; the numerics must stay
-    those of the conv: a stem (7x7, stride 2, padding 3) and a dilated conv with padding. 16 channels and more
-    stay convs."""
+    those of the conv: a stem (7x7, stride 2, padding 3) and a dilated conv with padding. 16 channels and more,
+    and fp32, stay convs."""
     from tvmfuse.plan.cost import CostModel
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
@@ -253,7 +253,10 @@ def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilati
                                      b.const(0.1 * b.rng.standard_normal(16)), b.const(0.1 * b.rng.standard_normal(16)),
                                      b.const(1 + 0.1 * b.rng.random(16))], epsilon=1e-5)
     out = (13 + 2 * pad - dilation * (k - 1) - 1) // stride + 1
-    model = b.model({"x": [2, cin, 13, 13]}, b.op("Relu", [bn]), [2, 16, out, out])
+    model32 = b.model({"x": [2, cin, 13, 13]}, b.op("Relu", [bn]), [2, 16, out, out])
+    model = type(model32)()
+    model.CopyFrom(model32)
+    model = models.to_fp16(model)
     config = PlannerConfig(cost_model=CostModel.for_target(llvm, conv_layout="NHWC", im2col_k=512))
     fused, plan = plan_tvmfuse(import_proto(model), llvm, config=config)
     kpad = -(-k * k * cin // 64) * 64
@@ -261,12 +264,15 @@ def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilati
     prims = [f.script() for f in fused.functions.values() if isinstance(f, PrimFunc)]
     assert not any("conv2d" in p for p in prims) and any("im2col" in p for p in prims)
     assert [g.pattern for g in plan.groups if "matmul" in g.ops] == ["gemm_epilogue"]
-    x = np.random.default_rng(0).standard_normal((2, cin, 13, 13)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((2, cin, 13, 13)).astype(np.float16)
     (got,) = build_and_run(fused, llvm, [x])
     (ref,) = ort_run(model, [x])
-    assert rel_err(got, ref) < 1e-5
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
     assert CostModel.for_target(resolve_target("cuda")).im2col_k and not CostModel.for_target(llvm).im2col_k
     wide = models._B(6)
     y = wide.op("Conv", ["x", wide.w(16, 16, 3, 3)], kernel_shape=[3, 3], pads=[1] * 4)
-    _, plan = plan_tvmfuse(import_proto(wide.model({"x": [1, 16, 8, 8]}, y, [1, 16, 8, 8])), llvm, config=config)
+    _, plan = plan_tvmfuse(import_proto(models.to_fp16(wide.model({"x": [1, 16, 8, 8]}, y, [1, 16, 8, 8]))), llvm,
+                           config=config)
+    assert not any("im2col" in n for n in plan.rewrites)
+    _, plan = plan_tvmfuse(import_proto(model32), llvm, config=config)   # fp32: the wgmma template would not take it
     assert not any("im2col" in n for n in plan.rewrites)

@@ -274,7 +274,7 @@ def compose_transposes(mod) -> "tuple[tvm.IRModule, int]":
 
 
 # -------------------------------------------------------------------------------------------- narrow convs
-def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512):
+def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",)):
     """NHWC convs with fewer than 16 input channels (an image's 1-4: a network's stem), as an im2col kernel and a
     GEMM.
 
@@ -286,7 +286,7 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512):
     wgmma template takes, its epilogue fused as any GEMM's. Costs A's bytes (written once, read once): taken only
     where K, padded, is at most ``limit_k``, and only below 16 channels, where a tap's channels do not fill one
     tensor-core K step (wider convs that the template cannot take keep the other tensor-core template, untested
-    against this)."""
+    against this), and for the input types in ``allow_dtypes`` (fp16: the wgmma template's)."""
     from tvm import te
 
     bindings = _bindings(mod)
@@ -300,7 +300,8 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512):
         at = call.attrs
         xs, ys = tensor_shape(call.args[0].ty), tensor_shape(b.var.ty)
         if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "OHWI", "NHWC") \
-                or int(at.groups) != 1 or xs is None or ys is None or xs[3] >= 16:
+                or int(at.groups) != 1 or xs is None or ys is None or xs[3] >= 16 \
+                or str(call.args[0].ty.dtype) not in allow_dtypes:
             continue
         weight = const_numpy(call.args[1])
         (n, h, w, c), (_, oh, ow, f), (_, r, s, _) = xs, ys, weight.shape
