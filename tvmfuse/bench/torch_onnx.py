@@ -44,27 +44,27 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
     import torch.nn.functional as F
 
     check_supported(model)
-    inits = {t.name: torch.from_numpy(np.array(numpy_helper.to_array(t))).to(device) for t in model.graph.initializer}
-    if float_dtype is not None:
-        inits = {k: v.to(float_dtype) if v.is_floating_point() else v for k, v in inits.items()}
-    if channels_last:
-        inits = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in inits.items()}
-    init_names = set(inits)
-    in_names = [i.name for i in model.graph.input if i.name not in init_names]
-    out_names = [o.name for o in model.graph.output]
     # Everything read from the ONNX protobufs is read here, once. Until 2026-12-01 ``run`` read the nodes' attributes
     # itself, and torch.compile traced no graph of it at all (torch._dynamo.explain: 0 graphs): the "compiled"
     # replay ran op by op as eager did (ResNet-50 b32 on the H200: eager 4921 us, "compiled" 5095 us, built in
     # 0.5 s). Now it traces as one graph with no break.
     static = {t.name: np.array(numpy_helper.to_array(t)) for t in model.graph.initializer}
+    static.update({n.output[0]: np.array(numpy_helper.to_array(_attrs(n)["value"]))
+                   for n in model.graph.node if n.op_type == "Constant"})
+    inits = {}
+    for name, value in static.items():
+        t = torch.from_numpy(value).to(device)
+        if float_dtype is not None and t.is_floating_point():
+            t = t.to(float_dtype)
+        inits[name] = t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
+    init_names = {t.name for t in model.graph.initializer}
+    in_names = [i.name for i in model.graph.input if i.name not in init_names]
+    out_names = [o.name for o in model.graph.output]
     nodes = []
     for n in model.graph.node:
-        a = {k: v.decode() if isinstance(v, bytes) else v for k, v in _attrs(n).items()}
         if n.op_type == "Constant":
-            static[n.output[0]] = value = np.array(numpy_helper.to_array(a["value"]))
-            tensor = torch.from_numpy(value).to(device)
-            inits[n.output[0]] = tensor.to(float_dtype) if float_dtype is not None and tensor.is_floating_point() else tensor
             continue
+        a = {k: v.decode() if isinstance(v, bytes) else v for k, v in _attrs(n).items()}
         if n.op_type in ("Reshape", "ReduceMean", "Unsqueeze") and len(n.input) > 1 and n.input[1]:
             if n.input[1] not in static:
                 raise Unsupported(f"{n.op_type} with a computed {'shape' if n.op_type == 'Reshape' else 'axes'}")

@@ -150,8 +150,7 @@ class FoldBatchNorm:
             # an fp16 conv accumulates in fp32 and is cast back before the BatchNorm (the importer's form): the
             # chain starts after that cast, and the folded bias is added in the cast's dtype
             cast = _single_user(users, cur, "relax.astype")
-            if cast is not None:
-                cur = cast.var
+            head = cur = b.var if cast is None else cast.var   # what the folded bias is added to
             while True:
                 us = users.get(cur, [])
                 if len(us) != 1 or not isinstance(cur, relax.DataflowVar):
@@ -184,7 +183,7 @@ class FoldBatchNorm:
             dtype = weight.dtype
             with np.errstate(over="ignore", invalid="ignore"):
                 new_w = (weight.astype(np.float64) * scale.reshape(-1, *([1] * (weight.ndim - 1)))).astype(dtype)
-                new_b = shift.reshape(1, channels, 1, 1).astype(str(cast.var.ty.dtype) if cast is not None else dtype)
+                new_b = shift.reshape(1, channels, 1, 1).astype(str(head.ty.dtype))
             if not (np.isfinite(new_w).all() and np.isfinite(new_b).all()):
                 continue  # scaled past the dtype's range (fp16: 65504): the unfolded ops keep the values in range
             conv_call, last = b.value, chain[-1]
@@ -193,8 +192,8 @@ class FoldBatchNorm:
                 return relax.Call(conv_call.op, [substitute(conv_call.args[0], vmap), relax.const(new_w)], conv_call.attrs,
                                   ty_args=conv_call.ty_args)
 
-            def emit_bias(bb, vmap, conv_var=(b.var if cast is None else cast.var), new_b=new_b):
-                return relax.op.add(vmap[conv_var], relax.const(new_b))
+            def emit_bias(bb, vmap, head=head, new_b=new_b):
+                return relax.op.add(vmap[head], relax.const(new_b))
 
             plan[b.var] = emit_conv
             for u in chain[:-1]:
@@ -202,7 +201,7 @@ class FoldBatchNorm:
             # the chain's last binding keeps its var name (users refer to it); tag it by that name
             plan[last.var] = emit_bias
             names[last.var] = tag_name = self.log.fresh("bnfold")
-            y = tensor_bytes((b.var if cast is None else cast.var).ty)
+            y = tensor_bytes(head.ty)
             # the unfused baseline is the imported graph's ops (as FuseOps sees them): one kernel each
             orig = tuple(ops)
             unfused = len(ops) * (2 * y + channels * new_b.dtype.itemsize)
@@ -220,19 +219,30 @@ def channels_last(mod, *, log: RewriteLog):
     """Run 2-D convolutions in NHWC with OHWI weights (Relax's ConvertLayout), then fold the weight and
     parameter transposes into the constants. Elementwise ops, pooling and the folded BatchNorm follow the
     layout, so one transpose stays at the input and one where the features leave the conv stack."""
-    script = mod.script()
-    if "R.nn.conv2d(" not in script:
+    if not _count_calls(mod, "relax.nn.conv2d"):
         return mod
-    before = script.count("R.permute_dims(")
+    before = _count_calls(mod, "relax.permute_dims")
     mod = tvm.transform.Sequential([
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
         relax.transform.FoldConstant(),
     ])(mod)
-    added = mod.script().count("R.permute_dims(") - before
+    added = _count_calls(mod, "relax.permute_dims") - before
     mod, cancelled = compose_transposes(mod)
     log.notes.append(f"convolutions run channels-last (NHWC): {added} layout transposes added at the edges"
                      + (f"; {cancelled} transposes that undid each other removed" if cancelled else ""))
     return mod
+
+
+def _count_calls(mod, op: str) -> int:
+    """Calls of ``op`` in ``main``."""
+    n = [0]
+
+    def visit(e):
+        if _op(e) == op:
+            n[0] += 1
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return n[0]
 
 
 def _axes(call) -> list[int]:
@@ -259,21 +269,39 @@ def compose_transposes(mod) -> "tuple[tvm.IRModule, int]":
             continue
         axes, x = _axes(b.value), b.value.args[0]
         inner = defs.get(x)
-        if _op(inner) == "relax.permute_dims":
+        composed = _op(inner) == "relax.permute_dims"
+        if composed:
             p = _axes(inner)
             axes, x = [p[i] for i in axes], inner.args[0]
-        elif axes != list(range(len(axes))):
-            continue
-        plan[b.var] = (lambda bb, vmap, x=x: vmap.get(x, x)) if axes == list(range(len(axes))) else (
-            lambda bb, vmap, x=x, axes=axes: relax.op.permute_dims(vmap.get(x, x), axes))
+        if axes == list(range(len(axes))):
+            plan[b.var] = lambda bb, vmap, x=x: vmap.get(x, x)
+        elif composed:
+            plan[b.var] = lambda bb, vmap, x=x, axes=axes: relax.op.permute_dims(vmap.get(x, x), axes)
     if not plan:
         return mod, 0
-    before = mod.script().count("R.permute_dims(")
+    before = _count_calls(mod, "relax.permute_dims")
     mod = tvm.transform.Sequential(_CLEAN)(rebuild_main(mod, plan, set()))
-    return mod, before - mod.script().count("R.permute_dims(")
+    return mod, before - _count_calls(mod, "relax.permute_dims")
 
 
 # -------------------------------------------------------------------------------------------- narrow convs
+def _im2col(x, *, oh: int, ow: int, r: int, s: int, kpad: int, stride, dilation, pad):
+    """A conv's im2col rows as TE: ``[n * oh * ow, kpad]``, K in the filter's (r, s, c) order, zero where a window
+    leaves the NHWC input ``x`` and past ``r * s * c``."""
+    from tvm import te
+
+    n, h, w, c = (int(d) for d in x.shape)
+    (sh, sw), (dh, dw), (pt, pl) = stride, dilation, pad
+
+    def row(m, kk):
+        hi = m // ow % oh * sh - pt + kk // (s * c) * dh
+        wi = m % ow * sw - pl + kk // c % s * dw
+        inside = tirx.all(kk < r * s * c, hi >= 0, hi < h, wi >= 0, wi < w)
+        return tirx.if_then_else(inside, x[m // (oh * ow), hi, wi, kk % c], tirx.const(0, x.dtype))
+
+    return te.compute((n * oh * ow, kpad), row, name="im2col")
+
+
 def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",)):
     """NHWC convs with fewer than 16 input channels (an image's 1-4: a network's stem), as an im2col kernel and a
     GEMM.
@@ -286,57 +314,49 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     wgmma template takes, its epilogue fused as any GEMM's. Costs A's bytes (written once, read once): taken only
     where K, padded, is at most ``limit_k``, and only below 16 channels, where a tap's channels do not fill one
     tensor-core K step (wider convs that the template cannot take keep the other tensor-core template, untested
-    against this), and for the input types in ``allow_dtypes`` (fp16: the wgmma template's)."""
-    from tvm import te
-
+    against this), and for the input types in ``allow_dtypes`` (fp16: the wgmma template's). The plan accounts
+    the three new nodes as the one conv they replace."""
     bindings = _bindings(mod)
     if bindings is None:
         return mod
-    plan = {}
+    plan, names = {}, {}
     for b in bindings:
         call = b.value
         if _op(call) != "relax.nn.conv2d" or not isinstance(call.args[1], RelaxConstant):
             continue
-        at = call.attrs
-        xs, ys = tensor_shape(call.args[0].ty), tensor_shape(b.var.ty)
+        at, x = call.attrs, call.args[0]
+        xs, ys = tensor_shape(x.ty), tensor_shape(b.var.ty)
         if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "OHWI", "NHWC") \
-                or int(at.groups) != 1 or xs is None or ys is None or xs[3] >= 16 \
-                or str(call.args[0].ty.dtype) not in allow_dtypes:
+                or int(at.groups) != 1 or xs is None or ys is None or xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes:
             continue
         weight = const_numpy(call.args[1])
-        (n, h, w, c), (_, oh, ow, f), (_, r, s, _) = xs, ys, weight.shape
+        f, r, s, c = weight.shape
         k = r * s * c
         kpad = -(-k // 64) * 64
         if kpad > limit_k:
             continue
         w_mat = np.zeros((kpad, f), weight.dtype)
         w_mat[:k] = weight.reshape(f, k).T
-        (sh, sw), (dh, dw) = [int(v) for v in at.strides], [int(v) for v in at.dilation]
-        pt, pl = int(at.padding[0]), int(at.padding[1])
-        dtype = str(call.args[0].ty.dtype)
-        out_dtype = str(b.var.ty.dtype)   # the conv's own (its out_dtype attribute, when set, is this too)
+        geometry = dict(oh=ys[1], ow=ys[2], r=r, s=s, kpad=kpad, stride=[int(v) for v in at.strides],
+                        dilation=[int(v) for v in at.dilation], pad=[int(v) for v in at.padding[:2]])
+        rows_name, gemm_name, out_name = (log.fresh(p) for p in ("im2col", "im2col_gemm", "im2col_out"))
+        # the conv (input, filter, output as one kernel) is the unfused baseline; the rows are the rewrite's own
+        conv_bytes = tensor_bytes(x.ty) + weight.nbytes + tensor_bytes(b.var.ty)
+        log.tags[gemm_name] = Tag("im2col", ("conv2d",), conv_bytes, note=f"conv as im2col rows (K {k} -> {kpad}) x GEMM")
+        log.tags[rows_name] = log.tags[out_name] = Tag("im2col", (), 0)
 
-        def im2col(x, n=n, h=h, w=w, c=c, oh=oh, ow=ow, s=s, k=k, kpad=kpad, sh=sh, sw=sw, dh=dh, dw=dw, pt=pt,
-                   pl=pl, dtype=dtype):
-            def row(m, kk):
-                hi = m // ow % oh * sh - pt + kk // (s * c) * dh
-                wi = m % ow * sw - pl + kk // c % s * dw
-                inside = tirx.all(kk < k, hi >= 0, hi < h, wi >= 0, wi < w)
-                return tirx.if_then_else(inside, x[m // (oh * ow), hi, wi, kk % c], tirx.const(0, dtype))
-
-            return te.compute((n * oh * ow, kpad), row, name="im2col")
-
-        def emit(bb, vmap, x=call.args[0], im2col=im2col, w_mat=w_mat, out_dtype=out_dtype, ys=ys):
-            rows = bb.emit_te(im2col, vmap.get(x, x), primfunc_name_hint="im2col")
-            gemm = bb.emit(relax.op.matmul(rows, relax.const(w_mat), out_dtype=out_dtype))
+        def emit(bb, vmap, x=x, geometry=geometry, w_mat=w_mat, out_dtype=str(b.var.ty.dtype), ys=ys,
+                 rows_name=rows_name, gemm_name=gemm_name):
+            rows = bb.emit_te(_im2col, vmap.get(x, x), **geometry, primfunc_name_hint="im2col", name_hint=rows_name)
+            gemm = bb.emit(relax.op.matmul(rows, relax.const(w_mat), out_dtype=out_dtype), name_hint=gemm_name)
             return relax.op.reshape(gemm, ys)
 
-        plan[b.var] = emit
+        plan[b.var], names[b.var] = emit, out_name
         log.notes.append(f"conv {b.var.name} ({c} input channels, {r}x{s}) runs as im2col + GEMM (K {k} padded to "
                          f"{kpad})")
     if not plan:
         return mod
-    return tvm.transform.Sequential(_CLEAN)(rebuild_main(mod, plan, set()))
+    return tvm.transform.Sequential(_CLEAN)(rebuild_main(mod, plan, set(), names))
 
 
 # ---------------------------------------------------------------------------------------------- attention
