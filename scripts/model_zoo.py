@@ -36,10 +36,8 @@ TOL = {"float32": 1e-4, "float16": 1e-2}
 
 
 # ----------------------------------------------------------------------------------------------- export
-def _build(name: str, tiny: bool):
+def _build(name: str, tiny: bool, seq: int | None = None, batch: int = 1):
     import torch
-    import torchvision
-    import transformers as tf
 
     torch.manual_seed(0)
     if name == "tinycnn":  # test fixture: conv-bn-relu, a residual block, depthwise conv, pool, linear
@@ -60,6 +58,8 @@ def _build(name: str, tiny: bool):
 
         return TinyCNN(), (torch.randn(1, 3, 16, 16),), ["image"]
     if name in VISION:
+        import torchvision
+
         model = getattr(torchvision.models, name)(weights=None)
         # random init leaves BatchNorm's running stats at (0, 1): activations shrink layer by layer until
         # the output is ~1e-9 (0 in fp16), which would make any comparison pass. Calibrate the stats on
@@ -73,17 +73,19 @@ def _build(name: str, tiny: bool):
                 model(torch.randn(4, 3, IMG, IMG))
         model.eval()
         return model, (torch.randn(1, 3, IMG, IMG),), ["image"]
+    import transformers as tf
+
     small = dict(hidden_size=32 if tiny else 64, num_attention_heads=2 if tiny else 4,
                  intermediate_size=64 if tiny else 128)
     layers = 1 if tiny else 2
     vocab = 64 if tiny else 1000
-    ids = torch.randint(0, vocab, (1, 8 if tiny else SEQ))
+    ids = torch.randint(0, vocab, (batch, seq or (8 if tiny else SEQ)))
     if name == "bert":
-        cfg = tf.BertConfig(vocab_size=vocab, num_hidden_layers=layers, max_position_embeddings=64, **small)
+        cfg = tf.BertConfig(vocab_size=vocab, num_hidden_layers=layers, max_position_embeddings=max(64, seq or 0), **small)
         return tf.BertModel(cfg, add_pooling_layer=False), (ids,), ["input_ids"]
     if name == "gpt2":
         cfg = tf.GPT2Config(vocab_size=vocab, n_embd=small["hidden_size"], n_layer=layers,
-                            n_head=small["num_attention_heads"], n_positions=64, use_cache=False)
+                            n_head=small["num_attention_heads"], n_positions=max(64, seq or 0), use_cache=False)
         return tf.GPT2Model(cfg), (ids,), ["input_ids"]
     if name == "vit":
         cfg = tf.ViTConfig(image_size=32, patch_size=8, num_hidden_layers=layers, **small)
@@ -94,7 +96,7 @@ def _build(name: str, tiny: bool):
         return tf.T5EncoderModel(cfg), (ids,), ["input_ids"]
     if name == "llama":  # RMSNorm + SwiGLU MLP + rotary embeddings
         cfg = tf.LlamaConfig(vocab_size=vocab, num_hidden_layers=layers, num_key_value_heads=small["num_attention_heads"],
-                             max_position_embeddings=64, use_cache=False, **small)
+                             max_position_embeddings=max(64, seq or 0), use_cache=False, **small)
         return tf.LlamaModel(cfg), (ids,), ["input_ids"]
     raise ValueError(name)
 
@@ -119,16 +121,18 @@ class _FirstOutput:
         return Wrapped(model)
 
 
-def export(out: Path, names: list[str], tiny: bool) -> None:
+def export(out: Path, names: list[str], tiny: bool, seq: int | None = None, batch: int = 1) -> None:
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        model, args, input_names = _build(name, tiny)
+        model, args, input_names = _build(name, tiny, seq, batch)
         if name in TEXT and hasattr(model, "config"):
             model.config._attn_implementation = "eager"
         model = _FirstOutput(model).eval()
         stem = f"tiny_{name}" if tiny else name
+        if seq or batch != 1:
+            stem += f"_b{batch}s{seq or SEQ}"
         np.savez(out / f"{stem}.inputs.npz", **{n: a.numpy() for n, a in zip(input_names, args)})
         for dtype in ("float32", "float16"):
             m = model.half() if dtype == "float16" else model.float()
@@ -289,13 +293,15 @@ def main() -> int:
     e.add_argument("--out", type=Path, default=Path("/work/zoo"))
     e.add_argument("--models", nargs="*", default=VISION + TEXT)
     e.add_argument("--tiny", action="store_true", help="tiny configs for tests/fixtures")
+    e.add_argument("--seq", type=int, default=None, help="tokens per sequence of the text models (default %d)" % SEQ)
+    e.add_argument("--batch", type=int, default=1, help="batch of the text models' inputs")
     v = sub.add_parser("verify")
     v.add_argument("--zoo", type=Path, default=Path("/work/zoo"))
     v.add_argument("--models", nargs="*", default=VISION + TEXT)
     v.add_argument("--benchmarks", type=Path, default=None)
     args = ap.parse_args()
     if args.cmd == "export":
-        export(args.out, args.models, args.tiny)
+        export(args.out, args.models, args.tiny, args.seq, args.batch)
         return 0
     return verify(args.zoo, args.models, args.benchmarks)
 

@@ -3,6 +3,7 @@ sigmoid and silu are computed in fp32 through exp2."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -65,3 +66,33 @@ def test_sigmoid_and_silu_are_within_an_ulp_and_half_ones_run_in_fp32(op, exact,
     with np.errstate(over="ignore"):   # (fp16's largest value: its spacing is inf)
         ulp = np.spacing(np.abs(ref).astype(dtype)).astype(np.float64) if dtype == "float16" else 1e-6 * np.abs(ref)
     assert (np.abs(got - ref) <= ulp + 1e-30).all(), xs[np.abs(got - ref) > ulp][:5]
+
+
+@pytest.mark.parametrize("exponent", [3.0, 2.0, -2.0, 0.5, 1.5])
+def test_power_by_a_constant_matches_numpy_for_negative_bases(exponent):
+    xs = np.linspace(-3, 3, 257).astype("float32")
+    mod, got = _legalized_and_run(lambda x: relax.op.power(x, relax.const(exponent, "float32")), xs)
+    with np.errstate(all="ignore"):
+        ref = np.power(xs.astype(np.float64), exponent)
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    finite = np.isfinite(ref)
+    assert np.allclose(got[finite], ref[finite], rtol=1e-5, atol=1e-6)
+    if exponent == int(exponent):  # integer exponents are multiplications: no pow call for nvcc's fast math
+        assert "T.pow" not in mod.script()
+
+
+def test_power_by_a_tensor_keeps_the_sign_of_negative_bases():
+    bb = relax.BlockBuilder()
+    xs = np.array([-2, -2, -2, 0, 0, 3, -0.5, 2], "float32")
+    ys = np.array([3, 2, 0.5, 0, 2, -1, -3, 1.5], "float32")
+    x, y = relax.Var("x", TensorType(xs.shape, "float32")), relax.Var("y", TensorType(ys.shape, "float32"))
+    with bb.function("main", [x, y]):
+        bb.emit_func_output(bb.emit(relax.op.power(x, y)))
+    mod = legalize_ops()(bb.get())
+    # the pow that remains reads |x|: __powf (nvcc --use_fast_math) is exp2(y * log2(x)), NaN for x < 0
+    assert set(re.findall(r"T\.pow\((T\.\w+)\(", mod.script())) == {"T.fabs"}
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys)).numpy()
+    with np.errstate(all="ignore"):
+        ref = np.power(xs, ys)
+    assert np.allclose(got, ref, equal_nan=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import PrimFunc, build_context, const_value, default_gpu_rules, dlight, is_scheduled, relax, tvm
+from tvmfuse._tvm import PrimFunc, build_context, const_value, default_schedule, is_scheduled, relax, tvm
 from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.expand import expand
@@ -98,9 +98,21 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
     mod = expand(tvm.IRModule({gv: updates.get(gv, f) for gv, f in fused_mod.functions.items()},
                               attrs=fused_mod.attrs))
     if target.is_gpu:
-        with target.target:
-            mod = dlight.ApplyDefaultSchedule(*default_gpu_rules())(mod)
+        mod = _default_gpu_schedules(mod, target)
     return mod, statuses
+
+
+def _default_gpu_schedules(mod: tvm.IRModule, target: TargetInfo) -> tvm.IRModule:
+    """dlight's first rule that takes each unscheduled kernel. dlight's own pass stops the build when a rule
+    raises (its Matmul asserts on some GEMM epilogues: "consumers of the cache-write stage that are not properly
+    inlined", LLaMA and T5 in fp32); here that rule is passed over and the next one schedules the kernel."""
+    funcs = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, PrimFunc) and not is_scheduled(func):
+            sch = default_schedule(_normalized(func), target.target, is_gpu=True)
+            if sch is not None:
+                funcs[gv] = sch.mod["main"].with_attr("global_symbol", gv.name_hint).with_attr("tirx.is_scheduled", True)
+    return tvm.IRModule({gv: funcs.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
 
 
 def _with_function(mod: tvm.IRModule, gv, func) -> tvm.IRModule:
@@ -118,9 +130,14 @@ def _backend(target: TargetInfo):
 
 
 def finish_pipeline(target: TargetInfo) -> tvm.transform.Pass:
-    """Relax passes after partitioning: lower dataflow, plan memory, lower to the VM (no re-fusion)."""
+    """Relax passes after partitioning: lower dataflow, plan memory, lower to the VM (no re-fusion).
+
+    ``RewriteDataflowReshape`` is left out: it asks every one-input kernel whether it is a reshape, an analysis
+    that needs a root block, which the hand-written kernels (a row program's softmax) do not have. ``build``
+    runs it before the records are applied, on the planner's kernels."""
     p = _backend(target)
-    return tvm.transform.Sequential(p.dataflow_lower_passes(target.target) + p.finalize_passes(target.target))
+    lower = [t for t in p.dataflow_lower_passes(target.target) if "RewriteDataflowReshape" not in str(t.info.name)]
+    return tvm.transform.Sequential(lower + p.finalize_passes(target.target))
 
 
 def lift_constants(mod: tvm.IRModule, *, min_elements: int = 64) -> tuple[tvm.IRModule, list]:
@@ -152,6 +169,8 @@ def lift_constants(mod: tvm.IRModule, *, min_elements: int = 64) -> tuple[tvm.IR
 
 def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_params: bool = True) -> BuildResult:
     """Apply records from ``database`` (or none), build for ``target``, and report each kernel's schedule."""
+    # kernels that only reshape become the VM's reshape (no copy); the kernels they replace go with DCE
+    fused_mod = relax.transform.DeadCodeElimination(["main"])(relax.transform.RewriteDataflowReshape()(fused_mod))
     mod, statuses = apply_records(fused_mod, target=target, database=database)
     params: list = []
     if lift_params:

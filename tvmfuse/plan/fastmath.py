@@ -14,6 +14,12 @@ correcting special values, in its PTX) and a half division (a float reciprocal r
 SwiGLU's kernel at 16384x8192 ran at 94% of the copy ceiling, behind torch.compile, and at 102% (185 us, ahead)
 with this lowering (the H200, 2026-11-30). In fp32, ``exp2`` is one ``ex2.approx`` (2 ulp) and the result is
 rounded once, to the half type: within an ulp of it.
+
+``power`` is legalized for TVM's CUDA builds, which nvcc compiles with ``--use_fast_math``: ``powf`` becomes
+``__powf`` (``exp2(y * log2(x))``), NaN for every negative base, so GPT-2's tanh-GELU (``pow(x, 3)``) turned half
+its activations into NaN on the GPU. A constant integer exponent (|n| <= 8) becomes multiplications (exact, and
+cheaper everywhere), 0.5 a square root; any other exponent is computed on ``|x|`` with the sign and NaN of a
+negative base restored (odd integer exponents negative, fractional ones NaN) and ``x ** 0 = 1``.
 """
 from __future__ import annotations
 
@@ -77,9 +83,79 @@ def _half_activation(op: str, name: str, fn):
     return legalize
 
 
+def _const_scalar(expr):
+    """A scalar (or one-element) Relax constant's float value, else None."""
+    if type(expr).__name__ not in ("Constant", "GenericConst"):
+        return None
+    from tvmfuse._tvm import const_numpy
+
+    value = const_numpy(expr)
+    return float(value.reshape(-1)[0]) if value.size == 1 else None
+
+
+def _int_power(v, n: int, dtype: str):
+    """``v ** n`` by squaring, for a small integer ``n``."""
+    one = tirx.const(1.0, dtype)
+    if n == 0:
+        return one
+    result, base, k = None, v, abs(n)
+    while k:
+        if k & 1:
+            result = base if result is None else result * base
+        k >>= 1
+        if k:
+            base = base * base
+    return one / result if n < 0 else result
+
+
+def _robust_pow(x, y, dtype: str):
+    """``x ** y`` that does not depend on the base's sign reaching ``powf``: computed on ``|x|``, negated for a
+    negative base and an odd integer exponent, NaN for a negative base and a fractional exponent."""
+    zero, one = tirx.const(0.0, dtype), tirx.const(1.0, dtype)
+    mag = tirx.pow(tirx.abs(x), y)
+    integral = tirx.floor(y) == y
+    odd = tirx.floor(y * tirx.const(0.5, dtype)) * tirx.const(2.0, dtype) != y
+    neg = tirx.Select(integral, tirx.Select(odd, -mag, mag), tirx.const(float("nan"), dtype))
+    return tirx.Select(y == zero, one, tirx.Select(x < zero, neg, mag))
+
+
+def _power(bb, call):
+    from tvm import te
+
+    x, y = call.args
+    dtype = str(x.ty.dtype)
+    if dtype not in ("float32", "float16", "bfloat16", "float64"):
+        return tvm.ir.Op.get("relax.power").get_attr("FLegalize")(bb, call)
+    work = "float64" if dtype == "float64" else "float32"
+    exponent = _const_scalar(y)
+    if exponent is not None and exponent == int(exponent) and abs(exponent) <= 8:
+        n = int(exponent)
+        return bb.call_te(lambda t: te.compute(t.shape, lambda *i: _int_power(t(*i).astype(work), n, work)
+                                               .astype(dtype), name="T_power"), x, primfunc_name_hint="power")
+    if exponent == 0.5:
+        return bb.call_te(lambda t: te.compute(t.shape, lambda *i: tirx.sqrt(t(*i).astype(work)).astype(dtype),
+                                               name="T_power"), x, primfunc_name_hint="power")
+
+    xs, ys = (tuple(x.ty.shape), tuple(y.ty.shape)) if hasattr(y.ty, "shape") else ((), ())
+    if not all(isinstance(d, tvm.tirx.IntImm) for d in xs + ys):
+        return tvm.ir.Op.get("relax.power").get_attr("FLegalize")(bb, call)  # symbolic shapes: TVM's own
+    xs, ys = [int(d) for d in xs], [int(d) for d in ys]
+    rank = max(len(xs), len(ys))
+    shape = [max(([1] * (rank - len(xs)) + xs)[d], ([1] * (rank - len(ys)) + ys)[d]) for d in range(rank)]
+
+    def robust(a, b):
+        def at(t, dims, i):  # numpy broadcasting: right-aligned, size-1 axes read at 0
+            return t(*[i[rank - len(dims) + d] if dims[d] != 1 else 0 for d in range(len(dims))])
+
+        return te.compute(shape, lambda *i: _robust_pow(at(a, xs, i).astype(work), at(b, ys, i).astype(work), work)
+                          .astype(dtype), name="T_power")
+
+    return bb.call_te(robust, x, y, primfunc_name_hint="power")
+
+
 def legalize_ops():
     """Relax's LegalizeOps with tvmfuse's fast-math lowerings."""
     return relax.transform.LegalizeOps(customize_legalize_map={
-        "relax.erf": _erf, "relax.nn.gelu": _gelu,
+        "relax.erf": _erf, "relax.nn.gelu": _gelu, "relax.power": _power,
         "relax.sigmoid": _half_activation("relax.sigmoid", "sigmoid", _sigmoid32),
         "relax.nn.silu": _half_activation("relax.nn.silu", "silu", lambda v: v * _sigmoid32(v))})

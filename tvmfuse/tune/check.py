@@ -1,7 +1,9 @@
 """Check a tuned kernel against its reference on fresh random inputs, outputs poisoned before each run.
 
-The reference is the same PrimFunc under a schedule that does not come from the search space (dlight's
-default GPU schedules on CUDA, TVM's plain lowering on llvm); whole models are checked against
+The reference is the same PrimFunc under a schedule that does not come from the search space and is simple
+enough to trust (dlight's Fallback on CUDA: one thread per output element; TVM's plain lowering on llvm).
+dlight's tiling rules are not a reference: its Matmul rule once computed a padded GEMM's epilogue wrong,
+and every correct tuned record of that kernel was rejected against it. Whole models are checked against
 onnxruntime elsewhere (``tvmfuse run --verify``, ``tvmfuse bench``).
 """
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import build_context, default_schedule, tvm
+from tvmfuse._tvm import build_context, reference_schedule, tvm
 from tvmfuse.tune.expand import expand
 from tvmfuse.verify import relative_error, tolerance
 
@@ -52,10 +54,9 @@ def output_names(func) -> set[str]:
 
 
 def reference_module(mod, target_info):
-    """``mod`` under the reference schedule for the target: TVM's default schedule of it (dlight's on GPUs),
-    the one the tuner also measures as its baseline. For attention that is the planner's scalar kernel, an
-    implementation independent of the flash template a tuned record selects."""
-    sch = default_schedule(mod, target_info.target, is_gpu=target_info.is_gpu)
+    """``mod`` under the reference schedule for the target (see ``reference_schedule``). For attention that is
+    the planner's scalar kernel, an implementation independent of the flash template a tuned record selects."""
+    sch = reference_schedule(mod, target_info.target, is_gpu=target_info.is_gpu)
     return mod if sch is None else sch.mod
 
 
