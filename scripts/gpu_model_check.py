@@ -66,6 +66,7 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> lis
 
     loaded = load_model(path)
     feeds = _inputs(path, loaded.inputs)
+    feeds = {s.name: np.ascontiguousarray(feeds[s.name].astype(s.dtype)) for s in loaded.inputs}
     refs = verify.run_onnxruntime(loaded.path, feeds)
     target = resolve_target("cuda")
     mod = import_model(loaded)

@@ -233,20 +233,22 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
                                                           ("vs", "v", v_shape, BN, DV, v_tile, 0)):
             vec = cols // 8
             n = rows * vec
-            if n % NT:
-                raise ValueError(f"flash: a {rows}x{cols} tile does not split over {NT} threads")
+            # a tile of n 16-byte vectors over NT threads; where they do not split evenly (a 32x48 tile is 192
+            # vectors for 128 threads) the last round is guarded
+            rounds, guard = -(-n // NT), n % NT != 0
             r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * 8"
             src_rc = [r, c]
             src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
             sh = f"{slot} * {tile} + ({r}) * {cols + 8} + {c}"
             if stages == 1:
-                out += (f"for it in T.unroll({n // NT}):\n"
-                        f"    for e in T.vectorized(8):\n"
-                        f"        {dst}[{sh} + e] = {src}[{', '.join([*bidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
+                body = (f"for e in T.vectorized(8):\n"
+                        f"    {dst}[{sh} + e] = {src}[{', '.join([*bidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
             else:
-                out += (f"for it in T.unroll({n // NT}):\n"
-                        f"    T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
+                body = (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
                         f"{_flat(shp, [*bidx, *src_rc])}, 16))\n")
+            if guard:
+                body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
+            out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
         return out
 
     kslot, vslot = (f"j % 2 * {k_tile} + ", f"j % 2 * {v_tile} + ") if stages > 1 else ("", "")
