@@ -47,6 +47,15 @@ def _trace(executable, dev, args) -> tuple[list, list]:
     return calls, outs
 
 
+def _time_ms(executable, dev, args) -> float:
+    """Median ms of one call: 10 samples, each the mean of 20 back-to-back calls (METHOD: TVM's time_evaluator)."""
+    from tvmfuse.bench import time_vm
+    from tvmfuse._tvm import relax
+
+    vm = relax.VirtualMachine(executable, dev)
+    return float(np.median(time_vm(vm, args, dev, repeat=10, number=20))) * 1e3
+
+
 def _args(built, loaded, feeds, dev):
     from tvmfuse._tvm import tvm
 
@@ -56,7 +65,7 @@ def _args(built, loaded, feeds, dev):
 
 def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> list[dict]:
     from tvmfuse import verify
-    from tvmfuse._tvm import tvm
+    from tvmfuse._tvm import relax, tvm
     from tvmfuse.compile import build
     from tvmfuse.db import open_database
     from tvmfuse.frontend import import_model, load_model
@@ -89,14 +98,12 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> lis
                                config=TuneConfig(trials=10_000, trials_per_kernel=8, time_budget_s=tune_seconds))
             row["tune"] = {s: sum(x.status == s for x in res) for s in {x.status for x in res}}
             row["failed"] = {r.name: (r.message or "")[:200] for r in res if r.status == "failed"}
-        built = build(fused, target=target, database=db)
-        if db is not None:
-            db.close()
+        built = build(fused, target=target, database=db, cuda_graph=False)   # traced kernel by kernel
         row["build_s"] = round(time.perf_counter() - t0, 1)
         sources = {k.name: k.schedule for k in built.kernels}
         dev = tvm.cuda(0)
         calls, outs = _trace(built.executable, dev, _args(built, loaded, feeds, dev))
-        row["rel_err_vs_ort"] = max(verify.relative_error(o, r) for o, r in zip(outs, refs))
+        row["rel_err_no_graph"] = max(verify.relative_error(o, r) for o, r in zip(outs, refs))
         row["rel_err_llvm_vs_ort"] = max(verify.relative_error(o, r) for o, r in zip(ref_outs, refs))
         tol = verify.tolerance(str(refs[0].dtype))
         bad = []
@@ -119,6 +126,23 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> lis
         row["kernel_calls"] = len(calls)
         row["bad_kernels"] = bad[:8]
         row["schedules"] = {s: sum(v == s for v in sources.values()) for s in set(sources.values())}
+        # the default build (CUDA graph on): timed, then checked on a replay of the captured graph
+        graph = build(fused, target=target, database=db, cuda_graph=True)
+        graph_args = _args(graph, loaded, feeds, dev)
+        row["graph_ms"] = _time_ms(graph.executable, dev, graph_args)
+        row["no_graph_ms"] = _time_ms(built.executable, dev, _args(built, loaded, feeds, dev))
+        # replays with other inputs in other buffers: a graph that kept the first call's input would repeat it
+        other = {k: np.ascontiguousarray(np.roll(v, 1)) for k, v in feeds.items()}
+        other_refs = verify.run_onnxruntime(loaded.path, other)
+        vm = relax.VirtualMachine(graph.executable, dev)
+        errs = []
+        for f, r in ((feeds, refs), (other, other_refs), (feeds, refs)):
+            out = vm["main"](*_args(graph, loaded, f, dev))
+            got = [out.numpy()] if isinstance(out, tvm.runtime.Tensor) else [o.numpy() for o in out]
+            errs.append(max(verify.relative_error(o, x) for o, x in zip(got, r)))
+        row["rel_err_vs_ort"] = max(errs)
+        if db is not None:
+            db.close()
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
     return rows
@@ -140,11 +164,12 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1, default=str))
-    print(f"\n{'model':32} {'build':8} {'rel_err':>9} {'llvm':>9}  first bad kernel")
+    nan = float("nan")
+    print(f"\n{'model':32} {'build':8} {'rel_err':>9} {'llvm':>9} {'graph ms':>9} {'plain ms':>9}  first bad kernel")
     for r in rows:
         first = r.get("bad_kernels", [{}])[0] if r.get("bad_kernels") else {}
-        print(f"{r['model']:32} {r['build']:8} {r.get('rel_err_vs_ort', float('nan')):9.2e} "
-              f"{r.get('rel_err_llvm_vs_ort', float('nan')):9.2e}  "
+        print(f"{r['model']:32} {r['build']:8} {r.get('rel_err_vs_ort', nan):9.2e} "
+              f"{r.get('rel_err_llvm_vs_ort', nan):9.2e} {r.get('graph_ms', nan):9.3f} {r.get('no_graph_ms', nan):9.3f}  "
               f"{first.get('kernel', r.get('error', '-'))} {first.get('schedule', '')} {first.get('rel_err', '')}")
     return 0
 

@@ -67,9 +67,13 @@ def ensure_tensor_intrinsics(target_kind: str, *, tensor_cores: bool = False) ->
 BUILD_CONFIG = {"tirx.use_async_copy": True}
 
 
-def build_context():
-    """The PassContext tvmfuse builds under (see BUILD_CONFIG)."""
-    return tvm.transform.PassContext(config=BUILD_CONFIG)
+def build_context(*, cuda_graph: bool = False):
+    """The PassContext tvmfuse builds under (see BUILD_CONFIG); ``cuda_graph``: Relax's RewriteCUDAGraph captures
+    the static part of ``main`` (its kernel launches and allocations) as one CUDA graph, replayed on later calls."""
+    config = dict(BUILD_CONFIG)
+    if cuda_graph:
+        config["relax.backend.use_cuda_graph"] = True
+    return tvm.transform.PassContext(config=config)
 
 
 def fast_build(mod, target, _params):

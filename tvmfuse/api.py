@@ -64,8 +64,9 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
     }
 
 
-def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False) -> dict:  # noqa: A001 - the command's name
-    """Apply the best records for the target and export an artifact folder to ``out``."""
+def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: bool = True) -> dict:  # noqa: A001
+    """Apply the best records for the target and export an artifact folder to ``out`` (``cuda_graph``: on a GPU,
+    the model replays as one CUDA graph; see ``tvmfuse.compile.build``)."""
     from tvmfuse.compile import build, export_artifact
 
     t0 = time.perf_counter()
@@ -73,16 +74,17 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False) -> dict:  # n
     use_db = not untuned and Path(cfg.db).exists()
     db = open_database(cfg.db, target=target, create=False) if use_db else None
     try:
-        result = build(fused, target=target, database=db)
+        result = build(fused, target=target, database=db, cuda_graph=cuda_graph)
     finally:
         if db is not None:
             db.close()
     export_artifact(result, out, target=target, inputs=loaded.inputs, outputs=loaded.outputs,
-                    model_path=cfg.model, planner=plan.planner)
+                    model_path=cfg.model, planner=plan.planner, extra={"cuda_graph": result.cuda_graph})
     return {
         "artifact": str(out), "target": target.canonical, "device": target.device, "planner": plan.planner,
         "kernels": [k.to_json() for k in result.kernels],
-        "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "seconds": round(time.perf_counter() - t0, 2),
+        "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
+        "seconds": round(time.perf_counter() - t0, 2),
     }
 
 

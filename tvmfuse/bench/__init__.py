@@ -31,6 +31,7 @@ class BenchConfig:
     number: int = 5
     seed: int = 0
     verify: bool = True
+    cuda_graph: bool = True
 
 
 def _stats(samples_s: list[float]) -> dict:
@@ -174,16 +175,17 @@ def run_bench(cfg: BenchConfig) -> dict:
     if cfg.db is not None and Path(cfg.db).exists():
         db = open_database(cfg.db, target=target, create=False)
     try:
-        built = build(fused, target=target, database=db)
+        built = build(fused, target=target, database=db, cuda_graph=cfg.cuda_graph)
     finally:
         if db is not None:
             db.close()
     report["tvmfuse_build"] = {"seconds": round(time.perf_counter() - t0, 2), "planner": plan.planner,
                                "kernels": [k.to_json() for k in built.kernels], "untuned": built.untuned,
-                               "db": str(cfg.db) if db is not None else None}
+                               "db": str(cfg.db) if db is not None else None, "cuda_graph": built.cuda_graph}
     outs, samples = _tvm_run(built.executable, target, feeds, list(built.lifted_params), cfg)
     outputs["tvmfuse"] = outs
-    results.append({"backend": "tvmfuse", **_stats(samples), "untuned_kernels": len(built.untuned)})
+    results.append({"backend": "tvmfuse", **_stats(samples), "untuned_kernels": len(built.untuned),
+                    "cuda_graph": built.cuda_graph})
 
     if "tvm-default" in against:
         t0 = time.perf_counter()

@@ -22,6 +22,8 @@ def bench_command(
     planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    cuda_graph: bool = typer.Option(True, "--cuda-graph/--no-cuda-graph",
+                                    help="On a GPU, tvmfuse's build replays as one CUDA graph (static shapes)."),
     as_json: bool = JsonOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -32,7 +34,7 @@ def bench_command(
 
         cfg = BenchConfig(model=model, target=target, db=db, against=tuple(against.split(",")) if against else (),
                           planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat,
-                          number=number, seed=seed)
+                          number=number, seed=seed, cuda_graph=cuda_graph)
         report = run_bench(cfg)
         if as_json:
             emit_json(report)
@@ -46,7 +48,7 @@ def bench_command(
             check = "-" if "ok" not in r else ("ok" if r["ok"] else "WRONG") + f" ({r['rel_error']:.1e})"
             note = r.get("provider", "")
             if r["backend"] == "tvmfuse":
-                note = f"{r['untuned_kernels']} untuned kernel(s)"
+                note = f"{r['untuned_kernels']} untuned kernel(s)" + (", CUDA graph" if r.get("cuda_graph") else "")
             rows.append([r["backend"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
                          f"{r['median_ms'] / fast:.2f}x" if fast else "-", check, note])
         out.print(table(f"{model.name} on {report['device']}",

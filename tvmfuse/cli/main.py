@@ -17,6 +17,8 @@ app = typer.Typer(
 TargetOpt = typer.Option("auto", "--target", help="auto | llvm | cuda | a TVM target JSON object.")
 DbOpt = typer.Option(Path("tuning_logs/tvmfuse.db"), "--db", help="Tuning database.")
 InputShapeOpt = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 for inputs with dynamic dims (repeatable).")
+CudaGraphOpt = typer.Option(True, "--cuda-graph/--no-cuda-graph",
+                            help="On a GPU, replay the model's kernels as one CUDA graph (static shapes).")
 
 
 def _planner_default() -> str:
@@ -131,13 +133,15 @@ def compile_command(
     target: str = TargetOpt, db: Path = DbOpt, planner: Optional[str] = PlannerOpt,
     input_shape: Optional[List[str]] = InputShapeOpt,
     untuned: bool = typer.Option(False, "--untuned", help="Ignore the database (a baseline build)."),
+    cuda_graph: bool = CudaGraphOpt,
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Apply the best records and export an artifact folder (library, params, manifest)."""
     with handle_errors(verbose):
         from tvmfuse import api
 
-        report = api.compile(_model_config(model, target, db, planner, input_shape), out=output, untuned=untuned)
+        report = api.compile(_model_config(model, target, db, planner, input_shape), out=output, untuned=untuned,
+                             cuda_graph=cuda_graph)
         if json_out:
             emit_json(report)
             return

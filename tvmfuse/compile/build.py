@@ -38,6 +38,7 @@ class BuildResult:
     executable: object  # tvm.runtime.Executable
     kernels: tuple[KernelStatus, ...]
     lifted_params: tuple  # constants lifted out of main, in the order main takes them after the inputs
+    cuda_graph: bool = False  # main's static part replays as one CUDA graph
 
     @property
     def untuned(self) -> list[str]:
@@ -167,14 +168,26 @@ def lift_constants(mod: tvm.IRModule, *, min_elements: int = 64) -> tuple[tvm.IR
     return new_mod, [c for _, c in consts]
 
 
-def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_params: bool = True) -> BuildResult:
-    """Apply records from ``database`` (or none), build for ``target``, and report each kernel's schedule."""
+def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_params: bool = True,
+          cuda_graph: bool = True) -> BuildResult:
+    """Apply records from ``database`` (or none), build for ``target``, and report each kernel's schedule.
+
+    ``cuda_graph`` (GPU targets): the kernels of ``main`` that read only weights and intermediates are captured
+    into one CUDA graph on the first call and replayed after it, so a launch-bound model (batch 1) pays one
+    graph launch instead of one launch per kernel. The lifted weights are ``main``'s static parameters
+    (``num_input``): a graph holds their addresses, so they must be the same tensors on every call, as the
+    artifact's loader passes them."""
     # kernels that only reshape become the VM's reshape (no copy); the kernels they replace go with DCE
     fused_mod = relax.transform.DeadCodeElimination(["main"])(relax.transform.RewriteDataflowReshape()(fused_mod))
     mod, statuses = apply_records(fused_mod, target=target, database=database)
     params: list = []
     if lift_params:
         mod, params = lift_constants(mod)
-    with target.target, build_context():
+    graph = bool(cuda_graph and target.is_gpu)
+    if graph:
+        main = mod["main"]
+        n_inputs = len(main.params) - len(params)
+        mod = _with_function(mod, mod.get_global_var("main"), main.with_attr("num_input", n_inputs))
+    with target.target, build_context(cuda_graph=graph):
         exe = tvm.compile(mod, target.target, relax_pipeline=finish_pipeline(target))
-    return BuildResult(executable=exe, kernels=tuple(statuses), lifted_params=tuple(params))
+    return BuildResult(executable=exe, kernels=tuple(statuses), lifted_params=tuple(params), cuda_graph=graph)
