@@ -15,6 +15,7 @@ from tvmfuse import verify
 from tvmfuse.db import open_database
 from tvmfuse.errors import VerificationError
 from tvmfuse.frontend import import_model, load_model
+from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
 from tvmfuse.plan import partition
 from tvmfuse.plan.partition import DEFAULT_PLANNER
 from tvmfuse.target import resolve_target
@@ -33,11 +34,12 @@ class ModelConfig:
     db: Path = DEFAULT_DB
     planner: str = DEFAULT_PLANNER
     input_shapes: dict = field(default_factory=dict)
+    precision: str = "model"  # model | fp32 | fp16 (tvmfuse.frontend.precision)
 
 
 def _prepare(cfg: ModelConfig):
     target = resolve_target(cfg.target)
-    loaded = load_model(cfg.model, input_shapes=cfg.input_shapes)
+    loaded = load_model(cfg.model, input_shapes=cfg.input_shapes, precision=cfg.precision)
     mod = import_model(loaded)
     fused, plan = partition(mod, target=target, planner=cfg.planner)
     return target, loaded, fused, plan
@@ -56,7 +58,7 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         db.close()
     return {
         "model": str(cfg.model), "target": target.canonical, "device": target.device, "db": str(cfg.db),
-        "planner": plan.planner, "kernels": [r.to_json() for r in results],
+        "planner": plan.planner, "precision": cfg.precision, "kernels": [r.to_json() for r in results],
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
         "failed": [r.name for r in results if r.status == "failed"],
@@ -79,9 +81,11 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         if db is not None:
             db.close()
     export_artifact(result, out, target=target, inputs=loaded.inputs, outputs=loaded.outputs,
-                    model_path=cfg.model, planner=plan.planner, extra={"cuda_graph": result.cuda_graph})
+                    model_path=cfg.model, planner=plan.planner,
+                    extra={"cuda_graph": result.cuda_graph, "precision": cfg.precision})
     return {
         "artifact": str(out), "target": target.canonical, "device": target.device, "planner": plan.planner,
+        "precision": cfg.precision,
         "kernels": [k.to_json() for k in result.kernels],
         "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
         "seconds": round(time.perf_counter() - t0, 2),
@@ -109,7 +113,9 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
     if verify_against is not None:
         model = load_model(verify_against, input_shapes={s["name"]: tuple(s["shape"]) for s in art.input_specs})
         refs = verify.run_onnxruntime(model.path, feeds)
-        checks = verify.compare(outputs, refs, [s["name"] for s in art.output_specs])
+        # an artifact compiled below its model's precision (--precision fp16) is held to that precision's tolerance
+        loose = PRECISION_TOLERANCE.get(art.manifest.get("precision", "model"), 0.0)
+        checks = verify.compare(outputs, refs, [s["name"] for s in art.output_specs], min_tolerance=loose)
         report["verification"] = {"reference": "onnxruntime", "outputs": [c.to_json() for c in checks],
                                   "ok": all(c.ok for c in checks)}
         if not report["verification"]["ok"]:

@@ -32,6 +32,7 @@ class BenchConfig:
     seed: int = 0
     verify: bool = True
     cuda_graph: bool = True
+    precision: str = "model"
 
 
 def _stats(samples_s: list[float]) -> dict:
@@ -136,6 +137,7 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
 def run_bench(cfg: BenchConfig) -> dict:
     """Build and time every requested backend on one set of random inputs; see module docstring."""
     from tvmfuse import verify
+    from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
     from tvmfuse._tvm import tvm
     from tvmfuse.compile import build
     from tvmfuse.db import open_database
@@ -159,7 +161,7 @@ def run_bench(cfg: BenchConfig) -> dict:
             raise TvmfuseError(f"unknown backend '{a}'", hint="choose from onnxruntime, tvm-default, torch, "
                                "torch-eager, torch-compile")
     target = resolve_target(cfg.target)
-    loaded = load_model(cfg.model, input_shapes=cfg.input_shapes or {})
+    loaded = load_model(cfg.model, input_shapes=cfg.input_shapes or {}, precision=cfg.precision)
     feeds_d = verify.random_inputs(loaded.inputs, seed=cfg.seed)
     names = [s["name"] if isinstance(s, dict) else s.name for s in loaded.inputs]
     feeds = [feeds_d[n] for n in names]
@@ -230,7 +232,8 @@ def run_bench(cfg: BenchConfig) -> dict:
                 got = outputs.get(r["backend"])
                 if got is None:
                     continue
-                checks = verify.compare(got, refs, out_names)
+                checks = verify.compare(got, refs, out_names,
+                                        min_tolerance=PRECISION_TOLERANCE.get(cfg.precision, 0.0))
                 r["rel_error"] = max(c.rel_error for c in checks)
                 r["ok"] = all(c.ok for c in checks)
     return report

@@ -22,6 +22,8 @@ def bench_command(
     planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    precision: str = typer.Option("model", "--precision", help="model | fp32 | fp16: every backend runs the "
+                                  "converted graph; the check is against onnxruntime on the model as stored."),
     cuda_graph: bool = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                                     help="On a GPU, tvmfuse's build replays as one CUDA graph (static shapes)."),
     as_json: bool = JsonOpt,
@@ -34,7 +36,8 @@ def bench_command(
 
         cfg = BenchConfig(model=model, target=target, db=db, against=tuple(against.split(",")) if against else (),
                           planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat,
-                          number=number, seed=seed, cuda_graph=cuda_graph)
+                          number=number, seed=seed, cuda_graph=cuda_graph,
+                          precision=precision)
         report = run_bench(cfg)
         if as_json:
             emit_json(report)

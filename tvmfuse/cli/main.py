@@ -17,6 +17,8 @@ app = typer.Typer(
 TargetOpt = typer.Option("auto", "--target", help="auto | llvm | cuda | a TVM target JSON object.")
 DbOpt = typer.Option(Path("tuning_logs/tvmfuse.db"), "--db", help="Tuning database.")
 InputShapeOpt = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 for inputs with dynamic dims (repeatable).")
+PrecisionOpt = typer.Option("model", "--precision", help="model (the types it is stored in) | fp32 | fp16 (fp32 "
+                             "accumulation and statistics; inputs and outputs keep their types).")
 CudaGraphOpt = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                             help="On a GPU, replay the model's kernels as one CUDA graph (static shapes).")
 
@@ -40,12 +42,14 @@ def _check_cell(check: dict | None) -> str:
     return ("ok" if check["ok"] else "WRONG") + rejected
 
 
-def _model_config(model: Path, target: str, db: Path, planner: Optional[str], input_shape: Optional[List[str]]):
+def _model_config(model: Path, target: str, db: Path, planner: Optional[str], input_shape: Optional[List[str]],
+                  precision: str = "model"):
     from tvmfuse.api import ModelConfig
     from tvmfuse.frontend import parse_input_shapes
+    from tvmfuse.frontend.precision import check_precision
 
     return ModelConfig(model=model, target=target, db=db, planner=planner or _planner_default(),
-                       input_shapes=parse_input_shapes(input_shape))
+                       input_shapes=parse_input_shapes(input_shape), precision=check_precision(precision))
 
 
 class _RichProgress:
@@ -99,6 +103,7 @@ def tune_command(
         "first) before the heaviest get the rest; those not started in time keep their default schedule (resume "
         "later to tune them)."),
     planner: Optional[str] = PlannerOpt, input_shape: Optional[List[str]] = InputShapeOpt,
+    precision: str = PrecisionOpt,
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Tune every fused kernel of MODEL with MetaSchedule into the database (resumable)."""
@@ -106,7 +111,7 @@ def tune_command(
         from tvmfuse import api
         from tvmfuse.tune import TuneConfig
 
-        cfg = _model_config(model, target, db, planner, input_shape)
+        cfg = _model_config(model, target, db, planner, input_shape, precision)
         tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune, time_budget_s=time_budget)
         with _RichProgress(enabled=not json_out) as progress:
             report = api.tune(cfg, tcfg, progress=progress)
@@ -133,14 +138,14 @@ def compile_command(
     target: str = TargetOpt, db: Path = DbOpt, planner: Optional[str] = PlannerOpt,
     input_shape: Optional[List[str]] = InputShapeOpt,
     untuned: bool = typer.Option(False, "--untuned", help="Ignore the database (a baseline build)."),
-    cuda_graph: bool = CudaGraphOpt,
+    cuda_graph: bool = CudaGraphOpt, precision: str = PrecisionOpt,
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Apply the best records and export an artifact folder (library, params, manifest)."""
     with handle_errors(verbose):
         from tvmfuse import api
 
-        report = api.compile(_model_config(model, target, db, planner, input_shape), out=output, untuned=untuned,
+        report = api.compile(_model_config(model, target, db, planner, input_shape, precision), out=output, untuned=untuned,
                              cuda_graph=cuda_graph)
         if json_out:
             emit_json(report)

@@ -27,6 +27,8 @@ from onnx import helper as onnx_helper
 from tvmfuse.errors import ModelError
 from tvmfuse.frontend.external_data import check_external_data, is_external, load_external_data, tensor_nbytes
 from tvmfuse.frontend.fixups import apply_fixups, value_types
+from tvmfuse.frontend.precision import check_precision
+from tvmfuse.frontend.precision import convert as convert_precision
 from tvmfuse.frontend.shapes import bind_input_shapes
 
 _MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit; larger models need external data
@@ -62,6 +64,7 @@ class LoadedModel:
     outputs: tuple[TensorSpec, ...]
     opset: int
     fixups: tuple[str, ...] = ()
+    precision: str = "model"  # what the graph was converted to (tvmfuse.frontend.precision); "model": as stored
 
     @property
     def name(self) -> str:
@@ -249,13 +252,16 @@ def _check_value_sizes(inferred: onnx.ModelProto, budget: int) -> None:
             raise _too_large(f"tensor '{vi.name}'", n * itemsize, budget)
 
 
-def load_model(path: str | Path, *, input_shapes: dict[str, tuple[int, ...]] | None = None) -> LoadedModel:
+def load_model(path: str | Path, *, input_shapes: dict[str, tuple[int, ...]] | None = None,
+               precision: str = "model") -> LoadedModel:
     """Read, check and describe an ONNX model.
 
     Parameters
     ----------
     path : the ``.onnx`` file; its external data must lie in its folder (no links)
     input_shapes : static shapes for inputs declared with dynamic dimensions
+    precision : "model" (as stored), "fp32" or "fp16" (see :mod:`tvmfuse.frontend.precision`); inputs and
+        outputs keep their types
 
     Raises
     ------
@@ -264,15 +270,16 @@ def load_model(path: str | Path, *, input_shapes: dict[str, tuple[int, ...]] | N
         a shape, or an input too large for this machine.
     """
     path = Path(path)
+    check_precision(precision)
     model = _read(path)
     try:
-        return _check_and_describe(path, model, input_shapes or {})
+        return _check_and_describe(path, model, input_shapes or {}, precision)
     except UnicodeDecodeError:
         # protobuf decodes string fields lazily: a name with invalid UTF-8 surfaces on first access
         raise ModelError(f"not a valid ONNX model: {path.name} has a string field that is not UTF-8") from None
 
 
-def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict) -> LoadedModel:
+def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict, precision: str) -> LoadedModel:
     folder = path.absolute().parent
     refs = check_external_data(model, folder)
     budget = available_memory()
@@ -285,6 +292,7 @@ def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict) 
     inferred = _validate(model, path.name, folder)
     _check_value_sizes(inferred, budget)
     load_external_data(model, folder)
+    model = convert_precision(model, precision)
 
     init_names = {init.name for init in model.graph.initializer}
     inputs = tuple(
@@ -298,4 +306,5 @@ def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict) 
         shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
         dtype = _dtype_name(tt.elem_type, f"output '{vi.name}'") if tt.elem_type else "float32"
         outputs.append(TensorSpec(vi.name, shape, dtype))
-    return LoadedModel(path=path, proto=model, inputs=inputs, outputs=tuple(outputs), opset=_opset(model), fixups=fixups)
+    return LoadedModel(path=path, proto=model, inputs=inputs, outputs=tuple(outputs), opset=_opset(model), fixups=fixups,
+                       precision=precision)

@@ -1,0 +1,77 @@
+"""--precision: fp16 conversion with fp32 statistics and fp32 inputs/outputs, verified at the fp16 tolerance."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tvmfuse.frontend import import_model, load_model
+from tvmfuse.plan import partition
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _float_type(model: onnx.ModelProto, name: str) -> int:
+    for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        if vi.name == name:
+            return vi.type.tensor_type.elem_type
+    raise KeyError(name)
+
+
+def test_fp16_keeps_inputs_outputs_and_rmsnorm_statistics_in_fp32():
+    loaded = load_model(FIXTURES / "tiny_llama.float32.onnx", precision="fp16")
+    g = loaded.proto.graph
+    assert loaded.precision == "fp16"
+    assert [s.dtype for s in loaded.outputs] == ["float32"] and loaded.inputs[0].dtype == "int64"
+    weights = [t for t in g.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+               and len(t.dims) == 2]
+    assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)   # GEMM weights in fp16
+    # RMSNorm's x.pow(2).mean(): the square and the mean stay fp32 (a square of fp16 overflows above 256)
+    inferred = onnx.shape_inference.infer_shapes(loaded.proto)
+    stats = [n for n in g.node if n.op_type in ("Pow", "ReduceMean")]
+    assert stats and all(_float_type(inferred, n.output[0]) == onnx.TensorProto.FLOAT for n in stats)
+
+
+def test_fp16_layer_norm_kernels_accumulate_in_fp32(llvm_target):
+    loaded = load_model(FIXTURES / "tiny_gpt2.float32.onnx", precision="fp16")
+    fused, _ = partition(import_model(loaded), target=llvm_target)
+    norms = [f for gv, f in fused.functions.items() if "layer_norm" in gv.name_hint]
+    assert norms
+    for f in norms:
+        text = f.script()
+        assert '"float16"' in text   # the kernel reads or writes fp16 ...
+        sums = [line for line in text.splitlines() if "_sum = T.sblock_alloc_buffer" in line]
+        assert sums and all('"float16"' not in line for line in sums)   # ... and sums in fp32 (the default)
+
+
+@pytest.mark.slow
+def test_fp16_build_verifies_against_the_fp32_model_at_the_fp16_tolerance(tmp_path):
+    from tvmfuse import api
+
+    model = FIXTURES / "tiny_gpt2.float32.onnx"
+    cfg = api.ModelConfig(model=model, target="llvm", db=tmp_path / "none.db", precision="fp16")
+    built = api.compile(cfg, out=tmp_path / "art", untuned=True)
+    assert built["precision"] == "fp16"
+    ran = api.run(tmp_path / "art", inputs=FIXTURES / "tiny_gpt2.inputs.npz", verify_against=model, repeat=0)
+    check = ran["verification"]["outputs"][0]
+    assert check["ok"] and check["tolerance"] == 1e-2 and 1e-6 < check["rel_error"] < 1e-2   # fp16, not fp32
+
+
+@pytest.mark.parametrize("precision,message", [("tf32", "not available"), ("fp8", "unknown precision")])
+def test_unavailable_precisions_are_one_line_and_exit_2(tmp_path, precision, message):
+    proc = subprocess.run([sys.executable, "-m", "tvmfuse.cli.main", "compile", str(FIXTURES / "tiny_gpt2.float32.onnx"),
+                           "-o", str(tmp_path / "a"), "--target", "llvm", "--precision", precision],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_fp32_of_an_fp16_model_is_refused():
+    from tvmfuse.errors import TvmfuseError
+
+    with pytest.raises(TvmfuseError, match="does not widen"):
+        load_model(FIXTURES / "tiny_gpt2.float16.onnx", precision="fp32")
+    assert np.dtype(load_model(FIXTURES / "tiny_gpt2.float16.onnx").outputs[0].dtype) == np.float16

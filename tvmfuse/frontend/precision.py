@@ -1,0 +1,78 @@
+"""The precision a model is compiled in (``--precision``): its own types, or fp16 with fp32 where it matters.
+
+fp16 converts the ONNX graph with onnxconverter-common's float16 converter, the converter onnxruntime's own
+tools use, rather than Relax's ToMixedPrecision: the converted graph has the same shape as a model exported in
+fp16 (``model.half()``), the form tvmfuse's planner and GPU templates are built around, and onnxruntime can run
+it too. What stays in fp32:
+
+- the model's inputs and outputs (``keep_io_types``): a caller passes and gets the types the model declares;
+- every op of the converter's default block list (ops with no fp16 kernel in onnxruntime);
+- ``ReduceMean``/``ReduceSum``/``Pow`` and the other reductions, the statistics of a decomposed RMSNorm
+  (LLaMA, T5 export ``x.pow(2).mean()``): a square of fp16 overflows above 256, and a mean of 4096 squares loses
+  most of its bits;
+- GEMM and conv accumulation, which the importer makes fp32 for every fp16 matmul and conv
+  (``relax_fixups.fp32_accumulation``); LayerNorm's mean and variance, which TVM computes in fp32 for fp16
+  inputs; softmax's max and sum, which the GPU row program keeps in fp32.
+
+tf32 (fp32 GEMMs on tensor cores) is refused: no tvmfuse template computes fp32 GEMMs on tensor cores yet.
+"""
+from __future__ import annotations
+
+import warnings
+
+import onnx
+
+from tvmfuse.errors import TvmfuseError
+
+PRECISIONS = ("model", "fp32", "fp16")
+
+# reductions (and the square before them) whose statistics stay fp32 under --precision fp16
+FP32_OPS = ("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "Pow")
+
+# relative error allowed against onnxruntime's run of the original model, by precision
+TOLERANCE = {"fp16": 1e-2}
+
+
+def check_precision(precision: str) -> str:
+    if precision == "tf32":
+        raise TvmfuseError("--precision tf32 is not available: no tvmfuse template computes fp32 GEMMs on tensor "
+                           "cores yet", hint="use fp16 (fp32 accumulation) or fp32")
+    if precision not in PRECISIONS:
+        raise TvmfuseError(f"unknown precision '{precision}'", hint="choose from " + ", ".join(PRECISIONS))
+    return precision
+
+
+def float_types(model: onnx.ModelProto) -> set[str]:
+    """The floating-point element types of the model's initializers and inputs."""
+    names = set()
+    for t in model.graph.initializer:
+        names.add(onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name)
+    for vi in model.graph.input:
+        names.add(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name)
+    return {n for n in names if n.startswith("float")}
+
+
+def convert(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+    """``model`` in ``precision`` (the same object when nothing changes). Raises TvmfuseError for fp32 on a model
+    stored in fp16 (tvmfuse does not widen weights) and when the converter fails."""
+    precision = check_precision(precision)
+    types = float_types(model)
+    if precision == "model" or (precision == "fp32" and "float16" not in types):
+        return model
+    if precision == "fp32":
+        raise TvmfuseError("--precision fp32 on a model stored in fp16: tvmfuse does not widen weights",
+                           hint="export the model in fp32, or leave --precision out")
+    if "float32" not in types:
+        return model   # already fp16
+    try:
+        from onnxconverter_common import float16
+    except ImportError:
+        raise TvmfuseError("--precision fp16 needs onnxconverter-common", hint="pip install onnxconverter-common") from None
+    block = list(float16.DEFAULT_OP_BLOCK_LIST) + list(FP32_OPS)
+    try:
+        with warnings.catch_warnings():   # it warns for each constant it clamps (a mask's -3.4e38 to -1e4)
+            warnings.simplefilter("ignore")
+            return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
+                                                    disable_shape_infer=False)
+    except Exception as err:  # noqa: BLE001 - the converter raises many types; the user needs one line
+        raise TvmfuseError(f"the fp16 conversion failed: {type(err).__name__}: {str(err)[:200]}") from None
