@@ -56,6 +56,33 @@ def _time_ms(executable, dev, args) -> float:
     return float(np.median(time_vm(vm, args, dev, repeat=10, number=20))) * 1e3
 
 
+def _profile(executable, dev, args, top: int = 5) -> list:
+    """The ``top`` kernels by time in one call: each kernel call timed on the host between device syncs (so a
+    figure includes one launch, a few microseconds); TVM 0.27's Relax VM has no profiler of its own."""
+    import time as _time
+
+    from tvmfuse._tvm import relax
+
+    vm = relax.VirtualMachine(executable, dev)
+    per: dict = {}
+    start: list = [0.0]
+
+    def instrument(func, name, before_run, ret, *call_args):
+        if str(name).startswith("vm.builtin"):
+            return 0
+        dev.sync()
+        if before_run:
+            start[0] = _time.perf_counter()
+        else:
+            per[str(name)] = per.get(str(name), 0.0) + (_time.perf_counter() - start[0]) * 1e6
+        return 0
+
+    vm["main"](*args)
+    vm.set_instrument(instrument)
+    vm["main"](*args)
+    return sorted(([n, round(t, 1)] for n, t in per.items()), key=lambda x: -x[1])[:top]
+
+
 def _args(built, loaded, feeds, dev):
     from tvmfuse._tvm import tvm
 
@@ -63,17 +90,19 @@ def _args(built, loaded, feeds, dev):
     return ins + [tvm.runtime.tensor(p.numpy(), dev) for p in built.lifted_params]
 
 
-def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> list[dict]:
+def check_model(path: Path, *, tune_seconds: float, db_path: Path | None, precision: str = "model",
+                profile: bool = False) -> list[dict]:
     from tvmfuse import verify
     from tvmfuse._tvm import relax, tvm
     from tvmfuse.compile import build
     from tvmfuse.db import open_database
     from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
     from tvmfuse.plan.partition import DEFAULT_PLANNER, partition
     from tvmfuse.target import resolve_target
     from tvmfuse.tune import TuneConfig, extract_kernels, tune_kernels
 
-    loaded = load_model(path)
+    loaded = load_model(path, precision=precision)
     feeds = _inputs(path, loaded.inputs)
     feeds = {s.name: np.ascontiguousarray(feeds[s.name].astype(s.dtype)) for s in loaded.inputs}
     refs = verify.run_onnxruntime(loaded.path, feeds)
@@ -88,7 +117,7 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> lis
     if tune_seconds > 0:
         stages.append(("tuned", db_path))
     for stage, dbp in stages:
-        row = {"model": path.name, "build": stage}
+        row = {"model": path.name + ("" if precision == "model" else f" ({precision})"), "build": stage}
         t0 = time.perf_counter()
         db = None
         if dbp is not None:
@@ -105,7 +134,7 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> lis
         calls, outs = _trace(built.executable, dev, _args(built, loaded, feeds, dev))
         row["rel_err_no_graph"] = max(verify.relative_error(o, r) for o, r in zip(outs, refs))
         row["rel_err_llvm_vs_ort"] = max(verify.relative_error(o, r) for o, r in zip(ref_outs, refs))
-        tol = verify.tolerance(str(refs[0].dtype))
+        tol = max(verify.tolerance(str(refs[0].dtype)), PRECISION_TOLERANCE.get(precision, 0.0))
         bad = []
         by_name_ref: dict = {}
         for name, arr in ref_calls:
@@ -131,6 +160,8 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> lis
         graph_args = _args(graph, loaded, feeds, dev)
         row["graph_ms"] = _time_ms(graph.executable, dev, graph_args)
         row["no_graph_ms"] = _time_ms(built.executable, dev, _args(built, loaded, feeds, dev))
+        if profile:
+            row["top_kernels_us"] = _profile(built.executable, dev, _args(built, loaded, feeds, dev))
         # replays with other inputs in other buffers: a graph that kept the first call's input would repeat it
         other = {k: np.ascontiguousarray(np.roll(v, 1)) for k, v in feeds.items()}
         other_refs = verify.run_onnxruntime(loaded.path, other)
@@ -141,6 +172,7 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None) -> lis
             got = [out.numpy()] if isinstance(out, tvm.runtime.Tensor) else [o.numpy() for o in out]
             errs.append(max(verify.relative_error(o, x) for o, x in zip(got, r)))
         row["rel_err_vs_ort"] = max(errs)
+        row["ok"] = row["rel_err_vs_ort"] <= tol
         if db is not None:
             db.close()
         rows.append(row)
@@ -154,11 +186,13 @@ def main() -> int:
     ap.add_argument("--tune-seconds", type=float, default=0.0)
     ap.add_argument("--db", type=Path, default=Path("tuning_logs") / "gpu_model_check.db")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    ap.add_argument("--precision", default="model", help="model | fp32 | fp16 (tvmfuse.frontend.precision)")
+    ap.add_argument("--profile", action="store_true", help="the 5 heaviest kernels of each build (Relax VM profiler)")
     a = ap.parse_args()
     rows = []
     for m in a.models:
         try:
-            rows += check_model(m, tune_seconds=a.tune_seconds, db_path=a.db)
+            rows += check_model(m, tune_seconds=a.tune_seconds, db_path=a.db, precision=a.precision, profile=a.profile)
         except Exception as err:  # noqa: BLE001 - report, go on with the next model
             rows.append({"model": m.name, "build": "-", "error": f"{type(err).__name__}: {str(err)[:300]}"})
             print(json.dumps(rows[-1]), flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 import types
 
@@ -285,15 +286,9 @@ def record_from_json(obj, workload):
 
 
 def _pads(func) -> bool:
-    """Whether a scheduled kernel stages a padded copy of a buffer (dlight names them ``*_pad*``)."""
-    found = []
-
-    def visit(node):
-        if type(node).__name__ in ("SBlock", "Block"):
-            found.extend(b for b in node.alloc_buffers if "_pad" in str(b.name))
-
-    tvm.tirx.stmt_functor.post_order_visit(func.body, visit)
-    return bool(found)
+    """Whether a scheduled kernel stages a padded copy of a buffer (dlight names them ``*_pad*``). TVM 0.27 has no
+    Python TIR visitor; the kernel's TVMScript names its allocations."""
+    return re.search(r"\b\w*_pad\w* = T\.sblock_alloc_buffer", func.script()) is not None
 
 
 class UnpaddedMatmul(dlight.gpu.Matmul):

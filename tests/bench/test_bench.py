@@ -90,3 +90,14 @@ def test_kernel_check_catches_unwritten_outputs(llvm_target):
     assert good.ok and good.unwritten == 0 and good.rel_error == 0.0
     bad = check_kernel(ref, _scale_kernel(4), llvm_target, seed=1)
     assert not bad.ok and bad.unwritten == 4 * 16
+
+
+@pytest.mark.slow
+def test_bench_times_torch_compile_with_cuda_graphs_mode(example_model):
+    pytest.importorskip("torch")
+    report = run_bench(BenchConfig(model=example_model, target="llvm", db=None, repeat=2, number=1,
+                                   against=("torch-compile-ro",)))
+    results = {r["backend"]: r for r in report["results"]}
+    assert list(results) == ["tvmfuse", "torch-compile-ro"]
+    r = results["torch-compile-ro"]
+    assert r["median_ms"] > 0 and r["ok"] and r["rel_error"] < 1e-4, r

@@ -55,3 +55,31 @@ def test_cuda_graph_can_be_turned_off_and_is_never_used_on_llvm(cuda_target, llv
     assert not off.cuda_graph and "cuda_graph" not in off.executable.as_text()
     fused, _ = partition(import_model(loaded), target=llvm_target)
     assert not build(fused, target=llvm_target, database=None).cuda_graph
+
+
+def _heads_merged(head_dim: int):
+    """attention's P@V with the heads merged back by the epilogue: [2,4,128,128] @ [2,4,128,D] -> [2,128,4*D]."""
+    from tvm import te
+
+    from tvmfuse._tvm import tvm
+
+    a = te.placeholder((2, 4, 128, 128), "float32", name="a")
+    b = te.placeholder((2, 4, 128, head_dim), "float32", name="b")
+    k = te.reduce_axis((0, 128), name="k")
+    c = te.compute((2, 4, 128, head_dim), lambda n, h, i, j: te.sum(a[n, h, i, k] * b[n, h, k, j], axis=k), name="matmul")
+    d = te.compute((2, 128, 4 * head_dim), lambda n, i, x: c[n, x // head_dim, i, x % head_dim], name="T_reshape")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, d])})
+
+
+def test_dlight_matmul_is_declined_where_it_would_pad(cuda_target):
+    """dlight's Matmul pads a 16-wide head to its 64-wide tile and then guards the merged-heads store with the wrong
+    index (the H200 computed it with relative error 0.67); where its tiles divide the GEMM it is kept."""
+    from tvmfuse._tvm import UnpaddedMatmul, _pads, default_schedule, dlight
+
+    narrow, wide = _heads_merged(16), _heads_merged(64)
+    with cuda_target.target:
+        assert _pads(dlight.gpu.Matmul().apply(narrow["main"], cuda_target.target, False).mod["main"])
+        assert UnpaddedMatmul().apply(narrow["main"], cuda_target.target, False) is None
+        assert UnpaddedMatmul().apply(wide["main"], cuda_target.target, False) is not None
+    sch = default_schedule(narrow, cuda_target.target, is_gpu=True)
+    assert sch is not None and not _pads(sch.mod["main"])

@@ -16,7 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-BACKENDS = ("tvmfuse", "onnxruntime", "tvm-default", "torch-eager", "torch-compile")
+# torch.compile's modes, by backend name: the default; CUDA graphs (launch-bound models, batch 1, are compared
+# fairly only against a graph-replaying baseline, as tvmfuse's own build replays one); Inductor's autotuning of
+# GEMM templates without graphs
+TORCH_MODES = {"torch-compile": None, "torch-compile-ro": "reduce-overhead",
+               "torch-compile-max": "max-autotune-no-cudagraphs"}
+BACKENDS = ("tvmfuse", "onnxruntime", "tvm-default", "torch-eager", *TORCH_MODES)
 
 
 @dataclass
@@ -116,7 +121,7 @@ def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
     return outs, call_samples(call, repeat=cfg.repeat, number=cfg.number), providers[0]
 
 
-def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled: bool):
+def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled: bool, mode: str | None = None):
     import torch
 
     from tvmfuse.bench.torch_onnx import build_fn
@@ -124,7 +129,7 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
     device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
     fn = build_fn(model, device)
     if compiled:
-        fn = torch.compile(fn)
+        fn = torch.compile(fn, mode=mode)
     args = [torch.from_numpy(a).to(device) for a in feeds]
     with torch.no_grad():
         outs = [o.detach().cpu().numpy() for o in fn(*args)]
@@ -153,13 +158,15 @@ def run_bench(cfg: BenchConfig) -> dict:
             continue
         if a == "torch":
             against.update({"torch-eager", "torch-compile"})
+        elif a == "torch-all":
+            against.update({"torch-eager", *TORCH_MODES})
         elif a in BACKENDS:
             against.add(a)
         else:
             from tvmfuse.errors import TvmfuseError
 
             raise TvmfuseError(f"unknown backend '{a}'", hint="choose from onnxruntime, tvm-default, torch, "
-                               "torch-eager, torch-compile")
+                               "torch-all, " + ", ".join(BACKENDS[3:]))
     target = resolve_target(cfg.target)
     loaded = load_model(cfg.model, input_shapes=cfg.input_shapes or {}, precision=cfg.precision)
     feeds_d = verify.random_inputs(loaded.inputs, seed=cfg.seed)
@@ -207,11 +214,11 @@ def run_bench(cfg: BenchConfig) -> dict:
             results.append({"backend": "onnxruntime", **_stats(samples), "provider": provider})
         except Exception as err:  # noqa: BLE001
             results.append(_unavailable("onnxruntime", err))
-    for name, compiled in (("torch-eager", False), ("torch-compile", True)):
+    for name, compiled, mode in (("torch-eager", False, None), *((n, True, m) for n, m in TORCH_MODES.items())):
         if name not in against:
             continue
         try:
-            outs, samples = _torch(loaded.proto, feeds, target.is_gpu, cfg, compiled)
+            outs, samples = _torch(loaded.proto, feeds, target.is_gpu, cfg, compiled, mode)
             outputs[name] = outs
             results.append({"backend": name, **_stats(samples)})
         except ImportError:

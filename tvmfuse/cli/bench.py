@@ -16,7 +16,9 @@ def bench_command(
                             "a missing file means an untuned build)."),
     against: str = typer.Option("onnxruntime,tvm-default,torch", "--against",
                                 help="Comma-separated baselines: onnxruntime, tvm-default, torch (= torch-eager + "
-                                     "torch-compile), torch-eager, torch-compile; empty for none."),
+                                     "torch-compile), torch-all (also torch-compile-ro: mode reduce-overhead, CUDA "
+                                     "graphs; torch-compile-max: max-autotune-no-cudagraphs), or any of those names; "
+                                     "empty for none."),
     repeat: int = typer.Option(30, "--repeat", min=1, help="Timed samples per backend."),
     number: int = typer.Option(5, "--number", min=1, help="Back-to-back calls per sample (every backend)."),
     planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops."),
