@@ -254,7 +254,8 @@ def reference(model, arrays, target):
 
         fn = build_fn(model, "cuda", float_dtype=torch.float32)
         with torch.no_grad():
-            outs = fn(*[torch.from_numpy(a).cuda().float() for a in arrays])
+            args = [torch.from_numpy(a).cuda() for a in arrays]
+            outs = fn(*[t.float() if t.is_floating_point() else t for t in args])   # token ids stay integers
         res = [o.double().cpu().numpy() for o in outs]
         del outs
         torch.cuda.empty_cache()

@@ -305,6 +305,14 @@ class UnpaddedMatmul(dlight.gpu.Matmul):
             sch = sch[0] if sch else None
         if sch is None or _pads(sch.mod["main"]):
             return None
+        # some epilogues (T5's fp16 clamp: cast, isinf, where) leave it reading a staging buffer it never
+        # allocates, which only TIR lowering finds: lower it here (no code generation) and pass on a failure
+        try:
+            lower = tvm.tirx.get_tir_pipeline("default")   # TVM 0.27: (lowering pass, host and device finalizers)
+            with target:
+                (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(sch.mod))
+        except Exception:  # noqa: BLE001 - the schedule does not lower: the next rule takes the kernel
+            return None
         return sch
 
 

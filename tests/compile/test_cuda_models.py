@@ -83,3 +83,77 @@ def test_dlight_matmul_is_declined_where_it_would_pad(cuda_target):
         assert UnpaddedMatmul().apply(wide["main"], cuda_target.target, False) is not None
     sch = default_schedule(narrow, cuda_target.target, is_gpu=True)
     assert sch is not None and not _pads(sch.mod["main"])
+
+
+# T5's fp16 feed-forward output: GEMM, cast, residual add, and the isinf clamp T5 applies in fp16
+T5_CLAMP = """
+@T.prim_func(s_tir=True)
+def main(lv31: T.Buffer((T.int64(2), T.int64(128), T.int64(64)), "float16"), c1: T.Buffer((T.int64(64), T.int64(64)), "float16"), lv6: T.Buffer((T.int64(2), T.int64(128), T.int64(64)), "float16"), compute_intermediate_1_2_3: T.Buffer((T.int64(2), T.int64(128), T.int64(64)), "int64"), T_broadcast_to_intermediate: T.Buffer((T.int64(2), T.int64(128), T.int64(64)), "float16")):
+    T.func_attr({"tirx.noalias": True})
+    # with T.sblock("root"):
+    matmul_intermediate = T.sblock_alloc_buffer((T.int64(2), T.int64(128), T.int64(64)))
+    compute_intermediate = T.sblock_alloc_buffer((T.int64(2), T.int64(128), T.int64(64)), "float16")
+    T_add_intermediate = T.sblock_alloc_buffer((T.int64(2), T.int64(128), T.int64(64)), "float16")
+    compute_intermediate_1 = T.sblock_alloc_buffer((T.int64(2), T.int64(128), T.int64(64)))
+    compute_intermediate_1_2 = T.sblock_alloc_buffer((T.int64(2), T.int64(128), T.int64(64)), "bool")
+    for i0, i1, i2, k in T.grid(T.int64(2), T.int64(128), T.int64(64), T.int64(64)):
+        with T.sblock("matmul"):
+            v_i0, v_i1, v_i2, v_k = T.axis.remap("SSSR", [i0, i1, i2, k])
+            T.reads(lv31[v_i0, v_i1, v_k], c1[v_k, v_i2])
+            T.writes(matmul_intermediate[v_i0, v_i1, v_i2])
+            with T.init():
+                matmul_intermediate[v_i0, v_i1, v_i2] = T.float32(0.0)
+            matmul_intermediate[v_i0, v_i1, v_i2] = matmul_intermediate[v_i0, v_i1, v_i2] + T.Cast("float32", lv31[v_i0, v_i1, v_k]) * T.Cast("float32", c1[v_k, v_i2])
+    for i0, i1, i2 in T.grid(T.int64(2), T.int64(128), T.int64(64)):
+        with T.sblock("compute"):
+            v_i0, v_i1, v_i2 = T.axis.remap("SSS", [i0, i1, i2])
+            T.reads(matmul_intermediate[v_i0, v_i1, v_i2])
+            T.writes(compute_intermediate[v_i0, v_i1, v_i2])
+            compute_intermediate[v_i0, v_i1, v_i2] = T.Cast("float16", matmul_intermediate[v_i0, v_i1, v_i2])
+    for ax0, ax1, ax2 in T.grid(T.int64(2), T.int64(128), T.int64(64)):
+        with T.sblock("T_add"):
+            v_ax0, v_ax1, v_ax2 = T.axis.remap("SSS", [ax0, ax1, ax2])
+            T.reads(lv6[v_ax0, v_ax1, v_ax2], compute_intermediate[v_ax0, v_ax1, v_ax2])
+            T.writes(T_add_intermediate[v_ax0, v_ax1, v_ax2])
+            T_add_intermediate[v_ax0, v_ax1, v_ax2] = lv6[v_ax0, v_ax1, v_ax2] + compute_intermediate[v_ax0, v_ax1, v_ax2]
+    for i0, i1, i2 in T.grid(T.int64(2), T.int64(128), T.int64(64)):
+        with T.sblock("compute1"):
+            v_i0, v_i1, v_i2 = T.axis.remap("SSS", [i0, i1, i2])
+            T.reads(T_add_intermediate[v_i0, v_i1, v_i2])
+            T.writes(compute_intermediate_1[v_i0, v_i1, v_i2])
+            compute_intermediate_1[v_i0, v_i1, v_i2] = T.Cast("float32", T_add_intermediate[v_i0, v_i1, v_i2])
+    for i0, i1, i2 in T.grid(T.int64(2), T.int64(128), T.int64(64)):
+        with T.sblock("compute2"):
+            v_i0, v_i1, v_i2 = T.axis.remap("SSS", [i0, i1, i2])
+            T.reads(compute_intermediate_1[v_i0, v_i1, v_i2])
+            T.writes(compute_intermediate_1_2[v_i0, v_i1, v_i2])
+            compute_intermediate_1_2[v_i0, v_i1, v_i2] = T.fabs(compute_intermediate_1[v_i0, v_i1, v_i2]) == T.float32("inf") and not T.isnan(compute_intermediate_1[v_i0, v_i1, v_i2])
+    for i0, i1, i2 in T.grid(T.int64(2), T.int64(128), T.int64(64)):
+        with T.sblock("compute3"):
+            v_i0, v_i1, v_i2 = T.axis.remap("SSS", [i0, i1, i2])
+            T.reads(compute_intermediate_1_2[v_i0, v_i1, v_i2])
+            T.writes(compute_intermediate_1_2_3[v_i0, v_i1, v_i2])
+            compute_intermediate_1_2_3[v_i0, v_i1, v_i2] = T.Cast("int64", compute_intermediate_1_2[v_i0, v_i1, v_i2])
+    for ax0, ax1, ax2 in T.grid(T.int64(2), T.int64(128), T.int64(64)):
+        with T.sblock("T_broadcast_to"):
+            v_ax0, v_ax1, v_ax2 = T.axis.remap("SSS", [ax0, ax1, ax2])
+            T.reads(T_add_intermediate[v_ax0, v_ax1, v_ax2])
+            T.writes(T_broadcast_to_intermediate[v_ax0, v_ax1, v_ax2])
+            T_broadcast_to_intermediate[v_ax0, v_ax1, v_ax2] = T_add_intermediate[v_ax0, v_ax1, v_ax2]
+"""
+
+
+def test_a_dlight_matmul_schedule_that_does_not_lower_passes_to_the_next_rule(cuda_target):
+    """dlight's Matmul schedules this kernel so that it reads a staging buffer it never allocates: TIR lowering
+    fails ("used before its definition") and the whole model's build with it; the rule must decline it."""
+    from tvm.script import tirx as T  # noqa: F401 - the TVMScript below names T
+
+    from tvmfuse._tvm import UnpaddedMatmul, default_schedule, dlight, tvm
+
+    func = tvm.script.from_source(T5_CLAMP)
+    mod = tvm.IRModule({"main": func})
+    with cuda_target.target:
+        assert dlight.gpu.Matmul().apply(func, cuda_target.target, False) is not None   # dlight takes it ...
+        assert UnpaddedMatmul().apply(func, cuda_target.target, False) is None         # ... and we decline it
+    sch = default_schedule(mod, cuda_target.target, is_gpu=True)
+    tvm.compile(sch.mod, target=cuda_target.target)   # the rule that took it instead builds

@@ -140,7 +140,7 @@ def _fold(op: str, x: list, a: dict):
         y = np.expand_dims(x[0], tuple(_unsqueeze_axes(x[0].ndim, axes)))
     elif op == "Squeeze":
         axes = a.get("axes") if len(x) < 2 or x[1] is None else x[1].reshape(-1).tolist()
-        y = np.squeeze(x[0], axis=None if axes is None else tuple(int(v) for v in axes))
+        y = np.squeeze(x[0], axis=tuple(int(v) for v in axes) if axes else None)  # none given: every 1
     elif op == "Reshape":
         shape = [int(v) for v in x[1].reshape(-1)]
         if not a.get("allowzero", 0):
