@@ -131,6 +131,8 @@ def test_failed_trials_keep_their_messages(tmp_path):
     finally:
         db.close()
     assert res.check["ok"] is None and res.check["note"] == "no valid record"
+    # no schedule ran, the default's included: the kernel failed (a build would not run it), it is not "tuned"
+    assert res.status == "failed" and "no schedule of it ran" in res.message and "default schedule did not run" in res.message
     # every failed trial (the default schedule's included) has its message, and they are runner messages
     assert failed >= 2 and sum(errors.values()) == failed, (failed, errors)
     assert {kind for kind, _ in errors} == {"run"} and all(msg for _, msg in errors), errors
@@ -224,3 +226,29 @@ def test_time_bounded_tuning_goes_breadth_first(tmp_path, example_model, llvm_ta
     assert sorted(batches) == sorted(list(range(len(kernels))) * 2)  # pass 2: the second trial of each
     assert sorted(done) == list(range(len(kernels))) and [r.status for r in res] == ["tuned"] * len(kernels)
     assert all(r.trials_run == 2 and len(r.curve) == 2 for r in res)
+
+
+@pytest.mark.slow
+def test_a_gather_is_timed_on_valid_indices(tmp_path, llvm_target):
+    """MetaSchedule fills integer arguments with random bits: BERT's embedding kernel read out of bounds and its
+    worker died on every trial ("Subprocess terminated") while the kernel was reported tuned."""
+    from pathlib import Path
+
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import extract_kernels, tune_kernels
+
+    model = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_bert.float32.onnx"
+    fused, _ = partition(import_model(load_model(model)), target=llvm_target)
+    gathers = [k for k in extract_kernels(fused, target=llvm_target) if "take" in k.name]
+    assert gathers
+    db = open_database(tmp_path / "t.db", target=llvm_target)
+    try:
+        results = tune_kernels(gathers[:1], target=llvm_target, database=db,
+                               config=TuneConfig(trials=2, trials_per_kernel=2, trials_per_round=2, population=16))
+    finally:
+        db.close()
+    (res,) = results
+    assert res.status == "tuned" and res.baseline_s is not None and not res.message, res.to_json()
+    assert res.check["ok"], res.check

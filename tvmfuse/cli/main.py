@@ -104,6 +104,8 @@ def tune_command(
         "later to tune them)."),
     planner: Optional[str] = PlannerOpt, input_shape: Optional[List[str]] = InputShapeOpt,
     precision: str = PrecisionOpt,
+    keep_going: bool = typer.Option(False, "--keep-going", help="Exit 0 even when a kernel failed (no schedule of "
+                                    "it built and ran); the failures are still reported."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Tune every fused kernel of MODEL with MetaSchedule into the database (resumable)."""
@@ -117,6 +119,8 @@ def tune_command(
             report = api.tune(cfg, tcfg, progress=progress)
         if json_out:
             emit_json(report)
+            if report["failed"] and not keep_going:
+                raise typer.Exit(1)
             return
         rows = [[k["name"][:48], k["status"], k["trials_before"], k["trials_run"],
                  fmt_ms(None if k["baseline_ms"] is None else k["baseline_ms"] / 1e3),
@@ -127,7 +131,10 @@ def tune_command(
                         ["kernel", "status", "trials before", "trials run", "default", "best", "vs default",
                          "check"], rows))
         out.print(f"database: {report['db']}")
-        if report["failed"]:
+        for k in report["kernels"]:
+            if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
+                err.print(f"{k['name']}: {k['status']}: {k['message']}")
+        if report["failed"] and not keep_going:
             raise typer.Exit(1)
 
 

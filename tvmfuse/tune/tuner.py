@@ -106,6 +106,7 @@ class _BatchState:
     database: object = None  # where failed trials' messages go (with mod)
     mod: object = None
     choice: object = None  # the kernel's search space, chosen when its tuning starts
+    default_error: str = ""  # why the default schedule did not build or run ("" when it did)
 
 
 @derived_object
@@ -203,8 +204,11 @@ _WORKER_START_S = 60.0
 
 
 def _local_runner(timeout_s):
+    from tvmfuse.tune.measure_args import alloc_arguments
+
     runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S),
-                                   evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
+                                   evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20),
+                                   f_alloc_argument=alloc_arguments)
     inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper
     inst.timeout_sec = timeout_s
     inst.pool._timeout = timeout_s  # PopenPoolExecutor reads it on each submit (TVM 0.27)
@@ -275,8 +279,8 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
             state.choice = select_space(kernel.mod, target.target, spaces)
             result.space = state.choice.to_json()
             if config.baseline and spent == 0:
-                state.extra, result.baseline_s = _measure_baseline(kernel, target=target, database=database,
-                                                                   builder=builder, runner=runner)
+                state.extra, result.baseline_s, state.default_error = _measure_baseline(
+                    kernel, target=target, database=database, builder=builder, runner=runner)
         _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
                   runner=runner, work_dir=work_dir, state=state, space=state.choice.generator)
     except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records
@@ -306,6 +310,13 @@ def _finish_kernel(kernel, result, state, *, target, database, config, spent, pr
         except Exception as err:  # noqa: BLE001 - a check that cannot run is reported, not fatal
             result.check = {"ok": None, "note": f"check did not run: {str(err).strip().splitlines()[-1][:200]}"}
     result.best_s = database.best_run_secs(kernel.mod)
+    if result.status != "failed" and result.best_s is None and state.trials + state.extra > 0:
+        # every candidate failed, the default schedule included: a build of this kernel would not run
+        result.status = "failed"
+        result.message = "no schedule of it ran" + (f" (the default schedule {state.default_error})"
+                                                    if state.default_error else "")
+    elif state.default_error and result.status != "failed":
+        result.message = f"the default schedule {state.default_error}; a searched schedule ran"
     if progress is not None:
         progress.on_kernel_done(state.index, result)
 
@@ -357,13 +368,13 @@ def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 
     return {**result, "ok": False, "rejected": rejected, "note": f"{rejected} best records rejected; stopped"}
 
 
-def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, runner) -> tuple[int, float | None]:
+def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, runner) -> tuple[int, float | None, str]:
     """Measure the schedule an untuned build would give ``kernel`` and commit it as a record.
 
     With it in the database the best record, which is what a build applies, is never slower than the
     default: a search space that loses to dlight on some kernel (the tensor-core template on an NCHW conv,
     whose im2col reads are gathers) costs nothing. Its trace also seeds the evolutionary search.
-    Returns (records committed: 0 or 1, mean seconds or None when it did not build or run).
+    Returns (records committed: 0 or 1, mean seconds or None when it did not build or run, why it did not).
     """
     from tvmfuse.tune.spaces import default_template_schedule
 
@@ -372,24 +383,25 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
     sch = default_template_schedule(kernel.mod, target.target) or default_schedule(kernel.mod, target.target,
                                                                                     is_gpu=target.is_gpu)
     if sch is None:
-        return 0, None
+        return 0, None, ""
     args = ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target.target)])
     if built.error_msg is not None:
         log.warning("%s: the default schedule did not build: %s", kernel.name, built.error_msg.strip()[-200:])
         database.record_error(kernel.mod, "build", built.error_msg)
-        return 0, None
+        return 0, None, "did not build: " + built.error_msg.strip().splitlines()[-1][:200]
     (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda" if target.is_gpu else "cpu", args)])
     measured = future.result()
     failed = measured.error_msg is not None or not measured.run_secs
+    why = ""
     if failed:
-        log.warning("%s: the default schedule did not run: %s", kernel.name,
-                    (measured.error_msg or "no time").strip().splitlines()[-1][:200])
+        why = "did not run: " + (measured.error_msg or "no time").strip().splitlines()[-1][:200]
+        log.warning("%s: the default schedule %s", kernel.name, why)
         database.record_error(kernel.mod, "run", measured.error_msg or "no time")
     secs = [_FAILED_SECS * 10] if failed else [float(x) for x in measured.run_secs]
     workload = database.ms_database.commit_workload(kernel.mod)
     database.ms_database.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, secs, target.target, args))
-    return 1, None if failed else sum(secs) / len(secs)
+    return 1, None if failed else sum(secs) / len(secs), why
 
 
 def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, config: TuneConfig,
