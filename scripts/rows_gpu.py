@@ -80,8 +80,7 @@ def _reference(func):
 
 
 def run_case(case: str, func, configs, build_only: bool) -> dict:
-    from tvmfuse.tune import rows
-
+    import tvmfuse.tune.rows as rows
     prog = rows.analyze(func)
     out = {"case": case, "shape": [prog.rows, prog.cols], "configs": []}
     if not build_only:
@@ -151,8 +150,7 @@ def main() -> int:
     ap.add_argument("--build-only", action="store_true")
     a = ap.parse_args()
 
-    from tvmfuse.tune import rows
-
+    import tvmfuse.tune.rows as rows
     results = []
     for case in a.cases.split(","):
         if case not in SIZES:

@@ -21,7 +21,7 @@ from tvm.tirx import PrimFunc
 
 __all__ = [
     "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx", "Analyzer",
-    "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "fast_build", "build_context",
+    "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "build_context",
     "tvm_version", "is_scheduled",
 ]
 
@@ -75,22 +75,6 @@ def build_context(*, cuda_graph: bool = False):
     if cuda_graph:
         config["relax.backend.use_cuda_graph"] = True
     return tvm.transform.PassContext(config=config)
-
-
-def fast_build(mod, target, _params):
-    """MetaSchedule builder function without the 42 s tensor-intrinsic import of the stock one.
-
-    The candidate reaching the builder is already scheduled (tensorized blocks carry their bodies),
-    so the intrinsic registry is not needed to compile it.
-    """
-    from tvm.driver import build as tvm_build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-    from tvmfuse.tune.expand import expand
-
-    mod = expand(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))  # flash attention, wgmma GEMMs
-    with build_context():
-        return tvm_build(mod, target=target)
 
 
 def structural_hash(node) -> int:

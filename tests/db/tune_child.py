@@ -10,7 +10,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from helpers import make_mod, target  # noqa: E402
 
-from tvmfuse._tvm import ensure_tensor_intrinsics, fast_build, ms  # noqa: E402
+from tvmfuse._tvm import ensure_tensor_intrinsics, ms  # noqa: E402
+from tvmfuse.tune.builder import fast_build
 from tvmfuse.db import open_database  # noqa: E402
 
 

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 import models  # noqa: E402
 from cuda_checks import (assert_copy_sources_disjoint, assert_ptxas_without_spills,  # noqa: E402
                          assert_shared_offsets_aligned, build_with_record, commit_record)
-from tvmfuse._tvm import fast_build, ms, tvm  # noqa: E402
+from tvmfuse._tvm import ms, tvm  # noqa: E402
+from tvmfuse.tune.builder import fast_build
 from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402

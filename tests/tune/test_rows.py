@@ -17,13 +17,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_checks import _at_every_value, _cuda_index_env, assert_ptxas_without_spills, build_with_record  # noqa: E402
-from tvmfuse._tvm import build_context, fast_build, ms, tvm  # noqa: E402
+from tvmfuse._tvm import build_context, ms, tvm  # noqa: E402
+from tvmfuse.tune.builder import fast_build
 from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
 from tvmfuse.tune import extract_kernels, rows  # noqa: E402
-from tvmfuse.tune.spaces import _blocks as _blocks_of  # noqa: E402
+from tvmfuse.tune.sketch import root_blocks as _blocks_of  # noqa: E402
 from tvmfuse.tune.spaces import classify, select_space  # noqa: E402
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

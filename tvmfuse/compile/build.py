@@ -14,7 +14,8 @@ from tvmfuse._tvm import PrimFunc, build_context, const_value, default_schedule,
 from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.expand import expand
-from tvmfuse.tune import hopper, rows
+import tvmfuse.tune.hopper as hopper
+import tvmfuse.tune.rows as rows
 from tvmfuse.tune.flash import flash_kernel, spec_of
 from tvmfuse.tune.spaces import pointwise_default_schedule
 

@@ -121,8 +121,7 @@ def _error_kinds(db, workload_id: int, rows) -> dict:
 
 def _flash_config(db, mod, workload_id: int) -> str | None:
     """The flash tile config (``tvmfuse.tune.flash``) the best valid record of an attention kernel selects."""
-    from tvmfuse.tune import flash
-
+    import tvmfuse.tune.flash as flash
     best = db.best_record(workload_id) if flash.spec_of(mod["main"]) is not None else None
     if best is None:
         return None
@@ -144,8 +143,7 @@ def _selected(db, mod, workload_id: int, kernel_class: str, key: str, config):
 
 def _wgmma_config(db, mod, workload_id: int) -> str | None:
     """The wgmma tile config (``tvmfuse.tune.hopper``) the best valid record of a GEMM kernel selects."""
-    from tvmfuse.tune import hopper
-
+    import tvmfuse.tune.hopper as hopper
     def name(func):
         found = hopper.annotated(func)
         return None if found is None else found[2].name
@@ -155,8 +153,7 @@ def _wgmma_config(db, mod, workload_id: int) -> str | None:
 
 def _row_program_config(db, mod, workload_id: int) -> str | None:
     """The row program config (``tvmfuse.tune.rows``) the best valid record of a row kernel selects."""
-    from tvmfuse.tune import rows
-
+    import tvmfuse.tune.rows as rows
     def name(func):
         found = rows.annotated(func)
         return None if found is None else found[1].name

@@ -199,3 +199,19 @@ def substitute(expr, vmap: dict):
     if isinstance(expr, relax.TupleGetItem):
         return relax.TupleGetItem(substitute(expr.tuple_value, vmap), expr.index)
     return expr
+
+
+def _param_bytes(param) -> int:
+    # TVM 0.27: a PrimFunc's tensor parameters carry their shape and dtype (no buffer_map)
+    shape = getattr(param, "shape", None)
+    if shape is None:
+        return 0
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * np.dtype(str(param.dtype)).itemsize
+
+
+def kernel_bytes(func: PrimFunc) -> int:
+    """HBM bytes a kernel moves at best: each parameter buffer read or written once."""
+    return sum(_param_bytes(p) for p in func.params)

@@ -7,30 +7,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-
 from tvmfuse._tvm import PrimFunc, relax, tvm
 from tvmfuse.plan.fastmath import legalize_ops
+from tvmfuse.plan.graph import kernel_bytes
 from tvmfuse.plan.report import Group, Plan
 from tvmfuse.target import TargetInfo
 
 Planner = Callable[[tvm.IRModule, TargetInfo], "tuple[tvm.IRModule, Plan]"]
-
-
-def _param_bytes(param) -> int:
-    # TVM 0.27: a PrimFunc's tensor parameters carry their shape and dtype (no buffer_map)
-    shape = getattr(param, "shape", None)
-    if shape is None:
-        return 0
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n * np.dtype(str(param.dtype)).itemsize
-
-
-def kernel_bytes(func: PrimFunc) -> int:
-    """HBM bytes a kernel moves at best: each parameter buffer read or written once."""
-    return sum(_param_bytes(p) for p in func.params)
 
 
 def fused_functions(mod: tvm.IRModule) -> dict[str, PrimFunc]:

@@ -18,7 +18,7 @@ from tvmfuse._tvm import PrimFunc, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
-from tvmfuse.plan.graph import NOT_KERNEL, Graph, build_graph
+from tvmfuse.plan.graph import NOT_KERNEL, Graph, build_graph, kernel_bytes
 from tvmfuse.plan.legality import can_fuse
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify
@@ -152,7 +152,7 @@ def _legalize(mod, target: TargetInfo):
 
 
 def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog, cost_model, dump: _Dump):
-    from tvmfuse.plan import rewrites
+    import tvmfuse.plan.rewrites as rewrites
 
     if config.fold_batchnorm:
         mod = rewrites.FoldBatchNorm(log=log)(mod)
@@ -252,8 +252,6 @@ def _report(graph: Graph, fused, grouping: Grouping, name_of: dict, log: Rewrite
 
 
 def _prim_bytes(func: PrimFunc) -> int:
-    from tvmfuse.plan.partition import kernel_bytes
-
     return kernel_bytes(func)
 
 

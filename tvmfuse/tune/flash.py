@@ -142,7 +142,7 @@ def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
 
 def annotated_config(func) -> FlashConfig | None:
     """The config a tuned schedule annotated on ``func``'s root block (None: not a flash schedule)."""
-    from tvmfuse.tune.expand import root_annotations
+    from tvmfuse.tune.annotations import root_annotations
 
     notes = root_annotations(func, ANNOTATION, CANDIDATES)
     return None if notes is None else config_at(str(notes[CANDIDATES]), int(notes[ANNOTATION]))
@@ -150,7 +150,7 @@ def annotated_config(func) -> FlashConfig | None:
 
 def config_at(candidates: str, index: int) -> FlashConfig:
     """Config ``index`` of the ``;``-joined candidate names a record carries."""
-    from tvmfuse.tune.expand import chosen
+    from tvmfuse.tune.annotations import chosen
 
     return parse_config(chosen(candidates, index, "flash"))
 
@@ -164,7 +164,7 @@ def spec_of(func) -> AttentionSpec | None:
 
 def expand(mod):
     """``mod`` with every flash-annotated attention PrimFunc replaced by the flash kernel it selects."""
-    from tvmfuse.tune.expand import swap_kernels
+    from tvmfuse.tune.annotations import swap_kernels
 
     def flash(gv, func):
         cfg = annotated_config(func)

@@ -837,14 +837,14 @@ def analyze(func) -> tuple[GemmSpec, dict]:
     kernel generator needs besides: ``a`` / ``b`` (parameter indices of A and B) and ``store`` (the epilogue's
     store, with the fields of :func:`gemm_source`'s ``store``). Raises :class:`Misfit`."""
     from tvmfuse._tvm import tvm
-    from tvmfuse.tune.spaces import _inline_all_but_outputs
+    from tvmfuse.tune.sketch import inline_all_but_outputs
 
     sch = tvm.s_tir.Schedule(func)
     reductions = _reduction_blocks(sch)
     if len(reductions) != 1:
         raise Misfit("needs exactly one reduction block")
     main_name = sch.get(reductions[0]).name_hint
-    _inline_all_but_outputs(sch, keep=(main_name,))
+    inline_all_but_outputs(sch, keep=(main_name,))
     func = sch.mod["main"]
     bufs = _param_buffers(func)
     params = {str(buf.name): i for i, buf in enumerate(bufs)}
@@ -1086,7 +1086,7 @@ def default_kernel(func, target):
 
 def annotated(func):
     """(spec, {a, b, store}, config) a tuned schedule annotated on ``func``'s root block, or None."""
-    from tvmfuse.tune.expand import chosen, root_annotations
+    from tvmfuse.tune.annotations import chosen, root_annotations
 
     notes = root_annotations(func, SPEC, CANDIDATES, ANNOTATION)
     if notes is None:
@@ -1098,7 +1098,7 @@ def annotated(func):
 
 def expand(mod):
     """``mod`` with every wgmma-annotated GEMM PrimFunc replaced by the kernel its annotation selects."""
-    from tvmfuse.tune.expand import swap_kernels
+    from tvmfuse.tune.annotations import swap_kernels
 
     def wgmma(gv, func):
         found = annotated(func)
@@ -1125,7 +1125,7 @@ def schedule(sch, space) -> GemmSpec | None:
     the whole PrimFunc for the annotated kernel, see :func:`expand`). Returns the spec, None if the kernel
     does not fit."""
     from tvmfuse.tune.knobs import sample_option
-    from tvmfuse.tune.spaces import _inline_all_but_outputs, bind_placeholder
+    from tvmfuse.tune.sketch import inline_all_but_outputs, bind_placeholder
 
     try:
         spec, info = analyze(sch.mod["main"])
@@ -1141,6 +1141,6 @@ def schedule(sch, space) -> GemmSpec | None:
     sch.annotate(root, SPEC, json.dumps({"spec": json.loads(spec.to_json()), **info}, sort_keys=True))
     sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
     sch.annotate(root, ANNOTATION, index)
-    _inline_all_but_outputs(sch, keep=(sch.get(_reduction_blocks(sch)[0]).name_hint,))
+    inline_all_but_outputs(sch, keep=(sch.get(_reduction_blocks(sch)[0]).name_hint,))
     bind_placeholder(sch)
     return spec

@@ -104,10 +104,10 @@ def _bytes(dtype) -> int:
 def analyze(func) -> RowProgram:
     """``func`` as a row program; raises :class:`Misfit` where it is not one."""
     from tvmfuse.tune.hopper import _param_buffers
-    from tvmfuse.tune.spaces import _blocks
+    from tvmfuse.tune.sketch import root_blocks
 
     params = _param_buffers(func)
-    blocks = _blocks(func)
+    blocks = root_blocks(func)
     if not blocks or not params:
         raise Misfit("no blocks")
     full_shape = None
@@ -521,7 +521,7 @@ def annotate(sch, root, func, options: list[RowConfig], index) -> None:
 
 def annotated(func):
     """(the planner's kernel, the config) a row-program sketch annotated on ``func``'s root block, or None."""
-    from tvmfuse.tune.expand import chosen, root_annotations
+    from tvmfuse.tune.annotations import chosen, root_annotations
     from tvmfuse.tune.hopper import parse
 
     notes = root_annotations(func, SOURCE, CANDIDATES, ANNOTATION)
@@ -532,7 +532,7 @@ def annotated(func):
 
 def expand(mod):
     """``mod`` with every row-program-annotated PrimFunc replaced by its program."""
-    from tvmfuse.tune.expand import swap_kernels
+    from tvmfuse.tune.annotations import swap_kernels
 
     def program(gv, func):
         found = annotated(func)

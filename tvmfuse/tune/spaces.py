@@ -26,11 +26,11 @@ import yaml
 from tvmfuse._tvm import ms, tvm
 from tvmfuse.errors import TvmfuseError
 from tvmfuse.tune.knobs import Knob, names_in, sample, sample_option
+from tvmfuse.tune.sketch import DATA_PAR, REDUCE, bind_placeholder, inline_all_but_outputs, iter_types, root_blocks
 from tvmfuse.tune.tensorcore import tensorcore_postprocs, template_gemm_tensorcore
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 CLASSES = ("pointwise", "row_reduction", "gemm", "conv", "attention", "other")
-_DATA_PAR, _REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -116,23 +116,17 @@ def load_spaces(target_kind: str, directory: str | Path | None = None) -> SpaceF
 
 
 # ----------------------------------------------------------------------------------- classification
-def _blocks(func) -> list:
-    """The blocks under the root block (fused kernels here are flat: one level of blocks)."""
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-
-
 def classify(func) -> str:
     """The kernel class of a fused PrimFunc (see module docstring)."""
     attrs = func.attrs
     if attrs is not None and "tvmfuse.kernel" in attrs and str(attrs["tvmfuse.kernel"]) == "attention":
         return "attention"
-    blocks = _blocks(func)
+    blocks = root_blocks(func)
     if not blocks:
         return "other"
-    reductions = [b for b in blocks if any(int(iv.iter_type) == _REDUCE for iv in b.iter_vars)]
+    reductions = [b for b in blocks if any(int(iv.iter_type) == REDUCE for iv in b.iter_vars)]
     if not reductions:
-        if all(all(int(iv.iter_type) == _DATA_PAR for iv in b.iter_vars) for b in blocks):
+        if all(all(int(iv.iter_type) == DATA_PAR for iv in b.iter_vars) for b in blocks):
             return "pointwise"
         return "other"
     names = " ".join(b.name_hint.lower() for b in reductions)
@@ -142,7 +136,7 @@ def classify(func) -> str:
         return "gemm"
     # a reduction reading two different tensors both indexed by the reduction var is a contraction
     for b in reductions:
-        rvars = {str(iv.var.name) for iv in b.iter_vars if int(iv.iter_type) == _REDUCE}
+        rvars = {str(iv.var.name) for iv in b.iter_vars if int(iv.iter_type) == REDUCE}
         with_r = {r.source.name for r in b.reads if any(names_in(rg.min) & rvars for rg in r.region)}
         if len(with_r) >= 2:
             return "gemm"
@@ -154,31 +148,13 @@ def _dtype_bytes(dtype) -> int:
     return max(1, tvm.runtime.DataType(str(dtype)).bits // 8)
 
 
-def _inline_all_but_outputs(sch, keep=()) -> None:
-    """Inline every non-output block (producers first, then trailing consumers), keeping ``keep``."""
-    root = sch.get_sblock("root")
-    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
-    changed = True
-    while changed:
-        changed = False
-        for b in sch.get_child_blocks(root):
-            name = sch.get(b).name_hint
-            if name in outputs or name in keep:
-                continue
-            try:
-                sch.compute_inline(b)
-                changed = True
-            except Exception:  # noqa: BLE001 - not inlinable (a reduction): leave it
-                continue
-
-
 def _vector_knob(knob: Knob, inner: int, dtype_bytes: int) -> Knob:
     return knob.filtered(lambda v: inner % int(v) == 0 and int(v) * dtype_bytes <= 16)
 
 
 def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
     """Injective kernels: inline the chain, fuse, split [rows, vectors_per_thread, threads, lanes]."""
-    _inline_all_but_outputs(sch)
+    inline_all_but_outputs(sch)
     root = sch.get_sblock("root")
     outs = sch.get_output_blocks(root)
     if len(outs) != 1 or len(sch.get_child_blocks(root)) != 1:
@@ -408,10 +384,6 @@ def _stage_through_registers(s, block, anchor, lanes, *, reads=True, flatten=Tru
     s.unroll(lanes)
 
 
-def _iter_types(sch, block) -> list[int]:
-    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
-
-
 def _flatten_rows(s, shape: list[int]) -> None:
     """Give every block of a row kernel with more than one leading axis (softmax over [B, H, S, S]) a single
     row iterator: ``(i0, ..., i_{n-2}, k) -> (row, k)``.
@@ -436,7 +408,7 @@ def _flatten_rows(s, shape: list[int]) -> None:
         ivs = s.get(b).iter_vars
         if len(ivs) != len(shape) or [int(iv.dom.extent) for iv in ivs[:-1]] != lead:
             continue
-        if any(int(iv.iter_type) != _DATA_PAR for iv in ivs[:-1]):
+        if any(int(iv.iter_type) != DATA_PAR for iv in ivs[:-1]):
             continue
         s.transform_block_layout(b, _fuse_leading(shape, len(lead)))
 
@@ -472,7 +444,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     out_name = sch.get(outs[0]).name_hint
     out_buf = sch.get(outs[0]).writes[0].source
     shape = [int(d) for d in out_buf.shape]
-    if len(shape) < 2 or any(t != _DATA_PAR for t in _iter_types(sch, outs[0])):
+    if len(shape) < 2 or any(t != DATA_PAR for t in iter_types(sch, outs[0])):
         raise ValueError("row_reduction template: output must be a spatial block with >= 2 dims")
     cols = shape[-1]
     ebytes = _dtype_bytes(out_buf.dtype)
@@ -480,10 +452,10 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
     prologue = []
     for b in sch.get_child_blocks(root):
         name = sch.get(b).name_hint
-        if name == out_name or _REDUCE in _iter_types(sch, b):
+        if name == out_name or REDUCE in iter_types(sch, b):
             continue
         wbuf = sch.get(b).writes[0].source
-        if [int(d) for d in wbuf.shape] == shape and any(_REDUCE in _iter_types(sch, c) for c in sch.get_consumers(b)):
+        if [int(d) for d in wbuf.shape] == shape and any(REDUCE in iter_types(sch, c) for c in sch.get_consumers(b)):
             prologue.append((name, wbuf))
     # (Softmax's exp(x - max) is staged too, written over x in place. Recomputing it from the staged x in the
     # sum and output passes instead removes a barrier per step, but ran 1.26x slower on the H200, 2026-11-30:
@@ -499,12 +471,12 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         staging = storage == "shared" or in_registers
         scope = "local" if in_registers else "shared"
         keep = {n for n, _ in prologue} if staging else set()
-        _inline_all_but_outputs(s, keep=keep)
+        inline_all_but_outputs(s, keep=keep)
         root_s = s.get_sblock("root")
         _flatten_rows(s, shape)
         blocks = s.get_child_blocks(root_s)
         out = s.get_sblock(out_name)
-        reds = [b for b in blocks if _REDUCE in _iter_types(s, b)]
+        reds = [b for b in blocks if REDUCE in iter_types(s, b)]
         if not reds:
             raise ValueError("row_reduction template: no reduction left")
         staged_bytes = 0
@@ -574,9 +546,9 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                 rows = s.get_loops(b)[1]  # the block's own rows (rows_per_block of them), when it is per row
                 if int(s.get(rows).extent) == int(s.get(ty).extent) and len(s.get_loops(b)) > 2:
                     s.bind(rows, "threadIdx.y")
-            types = _iter_types(s, b)
+            types = iter_types(s, b)
             inner = s.get_loops(b)[-1]
-            if _REDUCE in types:
+            if REDUCE in types:
                 s.set_scope(b, 0, "local")
                 if in_registers:   # over the thread's own slice, then across the threads
                     rtx, _ = s.split(inner, [threads, None])
@@ -589,7 +561,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                 s.vectorize(bl)
         # the epilogue: vector loads of its row operands into registers, scalar math, one vector store
         red_out = {str(s.get(b).writes[0].source.name) for b in s.get_child_blocks(root_s)
-                   if _REDUCE in _iter_types(s, b)}
+                   if REDUCE in iter_types(s, b)}
         row_reads = [str(r.source.name) for r in s.get(out).reads
                      if str(r.source.name) not in red_out and len(r.source.shape) >= 1
                      and int(r.source.shape[-1]) == cols]
@@ -611,8 +583,7 @@ def _row_program_sketch(sch, space: ClassSpace):
     ``threads`` and ``rows_per_block`` knobs) and annotated on the root block, every block's loops bound as they
     are (the builder swaps the whole PrimFunc for the program, generated from these blocks). None where the
     kernel is not a row program or no config fits."""
-    from tvmfuse.tune import rows
-
+    import tvmfuse.tune.rows as rows
     try:
         prog = rows.analyze(sch.mod["main"])
     except rows.Misfit:
@@ -629,18 +600,6 @@ def _row_program_sketch(sch, space: ClassSpace):
     return s
 
 
-def bind_placeholder(sch) -> None:
-    """Bind every block's spatial loops, fused, to blocks of 128 threads: a valid GPU schedule for a sketch whose
-    PrimFunc the builder swaps for a template's kernel (wgmma, row program), so the postprocessors accept it."""
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        loops = sch.get_loops(block)
-        spatial = loops[:len(loops) - _iter_types(sch, block).count(_REDUCE)]
-        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        bx, tx = sch.split(fused, [None, 128])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-
-
 def template_attention(sch, space: ClassSpace, info: dict) -> list:
     """The planner's online-softmax attention.
 
@@ -651,8 +610,7 @@ def template_attention(sch, space: ClassSpace, info: dict) -> list:
     every other target and shape runs.
     """
     from tvmfuse.plan.attention import tiled_gpu_misfit
-    from tvmfuse.tune import flash
-
+    import tvmfuse.tune.flash as flash
     root = sch.get_sblock("root")
     spec = flash.spec_of(sch.mod["main"])
     if info.get("target_kind") == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
@@ -833,8 +791,7 @@ def _config_schedule(mod, target, choose, source: str, candidates: str, spaces: 
 def flash_schedule(mod, target, choose, spaces: SpaceFile | None = None):
     """An attention kernel's flash sketch on CUDA with its config decided by ``choose`` (see
     :func:`_config_schedule`); None where the flash template does not apply or ``choose`` declines."""
-    from tvmfuse.tune import flash
-
+    import tvmfuse.tune.flash as flash
     if flash.spec_of(mod["main"]) is None:
         return None
     return _config_schedule(mod, target, choose, "template:attention", flash.CANDIDATES, spaces)
@@ -843,8 +800,8 @@ def flash_schedule(mod, target, choose, spaces: SpaceFile | None = None):
 def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
     """:func:`flash_schedule` at the untuned build's config (``tvmfuse.tune.flash.default_config``), or None
     when the space's candidates leave it out."""
-    from tvmfuse.tune import flash, hopper
-
+    import tvmfuse.tune.flash as flash
+    import tvmfuse.tune.hopper as hopper
     spec = flash.spec_of(mod["main"])
     if spec is None:
         return None
@@ -854,8 +811,7 @@ def flash_default_schedule(mod, target, spaces: SpaceFile | None = None):
 def wgmma_default_schedule(mod, target, spaces: SpaceFile | None = None):
     """A GEMM's or conv's wgmma sketch on sm_90a at the untuned build's config (``tvmfuse.tune.hopper.untuned_config``),
     or None where that build has no wgmma kernel or the space's candidates leave its config out."""
-    from tvmfuse.tune import hopper
-
+    import tvmfuse.tune.hopper as hopper
     found = hopper.untuned_config(mod["main"], target)
     if found is None:
         return None
@@ -871,8 +827,7 @@ def _pick(name: str):
 def rows_default_schedule(mod, target, spaces: SpaceFile | None = None):
     """A row kernel's row-program sketch on CUDA at the untuned build's config (``tvmfuse.tune.rows.untuned_config``),
     or None where the kernel is not a row program or the space's candidates leave its config out."""
-    from tvmfuse.tune import rows
-
+    import tvmfuse.tune.rows as rows
     cfg = rows.untuned_config(mod["main"])
     if cfg is None:
         return None
@@ -891,7 +846,7 @@ def pointwise_default_schedule(mod, target, spaces: SpaceFile | None = None):
     if choice.source != "template:pointwise" or not untuned:
         return None
     probe = tvm.s_tir.Schedule(mod)
-    _inline_all_but_outputs(probe)
+    inline_all_but_outputs(probe)
     (block,) = probe.get_output_blocks(probe.get_sblock("root"))
     if _transposed_input(probe, block, [int(d) for d in probe.get(block).writes[0].source.shape]) is not None:
         return None

@@ -52,8 +52,7 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
     sketches, error = [], None
     if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.tune.hopper) where it fits
-        from tvmfuse.tune import hopper
-
+        import tvmfuse.tune.hopper as hopper
         kinds = [k for k in kinds if k != "wgmma"]
         if info.get("target_arch") == "sm_90a":
             s = sch.copy()

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, fast_build, ms
+from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, ms
+from tvmfuse.tune.builder import fast_build
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.tasks import Kernel
 
