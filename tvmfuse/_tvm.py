@@ -229,7 +229,7 @@ def verify_gpu_kernel(func, target, *, max_shared_bytes: int, max_static_shared_
     static, dynamic = int(allocated.get("shared", 0)), int(allocated.get("shared.dyn", 0))
     # TVM's CUDA runtime opts a kernel into more than 48 KB only when its *dynamic* part exceeds 48 KB: with
     # less dynamic memory, static + dynamic above 48 KB fails at launch (CUDA_ERROR_INVALID_VALUE; 7 of 26
-    # GEMM/conv candidates on the H200, 2026-11-30, e.g. 14 KB static + 46 KB dynamic)
+    # GEMM/conv candidates on the H200, e.g. 14 KB static + 46 KB dynamic)
     if dynamic <= max_static_shared_bytes < static + dynamic:
         return False
     return static <= max_static_shared_bytes and static + dynamic <= max_shared_bytes

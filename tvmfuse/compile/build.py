@@ -85,13 +85,13 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             updates[gv] = wgmma.with_attr("global_symbol", name)
             statuses.append(KernelStatus(name, "wgmma-default"))
         elif target.kind == "cuda" and (program := rows.default_kernel(func)) is not None:
-            # untuned row kernel (softmax, a norm): the row program's default config (the H200, 2026-11-30:
+            # untuned row kernel (softmax, a norm): the row program's default config (the H200:
             # dlight's schedule ran softmax 65536x2048 at 268 us, the program's default config at 131 us)
             updates[gv] = program.with_attr("global_symbol", name)
             statuses.append(KernelStatus(name, "rows-default"))
         elif target.kind == "cuda" and (sch := pointwise_default_schedule(workload, target.target)) is not None:
-            # untuned pointwise kernel: the pointwise template at the space's `untuned` knobs (the H200,
-            # 2026-11-30: SwiGLU 185 us where dlight's schedule took 481)
+            # untuned pointwise kernel: the pointwise template at the space's `untuned` knobs (on the H200
+            # SwiGLU took 185 us, where dlight's schedule took 481)
             updates[gv] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
             statuses.append(KernelStatus(name, "pointwise-default"))
         else:

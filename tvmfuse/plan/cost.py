@@ -80,7 +80,7 @@ class CostModel:
         attrs = target.target.attrs if hasattr(target.target, "attrs") else {}
         if target.is_gpu:
             smem = int(attrs.get("max_shared_memory_per_block", 48 * 1024)) if attrs else 48 * 1024
-            # Measured on the H200 (BENCHMARKS.md, 2026-11-30), B4 H32 S4096 D128: the tensor-core flash
+            # Measured on the H200 (BENCHMARKS.md), B4 H32 S4096 D128: the tensor-core flash
             # template 3.6-5.2 ms; the unfused ops (tensor-core GEMMs, N x N scores through HBM) 19 ms; the
             # scalar fused kernel (one query row per thread) 1209 ms. So attention is fused on GPUs exactly
             # where the flash template fits its shape.

@@ -307,7 +307,7 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     GEMM.
 
     The tensor-core conv template reads each filter tap's channels 64 at a time (:mod:`tvmfuse.tune.hopper`), so a
-    network's stem (3 channels, 7x7, stride 2) got a generic schedule: on the H200 (2026-12-01) ResNet-50 b32's
+    network's stem (3 channels, 7x7, stride 2) got a generic schedule: on the H200 ResNet-50 b32's
     stem took 242 us where cuDNN's first-layer kernel took 61 us, 11% of the model's time. Here the rows of A
     (one per output pixel; K = R*S*C taps x channels, zero-padded to a multiple of 64) are written by one
     injective kernel, and the conv becomes ``matmul(A, W)`` with the filter as a [K, F] constant: a GEMM the

@@ -125,7 +125,7 @@ def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
     """The config an untuned build uses: the fastest measured at the anchor size, where it fits (``wgmma``: on
     Hopper, ``sm_90a``, the wgmma configs first).
 
-    H200, B4 H32 S4096 D128 (BENCHMARKS.md, 2026-11-30): wgmma w4 m1 n64 s1 2236 us, w8 m1 n64 s2 2295 us;
+    H200, B4 H32 S4096 D128 (BENCHMARKS.md): wgmma w4 m1 n64 s1 2236 us, w8 m1 n64 s2 2295 us;
     mma.sync w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
     """
     if wgmma:

@@ -197,10 +197,10 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
                                     and tiles_m % c.raster == 0
                                     # cp.async: a batch in flight holds a stage: at 3 stages that left two and
-                                    # ran 1.24x slower on the H200 (2026-11-30); at 4 it matched or beat f0.
+                                    # ran 1.24x slower on the H200; at 4 it matched or beat f0.
                                     # TMA: the producer refills a stage as soon as it is released; a batch
                                     # in flight gave wrong results (rel. err. 1-2e-2 on every shape but one,
-                                    # H200 2026-12-01, cause not found), so TMA kernels wait for their batch
+                                    # H200, cause not found), so TMA kernels wait for their batch
                                     and (c.stages - c.inflight >= 2 + c.inflight if not c.tma
                                          else c.inflight == 0)
                                     and (not c.tma or c.swizzle == 128)
@@ -254,11 +254,11 @@ def _tiles_m(spec: GemmSpec, cfg: WgmmaConfig) -> int:
 
 def default_config(spec: GemmSpec) -> WgmmaConfig:
     """The fastest measured where it fits (H200, BENCHMARKS.md): 128x256 tiles by TMA, 4 stages (8192^3 GEMM 1623-1758
-    us, 0.95-0.99x cuBLAS; the 3x3 conv 362 us, 0.86x cuDNN, 2026-12-01), then 256x128 (1757 / 371 us), then
+    us, 0.95-0.99x cuBLAS; the 3x3 conv 362 us, 0.86x cuDNN), then 256x128 (1757 / 371 us), then
     128x128 (410 us, the conv); else by cp.async: 128x256 tiles, 3 stages (the GEMM 1996-2025 us, the conv 482-490),
     then 256x128, then 128x128."""
     # (an untuned build runs unchecked, so a conv takes the TMA kernel only as run and checked on the H200: stride
-    # 1, no dilation, 8 x 8 and partial 2 x 32 patches, 2026-12-01)
+    # 1, no dilation, 8 x 8 and partial 2 x 32 patches)
     tma = (0, 1) if spec.conv is None or spec.conv.dilation == (1, 1) else (0,)
     options = configs(spec, tma=tma)
     whole = [c for c in options if spec.rows % c.block_m == 0]   # tiles without a predicated last row first
@@ -450,7 +450,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     zfill = bool(F) and _a_predicated(spec, cfg)   # A's predicated copies in the main loop: branch-free
     # One shared allocation: A's stages at 0, B's at sb_at. (With two, TVM's shared-memory planner sees no use of
     # A's tiles in the main loop when its only accesses there are the zero-filling copies and the descriptors, and
-    # lays B's tiles over A's: wrong results at 3 stages with a batch in flight, H200 2026-11-30.)
+    # lays B's tiles over A's: wrong results at 3 stages with a batch in flight on the H200.)
     sb_at = S * a_tile
 
     def copies(slot: str, step: str, branch: bool = False) -> str:
@@ -522,8 +522,8 @@ def main({", ".join(params)}):
 # the braces), an arrive predicated without a branch, and the 3-D and 4-D tiled TMA loads that complete on an
 # mbarrier. The wait and the arrive, which run between wgmmas, take no "memory" clobber (volatile asm statements
 # keep their order among themselves, wgmmas included; a clobber tells the compiler the asm may read the
-# accumulator array). Dropping it was tried against the wrong results of TMA kernels with a batch in flight (H200,
-# 2026-12-01) and did not change them; those kernels are not offered (:func:`configs`).
+# accumulator array). Dropping it was tried against the wrong results of TMA kernels with a batch in flight (H200)
+# and did not change them; those kernels are not offered (:func:`configs`).
 _TMA_SOURCE = {
     "tvmfuse_mbar_init": r"""
 __forceinline__ __device__ void tvmfuse_mbar_init(unsigned int bar, int count) {
@@ -1060,7 +1060,7 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
     """(spec, {a, b, store, ..}, config) of the kernel an untuned build on ``target`` runs for the GEMM or conv
     ``func``: :func:`default_config`'s. None where the target is not sm_90a or the kernel does not fit.
 
-    An untuned build has no kernel check, so this covers the paths run and checked on the H200 (2026-11-30):
+    An untuned build has no kernel check, so this covers the paths run and checked on the H200:
     GEMMs; padded 3x3 convs and a 7x7 conv whose rows end in a partial tile (16 configs, all correct, the
     untuned conv case's dlight schedule took 8992 us against 490 us); epilogues that split heads (BERT's Q/K/V
     projections, checked in the pipeline: dlight 180-184 us, wgmma 14-22 us)."""

@@ -29,7 +29,9 @@ from tvmfuse.tune.knobs import Knob, names_in, sample, sample_option
 from tvmfuse.tune.sketch import DATA_PAR, REDUCE, bind_placeholder, inline_all_but_outputs, iter_types, root_blocks
 from tvmfuse.tune.tensorcore import tensorcore_postprocs, template_gemm_tensorcore
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+# shipped inside the package (a non-editable install has no source tree); ``search_spaces/`` at the top of the
+# repository links here, where users read and edit them
+SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 CLASSES = ("pointwise", "row_reduction", "gemm", "conv", "attention", "other")
 
 
@@ -173,8 +175,8 @@ def template_pointwise(sch, space: ClassSpace, info: dict) -> list:
     transpose = _transposed_input(sch, block, shape)
     modes = space.knobs.get("loop", Knob("loop", ("one-shot",), (1.0,))).values
     if transpose is not None:
-        # the flat sketches ran a transpose at 16-25% of the copy ceiling on the H200 (2026-11-30 16:17, the conv
-        # case's; the tiled one 96%): one flat sketch stays beside the tiled one, so that half the search goes to it
+        # the flat sketches ran the conv case's transpose at 16-25% of the copy ceiling on the H200 (the tiled one
+        # at 96%): one flat sketch stays beside the tiled one, so that half the search goes to it
         modes = modes[:1]
     for mode in modes:
         s = sch.copy()
@@ -252,7 +254,7 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int, int], space: Clas
     coalesced along the output's.
 
     The flat pointwise sketches read an NCHW input 2 bytes at a time with a stride of H x W elements when they
-    write NHWC: on the H200 (2026-11-30) the 64 x 256 x 56 x 56 fp16 transpose of the conv case ran 212 us, 23%
+    write NHWC: on the H200 the 64 x 256 x 56 x 56 fp16 transpose of the conv case ran 212 us, 23%
     of the copy ceiling. Here a block owns a ``tile_a x tile_b`` tile (``a`` = the output axis that is the
     input's innermost, ``b`` = the output's innermost), copies it into shared memory with vector loads along
     ``a``, and writes it with vector stores along ``b``; rows of the tile are padded by one bank word so the
@@ -263,7 +265,7 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int, int], space: Clas
     loops = s.get_loops(blk)
     last = len(shape) - 1
     tiles_a, tiles_b = _tiles(shape[a]), _tiles(shape[last], (64, 32))
-    # the widest tiles first: on the H200 (2026-11-30 16:17) the conv case's transpose ran 55 us (96% of the copy)
+    # the widest tiles first: on the H200 the conv case's transpose ran 55 us (96% of the copy)
     # with 56 x 64 tiles (a whole row of w, 64 channels) and 125-179 us with 8-wide ones
     ta = sample(s, Knob.leaning("transpose_tile_a", tiles_a, 0.8))
     tb = sample(s, Knob.leaning("transpose_tile_b", tiles_b, 0.8))
@@ -281,8 +283,7 @@ def _transpose_sketch(s, name: str, transpose: tuple[str, int, int], space: Clas
     inner = s.get_loops(cache)[1:]
     fused = s.fuse(*inner) if len(inner) > 1 else inner[0]
     # an odd number of words per row keeps each row's start 4-byte aligned, no more: the tile is filled with
-    # 4-byte loads (16-byte ones were misaligned on odd rows, and the H200 killed every such candidate,
-    # 2026-11-30 15:58; so the 82%-of-copy candidate of 07:40, on the same padding, must have had narrower ones)
+    # 4-byte loads (16-byte ones are misaligned on odd rows: the H200 killed every such candidate)
     word = max(1, 4 // ebytes)   # elements per 4-byte word
     vin = word if math.gcd(*tiles_a) % word == 0 else 1
     _, tx, lanes = s.split(fused, [None, threads, vin])
@@ -363,8 +364,7 @@ def _stage_through_registers(s, block, anchor, lanes, *, reads=True, flatten=Tru
     ``flatten``: flatten the register caches (see :func:`_flatten_copy`). Not for a row kernel: there the
     copy is bounded per row, and a flat index hides a column split that does not divide the row (768
     columns as 2 x 64 threads x 8 lanes): the store's bound became the whole tensor's, so the last
-    threads wrote their unused lanes over the next row's first columns (BERT's LayerNorm on the H200,
-    2026-11-30: relative error 0.58, caught by the kernel check).
+    threads wrote their unused lanes over the next row's first columns (BERT's LayerNorm on the H200: relative error 0.58, caught by the kernel check).
     """
     if reads is True:
         names = [str(r.source.name) for r in s.get(block).reads]
@@ -458,7 +458,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         if [int(d) for d in wbuf.shape] == shape and any(REDUCE in iter_types(sch, c) for c in sch.get_consumers(b)):
             prologue.append((name, wbuf))
     # (Softmax's exp(x - max) is staged too, written over x in place. Recomputing it from the staged x in the
-    # sum and output passes instead removes a barrier per step, but ran 1.26x slower on the H200, 2026-11-30:
+    # sum and output passes instead removes a barrier per step, but ran 1.26x slower on the H200:
     # 232 vs 184 us at 32 threads x 1 row, 65536 x 2048.)
     max_shared = int(space.extra.get("max_shared_bytes", 49152))
     storages = list(space.knobs.get("row_storage", Knob("row_storage", ("shared", "recompute"), (0.5, 0.5))).values)
@@ -489,8 +489,8 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
                     staged_bytes += cols * _dtype_bytes(s.get(b).writes[0].source.dtype)
             # Full-row inputs a reduction reads straight from HBM are staged too (softmax's max reads x before
             # its exp prologue exists; RMSNorm's sum of squares reads x): each is then read from HBM once,
-            # with vector loads, and every later pass reads shared memory. (Before, softmax's max pass read x
-            # with 2-byte loads and the exp pass read it again.)
+            # with vector loads, and every later pass reads shared memory (unstaged, softmax's max pass reads x
+            # with 2-byte loads and the exp pass reads it again).
             for red in reds:
                 for region in s.get(red).reads:
                     src = region.source
@@ -531,7 +531,7 @@ def template_row_reduction(sch, space: ClassSpace, info: dict) -> list:
         s.bind(tx, "threadIdx.x")
         # Sketch `recompute` computes each row's producers under its threadIdx.y loop. Sketch `shared` cannot:
         # a shared buffer is visible to the whole block, so compute_at relaxes threadIdx.y and every warp would
-        # compute every row of the block (the H200, 2026-11-30: 2 rows per block ran 1.3-1.6x slower, 4 rows
+        # compute every row of the block (the H200: 2 rows per block ran 1.3-1.6x slower, 4 rows
         # 2.6-3x). Its producers go under the block loop instead, their row loop bound to threadIdx.y: each
         # warp group stages and reduces its own row, and more rows are in flight per SM than one-row blocks
         # (at most 32 resident per SM) allow.

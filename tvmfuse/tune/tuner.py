@@ -199,7 +199,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
 
 
 # LocalRunner checks its worker at construction under the trials' own timeout: a short runner timeout made
-# that check itself time out (a TimeoutError traceback before any trial, seen in CI 2026-11-30). The worker
+# that check itself time out (a TimeoutError traceback before any trial, seen in CI). The worker
 # is checked under this bound and the trials then run under the configured one.
 _WORKER_START_S = 60.0
 
@@ -224,10 +224,10 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
     if config.time_budget_s is not None:
         deadline = time.monotonic() + config.time_budget_s
         # kernels without a record first, then the heaviest: a resumed run that re-tuned the tuned ones first left
-        # the same 11 of ResNet-50's 28 kernels untuned run after run (H200, 2026-11-30)
+        # the same 11 of ResNet-50's 28 kernels untuned run after run (H200)
         order.sort(key=lambda i: (spent[i] > 0, -(kernels[i].flops * max(1, kernels[i].weight))))
         # breadth first: under a time bound every kernel gets a few trials before the heaviest get the rest
-        # (ResNet-50 on the H200, 2026-11-30: heaviest-first to the end left 12 of 28 kernels on dlight)
+        # (ResNet-50 on the H200: heaviest-first to the end left 12 of 28 kernels on dlight)
         first = [min(b, max(1, config.first_pass_trials)) for b in budgets]
         passes = [first, [b - f for b, f in zip(budgets, first)]]
     states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod) for i, k in enumerate(kernels)]

@@ -18,8 +18,8 @@ def tolerance(dtype: str) -> float:
 
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     """``||out - ref|| / ||ref||`` over the finite elements; inf where the shapes differ or a non-finite element of
-    either (inf, NaN: an unwritten, NaN-poisoned output, or an fp16 overflow) is not the same in the other. (Before,
-    an inf in ``ref`` alone made the norm of ``ref`` inf and the error 0: any output passed.)"""
+    either (inf, NaN: an unwritten, NaN-poisoned output, or an fp16 overflow) is not the same in the other (a plain
+    norm would make an inf in ``ref`` alone an infinite denominator and the error 0: any output would pass)."""
     out64, ref64 = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     if out64.shape != ref64.shape:
         return float("inf")
