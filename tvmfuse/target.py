@@ -83,6 +83,33 @@ def _cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _host_cpu() -> dict:
+    """This machine's CPU as LLVM names it (``mcpu``: znver5, skylake-avx512, neoverse-v2 ...), so that llvm builds use
+    its vector ISA (AVX2, AVX-512, SVE) instead of the generic x86-64 baseline (SSE2); ``{}`` where LLVM cannot
+    tell. Being part of the target, it is part of every record's key: records never cross ISAs."""
+    from tvm.target import codegen
+
+    try:
+        cpu = str(codegen.llvm_get_system_cpu())
+    except Exception:  # noqa: BLE001 - a TVM built without LLVM's host detection
+        return {}
+    return {"mcpu": cpu} if cpu and cpu != "generic" else {}
+
+
+def _check_mcpu(mcpu: str, spec: dict) -> None:
+    """An ``mcpu`` LLVM does not know for the target's triple is refused (TVM accepts any string and LLVM then
+    compiles for a generic CPU, silently)."""
+    from tvm.target import codegen
+
+    try:
+        valid = bool(codegen.llvm_is_valid_cpu(mcpu, str(spec.get("mtriple", ""))))
+    except Exception:  # noqa: BLE001 - no answer (a TVM without the check): let TVM decide
+        valid = True
+    if not valid:
+        raise TargetError(f"unknown mcpu '{mcpu}' for {spec.get('mtriple', 'this machine')}",
+                          hint="LLVM CPU names such as x86-64-v3, skylake-avx512, znver4, neoverse-v2")
+
+
 def _cuda_json() -> dict:
     dev = _cuda_device()
     if dev is None:
@@ -118,7 +145,7 @@ def resolve_target(spec: str | dict | None = "auto") -> TargetInfo:
     if isinstance(spec, str):
         text = spec.strip()
         if text == "llvm":
-            spec = {"kind": "llvm", "num-cores": _cpu_cores()}
+            spec = {"kind": "llvm", "num-cores": _cpu_cores(), **_host_cpu()}
         elif text == "cuda":
             spec = _cuda_json()
         elif text.startswith("{"):
@@ -133,6 +160,8 @@ def resolve_target(spec: str | dict | None = "auto") -> TargetInfo:
     kind = str(spec["kind"])
     if kind not in ("llvm", "cuda"):
         raise TargetError(f"target kind '{kind}' is not supported", hint="tvmfuse targets llvm and cuda")
+    if kind == "llvm" and "mcpu" in spec:
+        _check_mcpu(str(spec["mcpu"]), spec)
     try:
         target = Target(spec)
     except Exception as err:  # noqa: BLE001 - TVM raises several types for a bad target
