@@ -322,13 +322,20 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
             t = t.to(float_dtype)
         inits[name] = t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
     reducers = {"ReduceMean": torch.mean, "ReduceMax": torch.amax, "ReduceMin": torch.amin, "ReduceSum": torch.sum}
+    # one-input elementwise ops: the torch function of each
+    unary = {"Sqrt": torch.sqrt, "Reciprocal": torch.reciprocal, "Erf": torch.erf, "Exp": torch.exp, "Log": torch.log,
+             "Sin": torch.sin, "Cos": torch.cos, "Abs": torch.abs, "Tanh": torch.tanh, "Sigmoid": torch.sigmoid,
+             "Relu": torch.relu, "IsNaN": torch.isnan, "Not": torch.logical_not, "Softplus": F.softplus,
+             "Neg": torch.neg}
 
     def run(weights: dict, *args):
         env = dict(weights)
         env.update(zip(in_names, args))
         for op, inputs, outputs, a in nodes:
             x = [env[i] if i else None for i in inputs]
-            if op == "Add":
+            if op in unary:
+                y = unary[op](x[0])
+            elif op == "Add":
                 y = x[0] + x[1]
             elif op == "Sub":
                 y = x[0] - x[1]
@@ -339,34 +346,8 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
                 y = x[0] / x[1] if x[0].is_floating_point() else torch.div(x[0], x[1], rounding_mode="trunc")
             elif op == "Pow":
                 y = torch.pow(x[0], x[1])
-            elif op == "Sqrt":
-                y = torch.sqrt(x[0])
-            elif op == "Reciprocal":
-                y = torch.reciprocal(x[0])
-            elif op == "Erf":
-                y = torch.erf(x[0])
-            elif op == "Exp":
-                y = torch.exp(x[0])
-            elif op == "Log":
-                y = torch.log(x[0])
-            elif op == "Sin":
-                y = torch.sin(x[0])
-            elif op == "Cos":
-                y = torch.cos(x[0])
-            elif op == "Abs":
-                y = torch.abs(x[0])
-            elif op == "Tanh":
-                y = torch.tanh(x[0])
-            elif op == "Neg":
-                y = -x[0]
-            elif op == "Sigmoid":
-                y = torch.sigmoid(x[0])
-            elif op == "Relu":
-                y = torch.relu(x[0])
             elif op == "LeakyRelu":
                 y = F.leaky_relu(x[0], a.get("alpha", 0.01))
-            elif op == "Softplus":
-                y = F.softplus(x[0])
             elif op == "Gelu":
                 y = F.gelu(x[0], approximate="tanh" if a.get("approximate", "none") == "tanh" else "none")
             elif op == "Clip":
@@ -377,8 +358,6 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
                 pos, neg = a.get("detect_positive", 1), a.get("detect_negative", 1)
                 y = (torch.isinf(x[0]) if pos and neg else torch.isposinf(x[0]) if pos
                      else torch.isneginf(x[0]) if neg else torch.zeros_like(x[0], dtype=torch.bool))
-            elif op == "IsNaN":
-                y = torch.isnan(x[0])
             elif op == "MatMul":
                 y = x[0] @ x[1]
             elif op == "Gemm":
@@ -484,8 +463,6 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
                 y = torch.logical_or(x[0], x[1])
             elif op == "Xor":
                 y = torch.logical_xor(x[0], x[1])
-            elif op == "Not":
-                y = torch.logical_not(x[0])
             else:  # pragma: no cover - check_supported guards this; Shape and Size are always folded
                 raise Unsupported(op)
             if op == "Split":
