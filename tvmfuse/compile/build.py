@@ -11,13 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse._tvm import PrimFunc, build_context, const_value, default_schedule, is_scheduled, relax, tvm
-from tvmfuse.plan.attention import tiled_gpu_misfit
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.expand import expand
-import tvmfuse.tune.hopper as hopper
-import tvmfuse.tune.rows as rows
-from tvmfuse.tune.flash import flash_kernel, spec_of
-from tvmfuse.tune.spaces import pointwise_default_schedule
+from tvmfuse.tune.templates import untuned_kernel
 
 
 @dataclass(frozen=True)
@@ -70,30 +66,15 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
         if ms_db is not None:
             with target.target:
                 sch = ms_db.query_schedule(workload, target.target, name)
-        spec = spec_of(func)
         if sch is not None:  # (a tuned attention record names its flash tiles: expand() below swaps them in)
             updates[gv] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
             best = database.best_run_secs(workload)
             statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
-        elif target.kind == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
-            # untuned attention: the flash template's default tiles (dlight would schedule the scalar kernel).
-            # The planner forms attention on CUDA only where the template fits; a module planned elsewhere may not.
-            updates[gv] = flash_kernel(func, wgmma=hopper.supports(target.target))
-            statuses.append(KernelStatus(name, "flash-default"))
-        elif target.kind == "cuda" and (wgmma := hopper.default_kernel(func, target.target)) is not None:
-            # untuned GEMM or conv on Hopper: the wgmma template's default tiles (dlight's has no tensor cores)
-            updates[gv] = wgmma.with_attr("global_symbol", name)
-            statuses.append(KernelStatus(name, "wgmma-default"))
-        elif target.kind == "cuda" and (program := rows.default_kernel(func)) is not None:
-            # untuned row kernel (softmax, a norm): the row program's default config (the H200:
-            # dlight's schedule ran softmax 65536x2048 at 268 us, the program's default config at 131 us)
-            updates[gv] = program.with_attr("global_symbol", name)
-            statuses.append(KernelStatus(name, "rows-default"))
-        elif target.kind == "cuda" and (sch := pointwise_default_schedule(workload, target.target)) is not None:
-            # untuned pointwise kernel: the pointwise template at the space's `untuned` knobs (on the H200
-            # SwiGLU took 185 us, where dlight's schedule took 481)
-            updates[gv] = sch.mod["main"].with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True)
-            statuses.append(KernelStatus(name, "pointwise-default"))
+        elif (found := untuned_kernel(func, target)) is not None:
+            # untuned, and a tvmfuse template takes it: the template's default config (see tune/templates.py)
+            source, kernel = found
+            updates[gv] = kernel.with_attr("global_symbol", name)
+            statuses.append(KernelStatus(name, source))
         else:
             statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
     # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)
