@@ -5,15 +5,17 @@ anything a user can fix.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from tvmfuse import verify
 from tvmfuse.db import open_database
-from tvmfuse.errors import VerificationError
+from tvmfuse.errors import ArtifactError, ModelError, TvmfuseError, VerificationError
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
 from tvmfuse.plan import partition
@@ -45,15 +47,20 @@ def _prepare(cfg: ModelConfig):
     return target, loaded, fused, plan
 
 
-def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | None = None) -> dict:
-    """Partition the model, extract one task per fused kernel, tune within the budget into ``cfg.db``."""
+def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | None = None,
+         stop: Callable[[], bool] | None = None) -> dict:
+    """Partition the model, extract one task per fused kernel, tune within the budget into ``cfg.db``.
+
+    ``stop``: polled during tuning; once it returns True the run ends after the trials in flight (see
+    :func:`tvmfuse.tune.tune_kernels`) and the report has ``interrupted`` set and the kernels ``left``.
+    """
     t0 = time.perf_counter()
     target, loaded, fused, plan = _prepare(cfg)
     kernels = extract_kernels(fused, target=target)
     db = open_database(cfg.db, target=target)
     try:
         results = tune_kernels(kernels, target=target, database=db, config=tune_cfg, progress=progress,
-                               model=loaded.name)
+                               model=loaded.name, stop=stop)
     finally:
         db.close()
     return {
@@ -62,6 +69,8 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
         "failed": [r.name for r in results if r.status == "failed"],
+        "interrupted": bool(stop is not None and stop()),
+        "left": [r.name for r in results if r.status in ("interrupted", "skipped-interrupt")],
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -72,6 +81,8 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
     from tvmfuse.compile import build, export_artifact
 
     t0 = time.perf_counter()
+    out = Path(out)
+    _check_artifact_folder(out)  # before the build: a bad -o costs no compile time
     target, loaded, fused, plan = _prepare(cfg)
     use_db = not untuned and Path(cfg.db).exists()
     db = open_database(cfg.db, target=target, create=False) if use_db else None
@@ -80,9 +91,12 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
     finally:
         if db is not None:
             db.close()
-    export_artifact(result, out, target=target, inputs=loaded.inputs, outputs=loaded.outputs,
-                    model_path=cfg.model, planner=plan.planner,
-                    extra={"cuda_graph": result.cuda_graph, "precision": cfg.precision})
+    try:
+        export_artifact(result, out, target=target, inputs=loaded.inputs, outputs=loaded.outputs,
+                        model_path=cfg.model, planner=plan.planner,
+                        extra={"cuda_graph": result.cuda_graph, "precision": cfg.precision})
+    except OSError as e:  # a full disk, a folder made read-only since the check
+        raise ArtifactError(f"cannot write the artifact folder {out}: {e.strerror or e}") from None
     return {
         "artifact": str(out), "target": target.canonical, "device": target.device, "planner": plan.planner,
         "precision": cfg.precision,
@@ -92,36 +106,191 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
     }
 
 
+def _check_artifact_folder(out: Path) -> None:
+    """``compile -o``: a folder that holds an artifact or nothing, or can be created."""
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"-o {out} is a file, not a folder: give a folder for the artifact")
+    if out.is_dir():
+        from tvmfuse.runtime.loaded import MANIFEST_NAME
+
+        if any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
+            raise ArtifactError(f"refusing to overwrite {out}: it exists and is not a tvmfuse artifact")
+    # the nearest folder that exists must be a writable folder (the artifact is written beside it, then renamed)
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ArtifactError(f"cannot create the artifact folder {out}: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ArtifactError(f"cannot create the artifact folder {out}: {parent} is not writable")
+
+
 def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | None = None,
-        repeat: int = 20, seed: int = 0) -> dict:
-    """Run an artifact: latency (median, p90) and, with ``verify_against``, relative error vs onnxruntime.
+        compare_to: Path | None = None, outputs: Path | None = None, repeat: int = 20, warmup: int = 3,
+        duration_s: float | None = None, seed: int = 0) -> dict:
+    """Run an artifact: latency (median, p90) and, with ``verify_against``, relative error vs onnxruntime, or with
+    ``compare_to``, vs outputs saved in an ``.npz`` (keyed by output name, as ``outputs`` writes them).
+
+    Timing: ``warmup`` untimed runs, then ``repeat`` timed runs, continued until ``duration_s`` seconds have passed
+    when that is given.
 
     Raises :class:`VerificationError` (exit 1) when any output is beyond its dtype's tolerance.
     """
     from tvmfuse.runtime import load_artifact
 
+    if verify_against is not None and compare_to is not None:
+        raise TvmfuseError("give --verify-against or --compare-to, not both")
+    if outputs is not None:
+        _check_writable_file(Path(outputs), "--outputs")
     art = load_artifact(artifact)
+    if verify_against is not None:
+        _check_model_matches(Path(verify_against), art)
+    refs = _load_reference(Path(compare_to), art.output_specs) if compare_to is not None else None
     feeds = verify.load_inputs(inputs, art.input_specs) if inputs else verify.random_inputs(art.input_specs, seed=seed)
-    outputs = art.run(feeds)
+    results = art.run(feeds)
+    names = [s["name"] for s in art.output_specs]
     report: dict = {"artifact": str(artifact), "device": art.manifest.get("device"),
-                    "outputs": [{"name": s["name"], "shape": list(o.shape), "dtype": str(o.dtype)}
-                                for s, o in zip(art.output_specs, outputs)]}
-    if repeat > 0:
-        times = np.array(art.benchmark(feeds, repeat=repeat)) * 1e3
+                    "outputs": [{"name": n, "shape": list(o.shape), "dtype": str(o.dtype)}
+                                for n, o in zip(names, results)]}
+    if outputs is not None:
+        save_outputs(Path(outputs), dict(zip(names, results)))
+        report["outputs_file"] = str(outputs)
+    if repeat > 0 or duration_s:
+        t0 = time.perf_counter()
+        times = np.array(art.benchmark(feeds, repeat=repeat, warmup=warmup, min_seconds=duration_s or 0.0)) * 1e3
         report["latency_ms"] = {"median": float(np.median(times)), "p90": float(np.percentile(times, 90)),
-                                "min": float(times.min()), "repeat": repeat}
+                                "min": float(times.min()), "mean": float(times.mean()), "repeat": int(times.size),
+                                "warmup": warmup, "seconds": round(time.perf_counter() - t0, 3),
+                                "duration_s": duration_s}
+    # an artifact compiled below its model's precision (--precision fp16) is held to that precision's tolerance
+    loose = PRECISION_TOLERANCE.get(art.manifest.get("precision", "model"), 0.0)
     if verify_against is not None:
         model = load_model(verify_against, input_shapes={s["name"]: tuple(s["shape"]) for s in art.input_specs})
-        refs = verify.run_onnxruntime(model.path, feeds)
-        # an artifact compiled below its model's precision (--precision fp16) is held to that precision's tolerance
-        loose = PRECISION_TOLERANCE.get(art.manifest.get("precision", "model"), 0.0)
-        checks = verify.compare(outputs, refs, [s["name"] for s in art.output_specs], min_tolerance=loose)
-        report["verification"] = {"reference": "onnxruntime", "outputs": [c.to_json() for c in checks],
-                                  "ok": all(c.ok for c in checks)}
-        if not report["verification"]["ok"]:
-            worst = max(checks, key=lambda c: c.rel_error / max(c.tolerance, 1e-30))
-            err = VerificationError(f"output '{worst.name}' differs from onnxruntime: relative error "
-                                    f"{worst.rel_error:.3g} > {worst.tolerance:g}")
-            err.report = report
-            raise err
+        ort_refs = verify.run_onnxruntime(model.path, feeds)
+        _verify(report, verify.compare(results, ort_refs, names, min_tolerance=loose), "onnxruntime", "onnxruntime")
+    elif refs is not None:
+        for name, out in zip(names, results):
+            ref = refs[name]
+            if ref.shape != out.shape or ref.dtype != out.dtype:
+                error = VerificationError(f"output '{name}' is {out.dtype}{list(out.shape)}, the reference in "
+                                          f"{Path(compare_to).name} is {ref.dtype}{list(ref.shape)}")
+                report["verification"] = {"reference": str(compare_to), "outputs": [], "ok": False,
+                                          "error": str(error)}
+                error.report = report
+                raise error
+        checks = verify.compare(results, [refs[n] for n in names], names, min_tolerance=loose)
+        _verify(report, checks, str(compare_to), Path(compare_to).name)
     return report
+
+
+def _verify(report: dict, checks, reference: str, shown: str) -> None:
+    report["verification"] = {"reference": reference, "outputs": [c.to_json() for c in checks],
+                              "ok": all(c.ok for c in checks)}
+    if not report["verification"]["ok"]:
+        worst = max(checks, key=lambda c: c.rel_error / max(c.tolerance, 1e-30))
+        error = VerificationError(f"output '{worst.name}' differs from {shown}: relative error "
+                                  f"{worst.rel_error:.3g} > {worst.tolerance:g}")
+        error.report = report
+        raise error
+
+
+def _check_writable_file(path: Path, what: str) -> None:
+    """Fail before any work when ``path`` cannot be written as a file: a folder, or a missing or read-only folder."""
+    if path.is_dir():
+        raise TvmfuseError(f"{what} {path} is a folder; give a file name")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise TvmfuseError(f"{what} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise TvmfuseError(f"{what} {path} cannot be written (permission denied)")
+
+
+def save_outputs(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` as an ``.npz`` keyed by output name, at exactly ``path`` (``np.savez`` would add a suffix,
+    and its keyword arguments cannot carry an output named ``file``)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, arr in arrays.items():
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
+    except OSError as e:
+        raise TvmfuseError(f"cannot write --outputs {path}: {e.strerror or e}") from None
+
+
+def _load_reference(path: Path, specs: list[dict]) -> dict[str, np.ndarray]:
+    """The saved outputs of ``--compare-to``, one per artifact output, keyed by output name."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+    except FileNotFoundError:
+        raise TvmfuseError(f"--compare-to file not found: {path}") from None
+    except IsADirectoryError:
+        raise TvmfuseError(f"--compare-to {path} is a folder, not an .npz file") from None
+    except Exception as e:  # noqa: BLE001 - zipfile/pickle/ValueError: not an npz numpy can read
+        raise TvmfuseError(f"--compare-to {path} is not a readable .npz file ({type(e).__name__})") from None
+    if not isinstance(data, dict) or not data:
+        raise TvmfuseError(f"--compare-to {path} holds no arrays")
+    for s in specs:
+        if s["name"] not in data:
+            raise TvmfuseError(f"--compare-to {path.name} has no output '{s['name']}'",
+                               hint="its keys are " + ", ".join(sorted(data)))
+    return data
+
+
+def _model_io(path: Path):
+    """({input: (dims or None, dtype or None)}, [output names]) as the ONNX file declares them, without its
+    weights; None when it cannot be read here (``load_model`` then says why, in its words)."""
+    import onnx
+
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+        inits = {i.name for i in m.graph.initializer}
+        ins = {}
+        for vi in m.graph.input:
+            if vi.name in inits:
+                continue
+            tt = vi.type.tensor_type
+            dims = ([d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+                    if tt.HasField("shape") else None)
+            try:
+                dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)))
+            except Exception:  # noqa: BLE001 - unknown element types: load_model reports them
+                dtype = None
+            ins[vi.name] = (dims, dtype)
+        return ins, [o.name for o in m.graph.output]
+    except Exception:  # noqa: BLE001 - missing, truncated, not ONNX: load_model's errors say it better
+        return None
+
+
+def _check_model_matches(path: Path, art) -> None:
+    """``--verify-against``: the model must take the artifact's inputs (names, dtypes, static dims) and give its
+    outputs; otherwise say so, naming the first input or output that differs."""
+    io = _model_io(path)
+    if io is None:
+        return
+    ins, outs = io
+    art_in = {s["name"]: s for s in art.input_specs}
+    mismatch = f"{path.name} does not match the artifact"
+    listed = f"the artifact's inputs: {', '.join(art_in)}; the model's: {', '.join(ins) or 'none'}"
+    missing = [n for n in art_in if n not in ins]
+    if missing:
+        raise ModelError(f"{mismatch}: it has no input '{missing[0]}'", hint=listed)
+    extra = [n for n in ins if n not in art_in]
+    if extra:
+        raise ModelError(f"{mismatch}: its input '{extra[0]}' is not an input of the artifact", hint=listed)
+    for name, spec in art_in.items():
+        dims, dtype = ins[name]
+        if dtype is not None and dtype != spec["dtype"]:
+            raise ModelError(f"{mismatch}: input '{name}' is {dtype} in the model, {spec['dtype']} in the artifact")
+        shape = list(spec["shape"])
+        if dims is not None and (len(dims) != len(shape) or any(d is not None and d != a for d, a in zip(dims, shape))):
+            shown = "x".join("?" if d is None else str(d) for d in dims)
+            raise ModelError(f"{mismatch}: input '{name}' is {shown} in the model, "
+                             f"{'x'.join(map(str, shape))} in the artifact")
+    art_out = [s["name"] for s in art.output_specs]
+    if sorted(outs) != sorted(art_out):
+        name = next((n for n in art_out if n not in outs), None) or next(n for n in outs if n not in art_out)
+        raise ModelError(f"{mismatch}: output '{name}' is not in both",
+                         hint=f"the artifact's outputs: {', '.join(art_out)}; the model's: {', '.join(outs)}")

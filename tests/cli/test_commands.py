@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -105,3 +107,192 @@ def test_cli_subprocess_bad_input_exit_code(tmp_path):
                            "-o", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     _one_line_error(proc.stderr)
+
+
+# -- bad input: one line, exit 2 --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def untuned_artifact(tmp_path_factory, example_model):
+    """The example compiled without a database (seconds; no tuning)."""
+    from tvmfuse import api
+
+    out = tmp_path_factory.mktemp("untuned") / "art"
+    api.compile(api.ModelConfig(model=example_model, target="llvm"), out=out, untuned=True)
+    return out
+
+
+@pytest.mark.parametrize("db", ["/proc/nope/x.db", "{tmp}/a_file/x.db", "/proc/x.db"],
+                         ids=["missing-folder", "folder-is-a-file", "unwritable-folder"])
+def test_tune_with_a_db_that_cannot_be_created_is_one_line(example_model, tmp_path, db):
+    (tmp_path / "a_file").write_text("not a folder")
+    db = db.format(tmp=tmp_path)
+    result = runner.invoke(app, ["tune", str(example_model), "--target", "llvm", "--db", db, "--trials", "1"])
+    assert result.exit_code == 2, (result.output, result.stderr)
+    line = _one_line_error(result.stderr)
+    assert db in line and "internal error" not in line
+
+
+def _identity_model(path, name, dims, elem=TensorProto.FLOAT, out="y"):
+    node = helper.make_node("Identity", [name], [out])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(name, elem, dims)],
+                              [helper.make_tensor_value_info(out, elem, dims)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return path
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("other_input", "no input 'x'"),
+    ("other_shape", "input 'x' is 1x8x16x15 in the model, 1x8x16x16 in the artifact"),
+    ("other_dtype", "input 'x' is float64 in the model, float32 in the artifact"),
+    ("other_output", "output 'y' is not in both"),
+])
+def test_verify_against_a_model_that_does_not_match_the_artifact(untuned_artifact, tmp_path, case, needle):
+    model = {
+        "other_input": lambda p: _identity_model(p, "image", [1, 8, 16, 16]),
+        "other_shape": lambda p: _identity_model(p, "x", [1, 8, 16, 15]),
+        "other_dtype": lambda p: _identity_model(p, "x", [1, 8, 16, 16], elem=TensorProto.DOUBLE),
+        "other_output": lambda p: _identity_model(p, "x", [1, 8, 16, 16], out="z"),
+    }[case](tmp_path / f"{case}.onnx")
+    result = runner.invoke(app, ["run", str(untuned_artifact), "--verify-against", str(model), "--repeat", "0"])
+    assert result.exit_code == 2, (result.output, result.stderr)
+    line = _one_line_error(result.stderr)
+    assert "does not match the artifact" in line and needle in line, line
+    assert "--input-shape" not in line
+
+
+def test_verify_against_a_fixture_model_of_another_network(untuned_artifact):
+    other = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_tinycnn.float32.onnx"
+    result = runner.invoke(app, ["run", str(untuned_artifact), "--verify-against", str(other), "--repeat", "0"])
+    assert result.exit_code == 2
+    line = _one_line_error(result.stderr)
+    assert "tiny_tinycnn.float32.onnx does not match the artifact" in line and "'x'" in line and "image" in line
+
+
+@pytest.mark.parametrize("where", ["file", "below-a-file"])
+def test_compile_into_a_file_is_refused_before_building(example_model, tmp_path, where):
+    (tmp_path / "a_file").write_text("keep me")
+    out = tmp_path / "a_file" if where == "file" else tmp_path / "a_file" / "art"
+    result = runner.invoke(app, ["compile", str(example_model), "--target", "llvm", "--untuned", "-o", str(out)])
+    assert result.exit_code == 2, (result.output, result.stderr)
+    line = _one_line_error(result.stderr)
+    assert "a_file" in line and "is a file" in line
+    assert (tmp_path / "a_file").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # no half-written artifact beside it
+
+
+@pytest.mark.parametrize("array,needle", [
+    (np.zeros((1, 8, 16, 15), np.float32), "float32[1, 8, 16, 15], the artifact takes float32[1, 8, 16, 16]"),
+    (np.zeros((1, 8, 16, 16), np.float64), "float64[1, 8, 16, 16], the artifact takes float32[1, 8, 16, 16]"),
+], ids=["shape", "dtype"])
+def test_inputs_of_the_wrong_shape_or_dtype(untuned_artifact, tmp_path, array, needle):
+    np.savez(tmp_path / "in.npz", x=array)
+    result = runner.invoke(app, ["run", str(untuned_artifact), "--inputs", str(tmp_path / "in.npz")])
+    assert result.exit_code == 2, (result.output, result.stderr)
+    line = _one_line_error(result.stderr)
+    assert "input 'x'" in line and needle in line
+
+
+# -- --version, flags in --help ---------------------------------------------------------------------------------
+
+
+def test_version_names_tvmfuse_tvm_and_tvm_ffi():
+    from importlib import metadata
+
+    import tvmfuse
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines == [f"tvmfuse {tvmfuse.__version__}", f"TVM {metadata.version('apache-tvm')}",
+                     f"apache-tvm-ffi {metadata.version('apache-tvm-ffi')}"]
+    result = runner.invoke(app, ["version", "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {"tvmfuse": tvmfuse.__version__, "tvm": metadata.version("apache-tvm"),
+                                         "apache-tvm-ffi": metadata.version("apache-tvm-ffi")}
+
+
+@pytest.mark.parametrize("command", [["run"], ["tune"], ["compile"], ["example"], ["plan"], ["inspect"], ["bench"],
+                                     ["db", "info"], ["db", "export"], ["version"], []])
+def test_help_shows_boolean_options_as_plain_flags(command):
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "200"}, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "--help" in text and "<bool>" not in text, text
+    if command and command != ["version"]:
+        json_line = next(l for l in text.splitlines() if "--json" in l)
+        assert "<" not in json_line.split("--json", 1)[1].split("Print")[0], json_line
+    if command == ["run"]:
+        assert "<path>" in text  # value options still show what they take
+
+
+# -- run: --outputs, --compare-to, --warmup, --duration -----------------------------------------------------------
+
+
+def test_run_saves_outputs_and_compares_to_them(untuned_artifact, tmp_path):
+    saved = tmp_path / "out.npz"
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--outputs", str(saved), "--repeat", "2", "--json"])
+    assert r.exit_code == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["outputs_file"] == str(saved) and saved.exists()  # the exact name, no suffix added
+    with np.load(saved) as npz:
+        assert npz.files == ["y"] and npz["y"].shape == (1, 64, 32) and npz["y"].dtype == np.float32
+        y = npz["y"]
+    # the same random inputs (seed 0): the same outputs
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--compare-to", str(saved), "--repeat", "0", "--json"])
+    assert r.exit_code == 0, r.stderr
+    ver = json.loads(r.stdout)["verification"]
+    assert ver["ok"] and ver["reference"] == str(saved)
+    assert ver["outputs"] == [{"name": "y", "dtype": "float32", "rel_error": 0.0, "tolerance": 1e-4, "ok": True}]
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--compare-to", str(saved), "--repeat", "0"])
+    assert r.exit_code == 0 and f"against {saved.name}" in r.stdout
+
+    np.savez(tmp_path / "off.npz", y=y * 1.01)
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--compare-to", str(tmp_path / "off.npz"), "--repeat", "0",
+                            "--json"])
+    assert r.exit_code == 1
+    assert "output 'y' differs from off.npz" in _one_line_error(r.stderr)
+    assert json.loads(r.stdout)["verification"]["ok"] is False
+
+    np.savez(tmp_path / "cut.npz", y=y[:, :3])
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--compare-to", str(tmp_path / "cut.npz"), "--repeat", "0"])
+    assert r.exit_code == 1
+    assert "output 'y' is float32[1, 64, 32], the reference in cut.npz is float32[1, 3, 32]" in _one_line_error(r.stderr)
+
+    np.savez(tmp_path / "other.npz", z=y)
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--compare-to", str(tmp_path / "other.npz")])
+    assert r.exit_code == 2
+    line = _one_line_error(r.stderr)
+    assert "other.npz has no output 'y'" in line and "z" in line
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--compare-to", "{tmp}/missing.npz"], "not found"),
+    (["--compare-to", "{tmp}/junk.npz"], "not a readable .npz"),
+    (["--outputs", "{tmp}/no/such/folder/o.npz"], "does not exist"),
+    (["--outputs", "{tmp}"], "is a folder"),
+    (["--compare-to", "{tmp}/junk.npz", "--verify-against", "{model}"], "not both"),
+])
+def test_run_option_errors_are_one_line(untuned_artifact, example_model, tmp_path, args, needle):
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file")
+    args = [a.format(tmp=tmp_path, model=example_model) for a in args]
+    r = runner.invoke(app, ["run", str(untuned_artifact), *args, "--repeat", "0"])
+    assert r.exit_code == 2, (r.output, r.stderr)
+    assert needle in _one_line_error(r.stderr)
+
+
+def test_run_times_for_a_duration_after_warmup(untuned_artifact):
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--repeat", "3", "--warmup", "2", "--duration", "0.3",
+                            "--json"])
+    assert r.exit_code == 0, r.stderr
+    lat = json.loads(r.stdout)["latency_ms"]
+    assert lat["warmup"] == 2 and lat["duration_s"] == 0.3
+    assert lat["seconds"] >= 0.3 and lat["repeat"] > 3  # a run takes well under 0.1 s: more than --repeat
+    assert lat["repeat"] * lat["min"] / 1e3 <= lat["seconds"]
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--repeat", "4", "--warmup", "0", "--json"])
+    lat = json.loads(r.stdout)["latency_ms"]
+    assert lat["repeat"] == 4 and lat["warmup"] == 0
+    r = runner.invoke(app, ["run", str(untuned_artifact), "--repeat", "2", "--duration", "0.2"])
+    assert r.exit_code == 0 and "runs in" in r.stdout and "warm-up" in r.stdout

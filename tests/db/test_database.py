@@ -1,6 +1,7 @@
 """The target-bound MetaSchedule database: round trip with a real tuning run, isolation, collision guard."""
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 from helpers import LLVM1, LLVM2, make_mod, make_record, mod_side, record_side, target
@@ -146,3 +147,14 @@ def test_saved_ir_is_tvm_json(tmp_path):
     con = sqlite3.connect(tmp_path / "t.db")
     (text,), = con.execute("SELECT mod_json FROM workloads").fetchall()
     assert json.loads(text).keys() >= {"root_index", "nodes"} and text == save_json(make_mod(8))
+
+
+@pytest.mark.parametrize("where", ["below-a-file", "missing-folder"])
+def test_a_database_that_cannot_be_created_is_a_database_error(tmp_path, where):
+    from tvmfuse.errors import DatabaseError
+
+    (tmp_path / "a_file").write_text("x")
+    path = tmp_path / "a_file" / "t.db" if where == "below-a-file" else Path("/proc/nope/t.db")
+    with pytest.raises(DatabaseError, match="cannot create tuning database") as info:
+        open_database(path, target=target())
+    assert ("a_file is a file" in str(info.value)) == (where == "below-a-file")

@@ -59,3 +59,26 @@ def test_verification_failure_is_reported(example_artifact, tmp_path):
     onnx.save(model, other)
     with pytest.raises(VerificationError, match="relative error"):
         api.run(example_artifact[0], verify_against=other, repeat=0)
+
+
+def test_benchmark_runs_at_least_repeat_times_and_min_seconds(example_artifact):
+    import time
+
+    path, _ = example_artifact
+    art = load_artifact(path)
+    feeds = verify.random_inputs(art.input_specs, seed=0)
+    assert len(art.benchmark(feeds, repeat=3, warmup=0)) == 3
+    t0 = time.perf_counter()
+    times = art.benchmark(feeds, repeat=2, warmup=1, min_seconds=0.25)
+    assert time.perf_counter() - t0 >= 0.25
+    assert len(times) > 2 and sum(times) <= time.perf_counter() - t0  # a run of the example is far below 0.25 s
+
+
+def test_run_saves_the_outputs_it_verified(example_artifact, example_model, tmp_path):
+    path, _ = example_artifact
+    report = api.run(path, verify_against=example_model, outputs=tmp_path / "o.npz", repeat=0)
+    with np.load(tmp_path / "o.npz") as npz:
+        saved = {k: npz[k] for k in npz.files}
+    assert list(saved) == [o["name"] for o in report["outputs"]]
+    again = api.run(path, compare_to=tmp_path / "o.npz", repeat=0)
+    assert again["verification"]["ok"] and again["verification"]["outputs"][0]["rel_error"] == 0.0

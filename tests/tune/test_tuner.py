@@ -252,3 +252,44 @@ def test_a_gather_is_timed_on_valid_indices(tmp_path, llvm_target):
     (res,) = results
     assert res.status == "tuned" and res.baseline_s is not None and not res.message, res.to_json()
     assert res.check["ok"], res.check
+
+
+def test_a_stop_request_ends_the_kernel_in_flight_after_its_batch(tmp_path, example_model, llvm_target):
+    """What Ctrl-C does to `tune`: the batch in flight is measured and committed, that kernel's search ends there
+    (``interrupted``), the kernels not started are ``skipped-interrupt``, nothing is recorded as failed, and the
+    next run continues from the database."""
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import extract_kernels, tune_kernels
+
+    llvm = llvm_target
+    kernels = extract_kernels(partition(import_model(load_model(example_model)), target=llvm)[0], target=llvm)
+    batches, done = [], []
+
+    class Progress:
+        def on_start(self, ks, budgets): pass
+        def on_batch(self, i, n, best): batches.append((i, n))
+        def on_kernel_done(self, i, r): done.append((i, r.status))
+
+    db = open_database(tmp_path / "s.db", target=llvm)
+    try:
+        # 6 trials in rounds of 2: the request, true from the first measured batch on, stops the first kernel
+        # after that batch, with 4 of its trials left
+        cfg = TuneConfig(trials=6 * len(kernels), trials_per_kernel=6, trials_per_round=2, population=16)
+        res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress(),
+                           stop=lambda: bool(batches))
+        assert batches == [(0, 2)]
+        assert res[0].status == "interrupted" and "2 of its 6 trials" in res[0].message, res[0]
+        assert res[0].trials_run == 3 and db.trials_spent(kernels[0].mod) == 3  # the default schedule and 2 trials
+        assert res[0].best_s is not None and res[0].check is None  # kept, checked by the run that finishes it
+        assert [r.status for r in res[1:]] == ["skipped-interrupt"] * (len(kernels) - 1)
+        assert all(r.trials_run == 0 and db.trials_spent(k.mod) == 0 for r, k in zip(res[1:], kernels[1:]))
+        assert sorted(done) == [(0, "interrupted")] + [(i, "skipped-interrupt") for i in range(1, len(kernels))]
+        assert sum(w.failed for w in db.list_workloads()) == 0
+        # resumed: the interrupted kernel spends the trials it has left, then is checked
+        res = tune_kernels(kernels[:1], target=llvm, database=db, config=cfg)
+        assert res[0].status == "resumed" and res[0].trials_before == 3 and res[0].trials_run == 3
+        assert res[0].check["ok"] is True and db.trials_spent(kernels[0].mod) == 6
+    finally:
+        db.close()

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperCommand, TyperGroup
 
 from tvmfuse.errors import TvmfuseError
 
@@ -21,33 +22,67 @@ JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout in
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show tracebacks and TVM's logs.")
 
 
+def _plain_flags(params: list) -> list:
+    # typer's rich help prints a flag's type ("<bool>") in the column that shows what a value option takes,
+    # which reads as if `--json` wanted a value; an empty metavar leaves that column blank for flags only
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class FlagCommand(TyperCommand):
+    """A command whose help shows boolean options as plain flags (``--json``, not ``--json <bool>``)."""
+
+    def get_params(self, ctx):
+        return _plain_flags(super().get_params(ctx))
+
+
+class FlagGroup(TyperGroup):
+    """A command group whose help, and every subcommand's, shows boolean options as plain flags."""
+
+    def get_params(self, ctx):
+        return _plain_flags(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None and not isinstance(cmd, (FlagCommand, FlagGroup)):
+            _plain_flags(cmd.get_params(ctx))
+        return cmd
+
+
 @contextmanager
 def handle_errors(verbose: bool) -> Iterator[None]:
     """Turn errors into one line on stderr and an exit code; a traceback only with ``--verbose``.
 
-    TvmfuseError -> its exit code (2 for bad input); anything else is a bug -> exit 3.
+    TvmfuseError -> its exit code (2 for bad input); anything else is a bug -> exit 3. TVM's native log
+    output is shown only with ``--verbose`` (``tvmfuse.logs.capture_native_stderr``).
     """
+    from tvmfuse.logs import capture_native_stderr
+
     if not verbose:
         logging.getLogger("tvm").setLevel(logging.ERROR)
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except TvmfuseError as e:
-        if verbose:
-            traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
-        raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        raise typer.Exit(130) from None
-    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, no traceback
-        if verbose:
-            traceback.print_exc()
-        first = (str(e).strip().splitlines() or [""])[0][:300]
-        print(f"error: internal error: {type(e).__name__}: {first} (rerun with --verbose for the traceback)",
-              file=sys.stderr)
-        raise typer.Exit(3) from None
+    # TVM's C++ warnings go straight to fd 2, past every Python filter: captured, and one summary line on exit
+    with capture_native_stderr(verbose=verbose):
+        try:
+            yield
+        except typer.Exit:
+            raise
+        except TvmfuseError as e:
+            if verbose:
+                traceback.print_exc()
+            print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            print("error: interrupted", file=sys.stderr)
+            raise typer.Exit(130) from None
+        except Exception as e:  # noqa: BLE001 - the last line of defence: one line, no traceback
+            if verbose:
+                traceback.print_exc()
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            print(f"error: internal error: {type(e).__name__}: {first} (rerun with --verbose for the traceback)",
+                  file=sys.stderr)
+            raise typer.Exit(3) from None
 
 
 def emit_json(obj: Any) -> None:

@@ -6,10 +6,10 @@ from typing import List, Optional
 
 import typer
 
-from tvmfuse.cli.common import JsonOpt, VerboseOpt, emit_json, handle_errors, out, table
+from tvmfuse.cli.common import FlagGroup, JsonOpt, VerboseOpt, emit_json, handle_errors, out, table
 
 app = typer.Typer(help="Inspect and maintain tuning databases (info, merge, export, import, prune, recover).",
-                  no_args_is_help=True)
+                  no_args_is_help=True, cls=FlagGroup)
 
 _DEFAULT = Path("tuning_logs") / "tvmfuse.db"
 DbArg = typer.Argument(_DEFAULT, help="The tuning database file.")

@@ -6,13 +6,48 @@ from typing import List, Optional
 
 import typer
 
-from tvmfuse.cli.common import (JsonOpt, VerboseOpt, emit_json, err, fmt_ms, handle_errors, out, table)
+from tvmfuse.cli.common import (FlagGroup, JsonOpt, VerboseOpt, emit_json, err, fmt_ms, handle_errors, out,
+                                table)
 
 app = typer.Typer(
     name="tvmfuse",
     help="Memory-bound fusion search on Apache TVM: ONNX -> fused, tuned kernels -> a deployable artifact.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, cls=FlagGroup,
 )
+
+
+def versions() -> dict:
+    """tvmfuse's, TVM's and apache-tvm-ffi's versions, read from the installed distributions (importing TVM
+    takes seconds); a source build of TVM that is not a distribution is asked directly."""
+    from importlib import metadata
+
+    import tvmfuse
+
+    found = {"tvmfuse": tvmfuse.__version__}
+    for label, dist, module in (("tvm", "apache-tvm", "tvm"), ("apache-tvm-ffi", "apache-tvm-ffi", "tvm_ffi")):
+        try:
+            found[label] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            try:
+                found[label] = str(__import__(module).__version__)
+            except Exception:  # noqa: BLE001 - not installed, or broken: say so rather than fail
+                found[label] = None
+    return found
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        v = versions()
+        out.print(f"tvmfuse {v['tvmfuse']}\nTVM {v['tvm'] or 'not installed'}\n"
+                  f"apache-tvm-ffi {v['apache-tvm-ffi'] or 'not installed'}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print the versions of tvmfuse, TVM and apache-tvm-ffi and exit.")):
+    """Memory-bound fusion search on Apache TVM: ONNX -> fused, tuned kernels -> a deployable artifact."""
+
 
 TargetOpt = typer.Option("auto", "--target", help="auto | llvm | cuda | a TVM target JSON object.")
 DbOpt = typer.Option(Path("tuning_logs/tvmfuse.db"), "--db", help="Tuning database.")
@@ -91,8 +126,43 @@ class _RichProgress:
             self._progress.update(self._k, advance=1, detail=f"{result.name[:40]}: {result.status}")
 
 
+def _command_line(ctx: typer.Context) -> str:
+    """The command as the user gave it (what they typed, as parsed; defaults left out), to run again."""
+    import shlex
+
+    args, opts = [], []
+    for p in ctx.command.params:
+        source = ctx.get_parameter_source(p.name)
+        if source is None or source.name == "DEFAULT" or source.name == "DEFAULT_MAP":
+            continue
+        value = ctx.params.get(p.name)
+        if p.param_type_name == "argument":
+            args.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+            continue
+        name = next((o for o in p.opts if o.startswith("--")), p.opts[0])
+        if getattr(p, "is_flag", False):
+            if value:
+                opts.append(name)
+            elif p.secondary_opts:
+                opts.append(p.secondary_opts[0])
+            continue
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            opts += [name, str(v)]
+    return shlex.join(["tvmfuse", ctx.info_name or "tune", *args, *opts])
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 @app.command("tune")
 def tune_command(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., help="ONNX model file."),
     target: str = TargetOpt, db: Path = DbOpt,
     trials: int = typer.Option(64, "--trials", min=0, help="New trials this run may spend over all kernels."),
@@ -108,17 +178,43 @@ def tune_command(
                                     "it built and ran); the failures are still reported."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
-    """Tune every fused kernel of MODEL with MetaSchedule into the database (resumable)."""
-    with handle_errors(verbose):
-        from tvmfuse import api
-        from tvmfuse.tune import TuneConfig
+    """Tune every fused kernel of MODEL with MetaSchedule into the database (resumable).
 
-        cfg = _model_config(model, target, db, planner, input_shape, precision)
-        tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune, time_budget_s=time_budget)
-        with _RichProgress(enabled=not json_out) as progress:
-            report = api.tune(cfg, tcfg, progress=progress)
+    Ctrl-C (or SIGTERM) stops after the trials in flight and prints the command that resumes; a second one
+    aborts at once.
+    """
+    with handle_errors(verbose):
+        from tvmfuse.cli.interrupt import abort, exit_code, stop_on_signal
+
+        resume = _command_line(ctx)
+
+        def on_first(signum: int) -> None:
+            err.print(f"{_signal_name(signum)}: stopping after the trials in flight; every finished trial is kept "
+                      "(press Ctrl-C again to abort now)", highlight=False, markup=False)
+
+        def on_abort(signum: int) -> None:
+            abort(signum, f"error: {_signal_name(signum)} again: aborted; the trials committed before it are in "
+                          f"{db}; resume with: {resume}")
+
+        # before TVM is imported and any worker started: they inherit the blocked signals (see the module)
+        with stop_on_signal(on_first, on_abort) as stop:
+            from tvmfuse import api
+            from tvmfuse.tune import TuneConfig
+
+            cfg = _model_config(model, target, db, planner, input_shape, precision)
+            tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune,
+                              time_budget_s=time_budget)
+            with _RichProgress(enabled=not json_out) as progress:
+                report = api.tune(cfg, tcfg, progress=progress, stop=stop)
+        interrupted = stop()
+        if interrupted:
+            report["interrupted"] = True
+            report["resume"] = resume
         if json_out:
             emit_json(report)
+            if interrupted:
+                _print_interrupted(report, resume)
+                raise typer.Exit(exit_code(stop.signum))
             if report["failed"] and not keep_going:
                 raise typer.Exit(1)
             return
@@ -134,8 +230,22 @@ def tune_command(
         for k in report["kernels"]:
             if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
                 err.print(f"{k['name']}: {k['status']}: {k['message']}")
+        if interrupted:
+            _print_interrupted(report, resume)
+            raise typer.Exit(exit_code(stop.signum))
         if report["failed"] and not keep_going:
             raise typer.Exit(1)
+
+
+def _print_interrupted(report: dict, resume: str) -> None:
+    left = report.get("left") or []
+    if left:
+        names = ", ".join(left[:6]) + (f" and {len(left) - 6} more" if len(left) > 6 else "")
+        what = f"{len(left)} of {len(report['kernels'])} kernels left to tune ({names})"
+    else:
+        what = "no kernel left to tune"
+    err.print(f"interrupted: {what}; every finished trial is in {report['db']}", highlight=False, markup=False)
+    err.print(f"resume with: {resume}", highlight=False, markup=False)
 
 
 @app.command("compile")
@@ -172,17 +282,24 @@ def run_command(
     artifact: Path = typer.Argument(..., help="Artifact folder from `tvmfuse compile`."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", help=".npz keyed by input name (default: random inputs)."),
     verify_against: Optional[Path] = typer.Option(None, "--verify-against", help="ONNX model to compare with under onnxruntime."),
-    repeat: int = typer.Option(20, "--repeat", min=0, help="Timed runs (0: no timing)."),
+    compare_to: Optional[Path] = typer.Option(None, "--compare-to", help="Outputs saved by --outputs (.npz keyed by "
+                                              "output name) to compare with, at --verify-against's tolerances."),
+    outputs: Optional[Path] = typer.Option(None, "--outputs", help="Save the outputs to this .npz, keyed by output name."),
+    repeat: int = typer.Option(20, "--repeat", min=0, help="Timed runs, at least (0: no timing)."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed runs before the timed ones."),
+    duration: Optional[float] = typer.Option(None, "--duration", min=0, help="Keep timing until this many seconds "
+                                             "have passed (and --repeat runs are done)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
-    """Run an artifact: latency (median, p90) and, with --verify-against, the error against onnxruntime."""
+    """Run an artifact: latency (median, p90) and, with --verify-against or --compare-to, the error against a reference."""
     from tvmfuse.errors import VerificationError
 
     with handle_errors(verbose):
         from tvmfuse import api
 
         try:
-            report = api.run(artifact, inputs=inputs, verify_against=verify_against, repeat=repeat)
+            report = api.run(artifact, inputs=inputs, verify_against=verify_against, compare_to=compare_to,
+                             outputs=outputs, repeat=repeat, warmup=warmup, duration_s=duration)
         except VerificationError as e:
             if json_out:
                 emit_json(getattr(e, "report", {}))
@@ -196,12 +313,16 @@ def run_command(
 def _print_run(report: dict) -> None:
     lat = report.get("latency_ms")
     if lat:
-        out.print(f"latency: median {lat['median']:.3f} ms, p90 {lat['p90']:.3f} ms ({lat['repeat']} runs) on {report['device']}")
+        out.print(f"latency: median {lat['median']:.3f} ms, p90 {lat['p90']:.3f} ms ({lat['repeat']} runs in "
+                  f"{lat['seconds']:.2f} s, after {lat['warmup']} warm-up) on {report['device']}", highlight=False)
+    if report.get("outputs_file"):
+        out.print(f"outputs saved to {report['outputs_file']}", highlight=False)
     ver = report.get("verification")
     if ver:
         rows = [[o["name"], o["dtype"], f"{o['rel_error']:.2e}", f"{o['tolerance']:g}", "ok" if o["ok"] else "FAIL"]
                 for o in ver["outputs"]]
-        out.print(table("against onnxruntime", ["output", "dtype", "relative error", "tolerance", ""], rows))
+        shown = ver["reference"] if ver["reference"] == "onnxruntime" else Path(ver["reference"]).name
+        out.print(table(f"against {shown}", ["output", "dtype", "relative error", "tolerance", ""], rows))
 
 
 @app.command("example")
@@ -236,6 +357,15 @@ def example_command(
                   f"{tuned['default_schedules_measured']} of them default schedules, {tuned['seconds']} s); "
                   f"{n - len(built['untuned'])}/{n} run a tuned schedule; artifact: {built['artifact']}")
         _print_run(ran)
+
+
+@app.command("version")
+def version_command(json_out: bool = JsonOpt):
+    """The versions of tvmfuse, TVM and apache-tvm-ffi."""
+    if json_out:
+        emit_json(versions())
+        return
+    _print_version(True)
 
 
 def _register_subcommands() -> None:

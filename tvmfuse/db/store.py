@@ -127,7 +127,15 @@ class Store:
         if not self.path.exists():
             if not create:
                 raise DatabaseError(f"tuning database not found: {self.path}")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                above = self.path.absolute().parent
+                while not above.exists():
+                    above = above.parent
+                why = f"{above} is a file" if not above.is_dir() else err.strerror or str(err)
+                raise DatabaseError(f"cannot create tuning database {self.path}: folder {self.path.parent} "
+                                    f"cannot be created ({why})") from None
         else:
             try:
                 with open(self.path, "rb") as f:

@@ -20,12 +20,18 @@ H200_FP16_GEMM_FLOPS = 656e12
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Bandwidth (GB/s, 1e9 bytes) and compute (FLOP/s) ceilings, each with where it came from."""
+    """Bandwidth (GB/s, 1e9 bytes) and compute (FLOP/s) ceilings, each with where it came from.
+
+    ``memory`` names what the bandwidth ceiling is of: "HBM" (a GPU's), "DRAM" (a CPU's main memory), or None
+    when unknown. A CPU kernel whose data fits in its caches never goes to DRAM and can run faster than the DRAM
+    ceiling, so a share of it says nothing there.
+    """
 
     bandwidth_gbs: float | None
     bandwidth_source: str
     flops_per_s: float | None
     flops_source: str
+    memory: str | None = None
 
     @property
     def ridge_flops_per_byte(self) -> float | None:
@@ -99,4 +105,6 @@ def ceilings_for(*, kind: str, device: str, bandwidth_gbs: float | None = None,
             bw = (None, f"unknown for {device}: pass a bandwidth figure")
         if fl[0] is None:
             fl = (None, f"unknown for {device}")
-    return Ceilings(bandwidth_gbs=bw[0], bandwidth_source=bw[1], flops_per_s=fl[0], flops_source=fl[1])
+    memory = {"llvm": "DRAM"}.get(kind, "HBM" if kind == "cuda" and "H200" in device else None)
+    return Ceilings(bandwidth_gbs=bw[0], bandwidth_source=bw[1], flops_per_s=fl[0], flops_source=fl[1],
+                    memory=memory)

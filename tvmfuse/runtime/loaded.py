@@ -58,15 +58,18 @@ class LoadedArtifact:
         out = self._vm["main"](*self._args(inputs))
         return [t.numpy() for t in _flatten(out)]
 
-    def benchmark(self, inputs: dict[str, np.ndarray], *, repeat: int = 50, warmup: int = 3) -> list[float]:
-        """Latencies in seconds of ``repeat`` runs (each synchronised with the device)."""
+    def benchmark(self, inputs: dict[str, np.ndarray], *, repeat: int = 50, warmup: int = 3,
+                  min_seconds: float = 0.0) -> list[float]:
+        """Latencies in seconds of at least ``repeat`` runs (each synchronised with the device), run on until
+        ``min_seconds`` of wall time have passed; ``warmup`` untimed runs first."""
         args = self._args(inputs)
         fn = self._vm["main"]
         for _ in range(warmup):
             fn(*args)
         self._device.sync()
         times = []
-        for _ in range(repeat):
+        start = time.perf_counter()
+        while len(times) < repeat or time.perf_counter() - start < min_seconds:
             t0 = time.perf_counter()
             fn(*args)
             self._device.sync()

@@ -10,9 +10,9 @@ import logging
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, ms
 from tvmfuse.tune.builder import fast_build
@@ -69,7 +69,8 @@ class KernelResult:
     trials_run: int = 0
     best_before_s: float | None = None
     best_s: float | None = None
-    status: str = "pending"  # tuned | resumed | exhausted | skipped-spent | skipped-budget | skipped-time | failed
+    # tuned | resumed | exhausted | skipped-spent | skipped-budget | skipped-time | interrupted | skipped-interrupt | failed
+    status: str = "pending"
     message: str = ""
     space: dict | None = None  # kernel class, space source, space version, fallback notes
     curve: list = field(default_factory=list)  # [trials, best seconds] after each measured batch
@@ -108,6 +109,9 @@ class _BatchState:
     mod: object = None
     choice: object = None  # the kernel's search space, chosen when its tuning starts
     default_error: str = ""  # why the default schedule did not build or run ("" when it did)
+    stop: object = None  # a callable, true once the run is asked to stop (the CLI's Ctrl-C)
+    pass_end: int = 0  # ``trials`` when this pass's budget is spent
+    cut: bool = False  # the stop request ended this kernel's search before its budget
 
 
 @derived_object
@@ -131,6 +135,13 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
             st.history.append((st.trials, st.best))
         if st.progress is not None:
             st.progress.on_batch(st.index, st.trials, st.best)
+        # Asked to stop: end this kernel's search here, the batch just measured being committed already (the
+        # database's callback runs before this one). Only while the pass has budget left: the scheduler then
+        # joins a batch inside its loop, and a task it has terminated is not terminated again; after the last
+        # batch it terminates the task itself.
+        if st.stop is not None and not st.cut and st.trials < st.pass_end and st.stop():
+            task_scheduler.terminate_task(task_id)
+            st.cut = True
 
 
 def allocate_budget(kernels: list[Kernel], spent: list[int], config: TuneConfig) -> list[int]:
@@ -164,8 +175,13 @@ def _quiet_ms_console() -> None:
 
 
 def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config: TuneConfig,
-                 progress: TuneProgress | None = None, model: str | None = None) -> list[KernelResult]:
+                 progress: TuneProgress | None = None, model: str | None = None,
+                 stop: Callable[[], bool] | None = None) -> list[KernelResult]:
     """Tune ``kernels`` into ``database`` (a tvmfuse database bound to ``target``).
+
+    ``stop``: polled after each measured batch and before each kernel; once it returns True the kernel being
+    tuned ends its search after the batch in flight (``interrupted``, its records kept, not checked), and the
+    kernels not started are ``skipped-interrupt``. A later run resumes both from the database.
 
     Returns one :class:`KernelResult` per kernel, in the order given.
     """
@@ -192,7 +208,8 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     log_root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="tvmfuse-tune-"))
     try:
         return _tune_all(kernels, budgets, spent, results, target=target, database=database, config=config,
-                         spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress)
+                         spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress,
+                         stop=stop)
     finally:
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
@@ -217,7 +234,7 @@ def _local_runner(timeout_s):
 
 
 def _tune_all(kernels, budgets, spent, results, *, target, database, config, spaces, builder, runner, log_root,
-              progress) -> list[KernelResult]:
+              progress, stop=None) -> list[KernelResult]:
     order = list(range(len(kernels)))
     passes = [budgets]
     deadline = None
@@ -230,13 +247,29 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
         # (ResNet-50 on the H200: heaviest-first to the end left 12 of 28 kernels on dlight)
         first = [min(b, max(1, config.first_pass_trials)) for b in budgets]
         passes = [first, [b - f for b, f in zip(budgets, first)]]
-    states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod) for i, k in enumerate(kernels)]
+    states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod, stop=stop)
+              for i, k in enumerate(kernels)]
     finished: set[int] = set()
+    stopped = stop or (lambda: False)
 
     def finish(i: int) -> None:
         _finish_kernel(kernels[i], results[i], states[i], target=target, database=database, config=config,
                        spent=spent[i], progress=progress)
         finished.add(i)
+
+    def finish_interrupted(i: int) -> None:
+        # its records stay; the check waits for the run that spends the rest of its budget, so that stopping
+        # takes no longer than the trials in flight
+        st, result = states[i], results[i]
+        _finish_kernel(kernels[i], result, st, target=target, database=database, config=replace(config, check=False),
+                       spent=spent[i], progress=None)
+        if result.status != "failed":
+            result.status = "interrupted"
+            result.message = (f"interrupted after {st.trials} of its {budgets[i]} trials this run; the next "
+                              "`tune` continues it")
+        finished.add(i)
+        if progress is not None:
+            progress.on_kernel_done(i, result)
 
     for n, budget_of in enumerate(passes):
         for i in order:
@@ -244,17 +277,26 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
                 continue
             result, budget = results[i], budget_of[i]
             more_later = any(p[i] for p in passes[n + 1:])
-            if budget > 0 and deadline is not None and time.monotonic() >= deadline:
+            if budget > 0 and stopped():
+                if states[i].choice is not None:  # started in an earlier pass
+                    finish_interrupted(i)
+                    continue
+                result.status, result.best_s = "skipped-interrupt", result.best_before_s
+                result.message = "tuning was interrupted before this kernel; the next `tune` tunes it"
+            elif budget > 0 and deadline is not None and time.monotonic() >= deadline:
                 if states[i].choice is not None:  # started in an earlier pass
                     finish(i)
                     continue
                 result.status, result.best_s = "skipped-time", result.best_before_s
                 result.message = f"the time budget ({config.time_budget_s:g} s) ran out before this kernel"
             elif budget > 0:
+                states[i].pass_end = states[i].trials + budget
                 _run_kernel(kernels[i], budget, result, states[i], target=target, database=database, config=config,
                             spaces=spaces, builder=builder, runner=runner, spent=spent[i],
                             work_dir=log_root / f"{i:03d}_{kernels[i].name[:60]}")
-                if result.status == "failed" or not more_later:
+                if states[i].cut and result.status != "failed":
+                    finish_interrupted(i)
+                elif result.status == "failed" or not more_later:
                     finish(i)
                 continue
             elif more_later:
