@@ -65,7 +65,8 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         db.close()
     return {
         "model": str(cfg.model), "target": target.canonical, "device": target.device, "db": str(cfg.db),
-        "planner": plan.planner, "precision": cfg.precision, "kernels": [r.to_json() for r in results],
+        "planner": plan.planner, "precision": cfg.precision, "cost_model": tune_cfg.cost_model,
+        "kernels": [r.to_json() for r in results],
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
         "failed": [r.name for r in results if r.status == "failed"],

@@ -293,3 +293,41 @@ def test_a_stop_request_ends_the_kernel_in_flight_after_its_batch(tmp_path, exam
         assert res[0].check["ok"] is True and db.trials_spent(kernels[0].mod) == 6
     finally:
         db.close()
+
+
+def test_a_cost_model_that_cannot_load_stops_the_run_with_one_line(monkeypatch):
+    """Tuning never falls back to random silently: without xgboost, the xgb model is an error (exit 2)."""
+    import sys
+
+    from tvmfuse.errors import TvmfuseError
+    from tvmfuse.tune.tuner import make_cost_model
+
+    monkeypatch.setitem(sys.modules, "xgboost", None)   # `import xgboost` now raises ImportError
+    with pytest.raises(TvmfuseError, match="needs xgboost") as err:
+        make_cost_model("xgb")
+    assert err.value.exit_code == 2
+    with pytest.raises(TvmfuseError, match="unknown cost model"):
+        make_cost_model("gbdt")
+    assert type(make_cost_model("random")).__name__ == "RandomModel"
+
+
+@pytest.mark.slow
+def test_one_cost_model_learns_from_every_kernel_of_a_run(tmp_path, example_model, llvm_target):
+    """The kernels of a run share one model: what the first kernels measured trains it for the next."""
+    from tvmfuse.db import open_database
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import extract_kernels, tune_kernels
+    from tvmfuse.tune.tuner import make_cost_model
+
+    kernels = extract_kernels(partition(import_model(load_model(example_model)), target=llvm_target)[0],
+                              target=llvm_target)[:2]
+    model = make_cost_model("xgb")
+    db = open_database(tmp_path / "t.db", target=llvm_target)
+    try:
+        tune_kernels(kernels, target=llvm_target, database=db, cost_model=model,
+                     config=TuneConfig(trials=4, trials_per_kernel=2, trials_per_round=2, population=16, check=False))
+    finally:
+        db.close()
+    inst = getattr(model, "_inst", model)
+    assert len(inst.data) == 2 and inst.data_size >= 4   # both kernels' measurements, in the one model

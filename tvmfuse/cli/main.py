@@ -174,6 +174,8 @@ def tune_command(
         "later to tune them)."),
     planner: Optional[str] = PlannerOpt, input_shape: Optional[List[str]] = InputShapeOpt,
     precision: str = PrecisionOpt,
+    cost_model: str = typer.Option("xgb", "--cost-model", help="xgb (MetaSchedule's XGBoost model, one for the whole "
+                                   "run) or random; a model that cannot load stops the run (exit 2)."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Exit 0 even when a kernel failed (no schedule of "
                                     "it built and ran); the failures are still reported."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
@@ -203,7 +205,7 @@ def tune_command(
 
             cfg = _model_config(model, target, db, planner, input_shape, precision)
             tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune,
-                              time_budget_s=time_budget)
+                              time_budget_s=time_budget, cost_model=cost_model)
             with _RichProgress(enabled=not json_out) as progress:
                 report = api.tune(cfg, tcfg, progress=progress, stop=stop)
         interrupted = stop()
@@ -226,7 +228,7 @@ def tune_command(
         out.print(table(f"tuned {Path(report['model']).name} on {report['device']} ({report['seconds']} s)",
                         ["kernel", "status", "trials before", "trials run", "default", "best", "vs default",
                          "check"], rows))
-        out.print(f"database: {report['db']}")
+        out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run)")
         for k in report["kernels"]:
             if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
                 err.print(f"{k['name']}: {k['status']}: {k['message']}")

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, ms
-from tvmfuse.tune.builder import fast_build
+from tvmfuse.errors import TvmfuseError
 from tvmfuse.target import TargetInfo
+from tvmfuse.tune.builder import fast_build
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -53,7 +54,7 @@ class TuneConfig:
     max_workers: int | None = None
     log_dir: Path | None = None
     spaces_dir: Path | None = None  # search_spaces/ override (the YAML files)
-    cost_model: str = "auto"  # xgb where xgboost imports, else random (the GPU box has no xgboost)
+    cost_model: str = "xgb"  # xgb | random: one model per run, shared by every kernel (see make_cost_model)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
     time_budget_s: float | None = None
@@ -112,6 +113,7 @@ class _BatchState:
     stop: object = None  # a callable, true once the run is asked to stop (the CLI's Ctrl-C)
     pass_end: int = 0  # ``trials`` when this pass's budget is spent
     cut: bool = False  # the stop request ended this kernel's search before its budget
+    cost_model: object = None  # the run's cost model, shared by every kernel
 
 
 @derived_object
@@ -176,8 +178,11 @@ def _quiet_ms_console() -> None:
 
 def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config: TuneConfig,
                  progress: TuneProgress | None = None, model: str | None = None,
-                 stop: Callable[[], bool] | None = None) -> list[KernelResult]:
+                 stop: Callable[[], bool] | None = None, cost_model=None) -> list[KernelResult]:
     """Tune ``kernels`` into ``database`` (a tvmfuse database bound to ``target``).
+
+    ``cost_model``: a MetaSchedule cost model to share (default: :func:`make_cost_model` of ``config.cost_model``,
+    made before anything is tuned, so a model that cannot load stops the run at once).
 
     ``stop``: polled after each measured batch and before each kernel; once it returns True the kernel being
     tuned ends its search after the batch in flight (``interrupted``, its records kept, not checked), and the
@@ -187,6 +192,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     """
     from tvmfuse.tune.spaces import load_spaces
 
+    cost_model = cost_model if cost_model is not None else make_cost_model(config.cost_model)
     ensure_tensor_intrinsics(target.kind)
     spaces = load_spaces(target.kind, config.spaces_dir)
     if getattr(database, "space_version", "unset") is None:
@@ -209,7 +215,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     try:
         return _tune_all(kernels, budgets, spent, results, target=target, database=database, config=config,
                          spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress,
-                         stop=stop)
+                         stop=stop, cost_model=cost_model)
     finally:
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
@@ -234,6 +240,7 @@ def _local_runner(timeout_s):
 
 
 def _tune_all(kernels, budgets, spent, results, *, target, database, config, spaces, builder, runner, log_root,
+              cost_model,
               progress, stop=None) -> list[KernelResult]:
     order = list(range(len(kernels)))
     passes = [budgets]
@@ -247,7 +254,7 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
         # (ResNet-50 on the H200: heaviest-first to the end left 12 of 28 kernels on dlight)
         first = [min(b, max(1, config.first_pass_trials)) for b in budgets]
         passes = [first, [b - f for b, f in zip(budgets, first)]]
-    states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod, stop=stop)
+    states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod, stop=stop, cost_model=cost_model)
               for i, k in enumerate(kernels)]
     finished: set[int] = set()
     stopped = stop or (lambda: False)
@@ -364,14 +371,27 @@ def _finish_kernel(kernel, result, state, *, target, database, config, spent, pr
         progress.on_kernel_done(state.index, result)
 
 
-def _cost_model(config: TuneConfig) -> str:
-    if config.cost_model != "auto":
-        return config.cost_model
+COST_MODELS = ("xgb", "random")
+# samples an XGBoost model takes before its predictions steer the search (MetaSchedule's default is 100, more
+# than most kernels are given): with one model per run, a run's first kernels train it for the later ones
+XGB_WARMUP_SAMPLES = 16
+
+
+def make_cost_model(name: str):
+    """The cost model one tuning run shares across its kernels: ``xgb`` (MetaSchedule's XGBoost model over its
+    per-store features) or ``random``. Each kernel's measurements train the same model, so the later kernels of a
+    run are searched with what the earlier ones taught it. Raises TvmfuseError (exit 2) when the model cannot be
+    made: tuning never falls back to another model silently."""
+    if name not in COST_MODELS:
+        raise TvmfuseError(f"unknown cost model '{name}'", hint="choose from " + ", ".join(COST_MODELS))
+    if name == "random":
+        return ms.cost_model.RandomModel()
     try:
         import xgboost  # noqa: F401
-    except ImportError:
-        return "random"
-    return "xgb"
+    except ImportError as err:
+        raise TvmfuseError(f"the xgb cost model needs xgboost, which does not import here ({err})",
+                           hint="pip install xgboost, or --cost-model random") from None
+    return ms.cost_model.XGBModel(num_warmup_samples=XGB_WARMUP_SAMPLES)
 
 
 def _cores(target: TargetInfo) -> int:
@@ -466,7 +486,7 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
     ms.tune_tasks(
         tasks=ctxs, task_weights=[float(kernel.weight)], work_dir=str(work_dir),
         max_trials_global=budget, max_trials_per_task=budget, num_trials_per_iter=per_round,
-        builder=builder, runner=runner, database=database.ms_database, cost_model=_cost_model(config),
+        builder=builder, runner=runner, database=database.ms_database, cost_model=state.cost_model,
         measure_callbacks=callbacks, task_scheduler="round-robin",
     )
     _quiet_ms_console()
