@@ -3,10 +3,9 @@
 A template is named by the schedule source it gives a kernel an untuned build leaves to it (``flash-default``,
 ``wgmma-default``, ``rows-default``, ``pointwise-default``); ``default_kernel`` writes that kernel, or returns None
 where the template does not take the kernel (then the next template is asked, in registry order, and dlight's
-rules take what none takes); ``expand`` swaps the template's kernels in for the sketches its tuned records
-annotate. ``compile`` loops over :func:`registry`; adding a template adds an entry here (and, for a template
-whose kernels are written whole, its expansion to :func:`tvmfuse.tune.expand.expand`, which the search-space code
-below this module calls).
+rules take what none takes). ``compile`` loops over :func:`registry`; adding a template adds an entry here and, for
+a template whose kernels are written whole (not reached by schedule primitives), its expansion of tuned sketches
+to :func:`tvmfuse.tune.expand.expand`, which the search-space code below this module calls.
 """
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ class KernelTemplate:
     name: str
     targets: tuple[str, ...]   # target kinds it writes kernels for
     default_kernel: Callable[[PrimFunc, object], Optional[PrimFunc]]   # (planner's kernel, TargetInfo) -> kernel
-    expand: Callable[[tvm.IRModule], tvm.IRModule]
 
     @property
     def untuned_source(self) -> str:
@@ -64,32 +62,14 @@ def _pointwise_default(func, target):
     return None if sch is None else sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def _flash_expand(mod):
-    import tvmfuse.tune.flash as flash
-
-    return flash.expand(mod)
-
-
-def _wgmma_expand(mod):
-    import tvmfuse.tune.hopper as hopper
-
-    return hopper.expand(mod)
-
-
-def _rows_expand(mod):
-    import tvmfuse.tune.rows as rows
-
-    return rows.expand(mod)
-
-
 @lru_cache(maxsize=1)
 def registry() -> tuple[KernelTemplate, ...]:
     """The templates, in the order an untuned build asks them."""
     return (
-        KernelTemplate("flash", ("cuda",), _flash_default, _flash_expand),
-        KernelTemplate("wgmma", ("cuda",), _wgmma_default, _wgmma_expand),
-        KernelTemplate("rows", ("cuda",), _rows_default, _rows_expand),
-        KernelTemplate("pointwise", ("cuda",), _pointwise_default, lambda mod: mod),  # reached by schedules alone
+        KernelTemplate("flash", ("cuda",), _flash_default),
+        KernelTemplate("wgmma", ("cuda",), _wgmma_default),
+        KernelTemplate("rows", ("cuda",), _rows_default),
+        KernelTemplate("pointwise", ("cuda",), _pointwise_default),
     )
 
 
