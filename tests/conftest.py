@@ -3,6 +3,7 @@ and one artifact built from it. Tests that only read them share them across the 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,10 @@ def example_artifact(tmp_path_factory, tuned_example):
     out = tmp_path_factory.mktemp("artifact") / "example.artifact"
     report = api.compile(cfg, out=out)
     return out, report
+
+
+# the checkout's root, for ``benchmarks`` (the long runs whose generators some tests share, e.g. the fuzzer's)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def pytest_configure(config):

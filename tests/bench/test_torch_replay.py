@@ -210,7 +210,7 @@ def bench_gpu(monkeypatch):
     import sys
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     module = importlib.import_module("bench_gpu")
     monkeypatch.setattr(module, "TORCH_DEVICE", "cpu")
     monkeypatch.setattr(module, "KEEP", {})

@@ -1,4 +1,4 @@
-"""The kill loop shared by tests/db/test_crash.py and scripts/db_crash_bench.py."""
+"""The kill loop shared by tests/db/test_crash.py and its long run, tests/db/crash_bench.py."""
 from __future__ import annotations
 
 import os

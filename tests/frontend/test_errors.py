@@ -122,7 +122,7 @@ def test_cli_contract_exit_2_one_line(tmp_path):
 
 
 def test_non_utf8_string_field(tmp_path):
-    # found by scripts/fuzz_frontend.py: protobuf decodes strings lazily, UnicodeDecodeError escaped
+    # found by benchmarks/fuzz_frontend.py: protobuf decodes strings lazily, UnicodeDecodeError escaped
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz_regress_non_utf8.onnx"

@@ -1,5 +1,5 @@
 """Hostile input never crashes, hangs, or raises anything but ModelError (a few hundred examples; the
-10,000-example run is scripts/fuzz_frontend.py)."""
+10,000-example run is benchmarks/fuzz_frontend.py)."""
 from __future__ import annotations
 
 import tempfile
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
-from .fuzzing import check_contract, mutated_bytes, mutated_models
+from benchmarks.fuzzing import check_contract, mutated_bytes, mutated_models
 
 _SETTINGS = dict(deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -1,7 +1,7 @@
 """The tensor-core flash-attention template: where the planner forms attention on GPUs, how the search space
 samples its tiles, how a record selects the kernel a build runs, and that every kernel builds for sm_90
 without register spills. (CUDA built here, not run: the kernels' numerics are checked on the H200 by
-scripts/flash_gpu.py and scripts/bench_gpu.py, against PyTorch in fp32, every config; see BENCHMARKS.md.)"""
+benchmarks/flash_gpu.py and benchmarks/bench_gpu.py, against PyTorch in fp32, every config; see BENCHMARKS.md.)"""
 from __future__ import annotations
 
 import re

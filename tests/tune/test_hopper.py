@@ -1,7 +1,7 @@
 """Hopper's wgmma GEMM template: which planner kernels it takes (and why not the others), how their epilogue
 becomes the kernel's store, how the space samples its tiles and a record selects the kernel a build runs, and
 that its kernels build for sm_90a without spills. (CUDA built here, not run: the kernels' numerics are
-checked on the H200 by scripts/wgmma_gemm.py and scripts/bench_gpu.py against PyTorch; see BENCHMARKS.md.)"""
+checked on the H200 by benchmarks/wgmma_gemm.py and benchmarks/bench_gpu.py against PyTorch; see BENCHMARKS.md.)"""
 from __future__ import annotations
 
 import dataclasses

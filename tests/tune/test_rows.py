@@ -352,11 +352,11 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_default_row_progr
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_rows_gpu_script_builds_every_config_without_spills():
-    """scripts/rows_gpu.py (the H200 measurement of the row program) builds each config of add+LayerNorm's row
+    """benchmarks/rows_gpu.py (the H200 measurement of the row program) builds each config of add+LayerNorm's row
     kernel (the one with the most registers a thread) for sm_90a without a GPU; ptxas reports no spills."""
     import subprocess
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "rows_gpu.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "rows_gpu.py"
     out = subprocess.run([sys.executable, str(script), "--cases", "add_layernorm", "--small", "--build-only"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -450,9 +450,9 @@ def test_nchw_to_nhwc_transpose_gets_a_shared_memory_tile_sketch(cuda):
 
 
 def test_transpose_gpu_script_samples_both_sketches_without_a_gpu():
-    """scripts/transpose_gpu.py (the H200 measurement of the conv case's transpose) builds its sampled points
+    """benchmarks/transpose_gpu.py (the H200 measurement of the conv case's transpose) builds its sampled points
     here with --build-only: half of them come from the tiled sketch (one flat sketch beside it for transposes)."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "transpose_gpu.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "transpose_gpu.py"
     out = subprocess.run([sys.executable, str(script), "--build-only", "--points", "6"], capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-1500:]

@@ -16,7 +16,7 @@ planner's GEMM kernels whose shape it fits (:func:`gemm_spec`):
   fill whole core matrices, so neither the copies nor the tensor cores meet bank conflicts;
 * the operands are named by 64-bit shared-memory matrix descriptors encoded here (start address, the
   byte offsets between core matrices along K and along M/N; checked on the H200 by
-  ``scripts/wgmma_probe.py``);
+  ``benchmarks/wgmma_gemm.py``);
 * an NHWC conv is the same kernel as an implicit GEMM (:class:`ConvGeometry`): each K step's A tile is one
   filter tap's 64 channels of the rows' input pixels, gathered by the same copies, padding zero-filled; rows
   may end in a partial tile (predicated copies and stores);

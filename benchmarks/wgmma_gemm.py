@@ -14,7 +14,7 @@ ptxas (no GPU).
 1568 rows, a partial last tile row) is checked too, and for TMA configs a 28x28 one (2 x 32 pixel patches, the
 last columns idle).
 
-    python scripts/wgmma_gemm.py [--conv] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json] [--build-only]
+    python benchmarks/wgmma_gemm.py [--conv] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json] [--build-only]
 """
 from __future__ import annotations
 

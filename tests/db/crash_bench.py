@@ -5,7 +5,7 @@ acks each one on stdout; it is killed at a random moment (often mid-transaction)
 database is reopened and checked: it opens, no acknowledged record is lost, the record count never goes
 down, every record is linked to its own workload.
 
-usage: python scripts/db_crash_bench.py [--kills 100] [--seed 0] [--db PATH] [--json]
+usage: python tests/db/crash_bench.py [--kills 100] [--seed 0] [--db PATH] [--json]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "db"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # beside the crash test's kill loop and helpers
 
 from crashlib import kill_loop  # noqa: E402
 from helpers import LLVM1  # noqa: E402

@@ -6,7 +6,7 @@ output poisoned (NaN) first, and times it with TVM's time evaluator; SDPA (PyTor
 timed in the same run. Smaller variants (Kᵀ given transposed, an additive mask, mask before scale,
 head dim 64) are checked for correctness only. Prints a table last; ``--json`` writes the rows.
 
-    python scripts/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap] [--configs NAME ...]
+    python benchmarks/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap] [--configs NAME ...]
 
 ``--kind wgmma`` includes the overlapped Hopper kernels (`` hp``); ``--kind overlap`` runs only those.
 """

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for hostile ONNX input, shared by test_fuzz.py and scripts/fuzz_frontend.py.
+"""Hypothesis strategies for hostile ONNX input, shared by test_fuzz.py and benchmarks/fuzz_frontend.py.
 
 Two families: protobuf bytes mutated blindly (flips, truncation, splices), and graphs mutated with
 structure (wrong op types, dangling or swapped inputs, bad attributes, shape and dtype mismatches,

@@ -1,11 +1,11 @@
 """Fuzz tvmfuse's frontend with 10,000 hostile inputs (issue 6): mutated protobuf bytes and mutated graphs.
 
-    /work/venv/bin/python scripts/fuzz_frontend.py [--examples 10000] [--benchmarks BENCHMARKS.md]
+    /work/venv/bin/python benchmarks/fuzz_frontend.py [--examples 10000] [--benchmarks BENCHMARKS.md]
 
 The fuzzing runs in a child process so that a crash (segfault, abort) of TVM or onnx is seen and
 reported with the input that caused it (kept in ``--crash-dir``), instead of taking this script down.
 The contract per input: ``load_model`` + ``import_model`` return or raise ModelError (one line), within
-60 s. Strategies: tests/frontend/fuzzing.py.
+60 s. Strategies: benchmarks/fuzzing.py.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def child(examples: int, kind: str, seed: int, scratch: Path) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hseed
 
-    from tests.frontend.fuzzing import check_contract, mutated_bytes, mutated_models
+    from benchmarks.fuzzing import check_contract, mutated_bytes, mutated_models
 
     counts = {"ok": 0, "ModelError": 0}
     slowest = [0.0]
@@ -77,7 +77,7 @@ def main() -> int:
     took = time.time() - t0
     total = sum(r["ok"] + r["ModelError"] for r in results)
     parts = ", ".join("{kind}: {ok} imported, {ModelError} ModelError, slowest {slowest_s} s".format(**r) for r in results)
-    summary = (f"Fuzz (`scripts/fuzz_frontend.py --examples {args.examples} --seed {args.seed}`): {total} inputs "
+    summary = (f"Fuzz (`benchmarks/fuzz_frontend.py --examples {args.examples} --seed {args.seed}`): {total} inputs "
                f"({parts}); "
                f"{'no crash, no hang, no other exception' if not failures else 'FAILURES: ' + '; '.join(failures)}; "
                f"{took / 60:.1f} min.")

@@ -8,7 +8,7 @@ run, on the H200). This times eager and torch.compile of the replay (NCHW and ch
 the graphs and graph breaks torch._dynamo finds, and lists the heaviest CUDA kernels of the compiled run
 (torch.profiler), to show where the time goes.
 
-    python scripts/torch_replay_probe.py [--models resnet50,bert_base] [--json out.json]
+    python benchmarks/torch_replay_probe.py [--models resnet50,bert_base] [--json out.json]
 """
 from __future__ import annotations
 

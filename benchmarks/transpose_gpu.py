@@ -6,7 +6,7 @@ sketch and the flat ones), builds each, checks it against ``torch.permute`` on f
 output poisoned (NaN) first, and times it with TVM's time evaluator beside PyTorch's own transpose
 (``x.permute(0, 2, 3, 1).contiguous()``) and the device-to-device copy of the same bytes, in the same run.
 
-    python scripts/transpose_gpu.py [--points 12] [--json out.json] [--build-only]
+    python benchmarks/transpose_gpu.py [--points 12] [--json out.json] [--build-only]
 """
 from __future__ import annotations
 

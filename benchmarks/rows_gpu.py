@@ -6,7 +6,7 @@ against the same kernel under TVM's default GPU schedule (dlight) on fresh rando
 poisoned (NaN) first, and times both with TVM's time evaluator beside the device-to-device copy of the case's
 bytes (inputs read once, output written once), in the same run.
 
-    python scripts/rows_gpu.py [--cases softmax,add_layernorm] [--configs "t32 r1" ...] [--json out.json]
+    python benchmarks/rows_gpu.py [--cases softmax,add_layernorm] [--configs "t32 r1" ...] [--json out.json]
                                [--small] [--build-only]
 
 ``--build-only`` builds every config for sm_90a and runs ptxas (no GPU): registers and spills per config.
