@@ -331,3 +331,22 @@ def test_one_cost_model_learns_from_every_kernel_of_a_run(tmp_path, example_mode
         db.close()
     inst = getattr(model, "_inst", model)
     assert len(inst.data) == 2 and inst.data_size >= 4   # both kernels' measurements, in the one model
+
+
+@pytest.mark.slow
+def test_the_cost_model_learns_the_databases_records_before_the_first_trial(tuned_example, llvm_target):
+    from tvmfuse.db import open_database
+    from tvmfuse.tune.tuner import make_cost_model
+    from tvmfuse.tune.warm_start import warm_start
+
+    cfg, report = tuned_example
+    model = make_cost_model("xgb")
+    db = open_database(cfg.db, target=llvm_target, create=False)
+    try:
+        valid = sum(len(db.records(w.workload_id, include_failed=False)) for w in db.list_workloads())
+        taken = warm_start(model, db, llvm_target)
+    finally:
+        db.close()
+    inst = getattr(model, "_inst", model)
+    assert valid > 0 and taken == valid and inst.data_size == taken   # every valid record, replayed and learned
+    assert len(inst.data) == len(report["kernels"])                    # grouped by workload, one per kernel
