@@ -1,0 +1,482 @@
+"""Each high-level rewrite of ``tvmfuse.plan.rewrites`` as a Relax module pass: a small module before, the pass
+applied, ``tvm.ir.assert_structural_equal`` against the module it must give; and a module it must leave as it is.
+
+Weights are written as parameters in TVMScript and bound as constants (``BindParams``), as the importer binds
+them; the expected constants are computed here from the originals, in exactly representable values.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+import tvmfuse.plan.rewrites as rewrites
+from tvmfuse._tvm import relax, tvm
+from tvmfuse.plan.cost import Score
+from tvmfuse.plan.tags import RewriteLog
+
+
+def _bind(mod, **params):
+    return relax.transform.BindParams("main", {k: np.asarray(v) for k, v in params.items()})(mod)
+
+
+def _unchanged(before, rewrite) -> None:
+    tvm.ir.assert_structural_equal(rewrite(before), before)
+
+
+def test_every_rewrite_is_a_module_pass():
+    log = RewriteLog()
+    passes = [rewrites.DropInferenceIdentities(), rewrites.FoldBatchNorm(log=log), rewrites.ChannelsLast(log=log),
+              rewrites.ComposeTransposes(), rewrites.Im2colNarrowConvs(log=log), rewrites.FuseAttention(log=log),
+              rewrites.HorizontalGemm(log=log)]
+    assert all(isinstance(p, tvm.transform.Pass) for p in passes)
+    assert [p.info.name for p in passes] == ["DropInferenceIdentities", "FoldBatchNorm", "ChannelsLast",
+                                             "ComposeTransposes", "Im2colNarrowConvs", "FuseAttention", "HorizontalGemm"]
+
+
+# ---------------------------------------------------------------------------------------------- identities
+@I.ir_module
+class Dropout:
+    @R.function
+    def main(x: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
+        with R.dataflow():
+            y = R.nn.dropout(x, 0.5)
+            z = y[0]
+            out = R.nn.relu(z)
+            R.output(out)
+        return out
+
+
+def test_dropout_is_dropped_at_inference():
+    """``dropout(x)[0]`` is ``x``: the relu reads the input directly."""
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
+            with R.dataflow():
+                out = R.nn.relu(x)
+                R.output(out)
+            return out
+
+    tvm.ir.assert_structural_equal(rewrites.DropInferenceIdentities()(Dropout), Expected)
+    tvm.ir.assert_structural_equal(rewrites.drop_inference_identities(Dropout), Expected)
+
+
+def test_a_module_without_dropout_is_left_as_it_is():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32")) -> R.Tensor((2, 3), "float32"):
+            with R.dataflow():
+                out = R.nn.relu(x)
+                R.output(out)
+            return out
+
+    _unchanged(Before, rewrites.DropInferenceIdentities())
+
+
+# ---------------------------------------------------------------------------------------------- BatchNorm
+@I.ir_module
+class ConvBN:
+    """conv2d -> (x - mean) / std + beta -> relu: inference BatchNorm as the importer decomposes it."""
+
+    @R.function
+    def main(x: R.Tensor((1, 2, 4, 4), "float32"), w: R.Tensor((3, 2, 1, 1), "float32"),
+             mean: R.Tensor((1, 3, 1, 1), "float32"), std: R.Tensor((1, 3, 1, 1), "float32"),
+             beta: R.Tensor((1, 3, 1, 1), "float32")) -> R.Tensor((1, 3, 4, 4), "float32"):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w)
+            a = R.subtract(y, mean)
+            b = R.divide(a, std)
+            c = R.add(b, beta)
+            out = R.nn.relu(c)
+            R.output(out)
+        return out
+
+
+_W = np.arange(-3, 3, dtype="float32").reshape(3, 2, 1, 1)
+_MEAN, _STD, _BETA = (np.array(v, "float32").reshape(1, 3, 1, 1) for v in ([1, 2, 3], [2, 4, 8], [0.5, 0.25, 0.125]))
+
+
+def test_batchnorm_after_a_conv_folds_into_its_weights_and_one_bias():
+    """The subtract/divide/add by per-channel constants become a filter divided by ``std`` per output channel and
+    one bias ``beta - mean / std``, added under a fresh name the plan's tag refers to."""
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 2, 4, 4), "float32"), w: R.Tensor((3, 2, 1, 1), "float32"),
+                 bias: R.Tensor((1, 3, 1, 1), "float32")) -> R.Tensor((1, 3, 4, 4), "float32"):
+            with R.dataflow():
+                y = R.nn.conv2d(x, w)
+                bnfold_1 = R.add(y, bias)
+                out = R.nn.relu(bnfold_1)
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    after = rewrites.FoldBatchNorm(log=log)(_bind(ConvBN, w=_W, mean=_MEAN, std=_STD, beta=_BETA))
+    expected = _bind(Expected, w=_W / _STD.reshape(3, 1, 1, 1), bias=_BETA - _MEAN / _STD)
+    tvm.ir.assert_structural_equal(after, expected)
+    assert log.tags["bnfold_1"].ops == ("subtract", "divide", "add")
+
+
+def test_a_conv_bias_alone_or_a_batchnorm_of_variables_is_not_folded():
+    @I.ir_module
+    class Bias:
+        @R.function
+        def main(x: R.Tensor((1, 2, 4, 4), "float32"), w: R.Tensor((3, 2, 1, 1), "float32"),
+                 beta: R.Tensor((1, 3, 1, 1), "float32")) -> R.Tensor((1, 3, 4, 4), "float32"):
+            with R.dataflow():
+                y = R.nn.conv2d(x, w)
+                out = R.add(y, beta)
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    _unchanged(_bind(Bias, w=_W, beta=_BETA), rewrites.FoldBatchNorm(log=log))
+    # mean, std and beta as inputs of the model (not constants): nothing to fold them into
+    _unchanged(_bind(ConvBN, w=_W), rewrites.FoldBatchNorm(log=log))
+    assert not log.tags and not log.notes
+
+
+# ------------------------------------------------------------------------------------------ channels last
+@I.ir_module
+class ConvRelu:
+    @R.function
+    def main(x: R.Tensor((1, 2, 4, 4), "float32"), w: R.Tensor((3, 2, 3, 3), "float32")
+             ) -> R.Tensor((1, 3, 4, 4), "float32"):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+            out = R.nn.relu(y)
+            R.output(out)
+        return out
+
+
+def test_convs_run_channels_last_with_transposes_at_the_edges():
+    """The conv runs NHWC with an OHWI filter (the transpose folded into the constant); the relu follows the
+    layout; one transpose in front of the conv, one where the result leaves."""
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 2, 4, 4), "float32"), w: R.Tensor((3, 3, 3, 2), "float32")
+                 ) -> R.Tensor((1, 3, 4, 4), "float32"):
+            with R.dataflow():
+                xt = R.permute_dims(x, [0, 2, 3, 1])
+                y = R.nn.conv2d(xt, w, padding=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI",
+                                out_layout="NHWC")
+                r = R.nn.relu(y)
+                out = R.permute_dims(r, [0, 3, 1, 2])
+                R.output(out)
+            return out
+
+    w = np.arange(54, dtype="float32").reshape(3, 2, 3, 3)
+    log = RewriteLog()
+    after = rewrites.ChannelsLast(log=log)(_bind(ConvRelu, w=w))
+    tvm.ir.assert_structural_equal(after, _bind(Expected, w=w.transpose(0, 2, 3, 1)))
+    assert log.notes == ["convolutions run channels-last (NHWC): 2 layout transposes added at the edges"]
+    tvm.ir.assert_structural_equal(rewrites.channels_last(_bind(ConvRelu, w=w), log=RewriteLog()), after)
+
+
+def test_a_module_without_convs_keeps_its_layout():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 2, 4, 4), "float32")) -> R.Tensor((1, 2, 4, 4), "float32"):
+            with R.dataflow():
+                out = R.nn.relu(x)
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    _unchanged(Before, rewrites.ChannelsLast(log=log))
+    assert not log.notes
+
+
+# ------------------------------------------------------------------------------------- composed transposes
+def test_transposes_compose_and_identities_vanish():
+    """``permute_dims(permute_dims(x, [1, 0, 2]), [0, 2, 1])`` is ``permute_dims(x, [1, 2, 0])``; a transpose
+    undone by the next is ``x``. The inner transpose ``c`` stays, as the output still reads it."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 3, 4), "float32")):
+            with R.dataflow():
+                a = R.permute_dims(x, [1, 0, 2])
+                b = R.permute_dims(a, [0, 2, 1])
+                c = R.permute_dims(x, [0, 2, 1])
+                d = R.permute_dims(c, [0, 2, 1])
+                out = (b, c, d)
+                R.output(out)
+            return out
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 3, 4), "float32")):
+            with R.dataflow():
+                b = R.permute_dims(x, [1, 2, 0])
+                c = R.permute_dims(x, [0, 2, 1])
+                out = (b, c, x)
+                R.output(out)
+            return out
+
+    tvm.ir.assert_structural_equal(rewrites.ComposeTransposes()(Before), Expected)
+    after, removed = rewrites.compose_transposes(Before)
+    tvm.ir.assert_structural_equal(after, Expected)
+    assert removed == 2
+
+
+def test_lone_transposes_are_left_as_they_are():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 3, 4), "float32")) -> R.Tensor((4, 3, 2), "float32"):
+            with R.dataflow():
+                a = R.permute_dims(x, [0, 2, 1])
+                b = R.nn.relu(a)
+                out = R.permute_dims(b, [1, 0, 2])
+                R.output(out)
+            return out
+
+    _unchanged(Before, rewrites.ComposeTransposes())
+    assert rewrites.compose_transposes(Before)[1] == 0
+
+
+# -------------------------------------------------------------------------------------------- narrow convs
+@I.ir_module
+class Stem:
+    """A network's stem in miniature: NHWC fp16, 3 input channels, 3x3, stride 2, padding 1."""
+
+    @R.function
+    def main(x: R.Tensor((1, 5, 5, 3), "float16"), w: R.Tensor((4, 3, 3, 3), "float16")
+             ) -> R.Tensor((1, 3, 3, 4), "float16"):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+            out = R.nn.relu(y)
+            R.output(out)
+        return out
+
+
+_STEM_W = (np.arange(108) % 13 - 6).astype("float16").reshape(4, 3, 3, 3)
+
+
+def test_a_narrow_conv_becomes_im2col_rows_and_a_gemm():
+    """The conv becomes: the im2col rows (one per output pixel m = (n, oh, ow); K = 3x3 taps x 3 channels = 27,
+    in the filter's (r, s, c) order, zero-padded to 64; zero where the window leaves the input), a matmul by the
+    filter as a [64, 4] constant, and a reshape back to NHWC. The kernel below was printed once from the rewrite
+    and checked by reading: row m reads x[n, (m % 9 // 3) * 2 - 1 + r, (m % 3) * 2 - 1 + s, c] for
+    kk = r * 9 + s * 3 + c."""
+
+    @I.ir_module
+    class Expected:
+        @T.prim_func(private=True, s_tir=True)
+        def im2col(x: T.Buffer((T.int64(1), T.int64(5), T.int64(5), T.int64(3)), "float16"),
+                   rows: T.Buffer((T.int64(9), T.int64(64)), "float16")):
+            T.func_attr({"tirx.noalias": True})
+            for m, kk in T.grid(T.int64(9), T.int64(64)):
+                with T.sblock("im2col"):
+                    v_m, v_kk = T.axis.remap("SS", [m, kk])
+                    T.reads(x[v_m // T.int64(9), v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9) - T.int64(1),
+                              v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) - T.int64(1),
+                              v_kk % T.int64(3)])
+                    T.writes(rows[v_m, v_kk])
+                    rows[v_m, v_kk] = T.if_then_else(
+                        v_kk < T.int64(27)
+                        and T.int64(1) <= v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9)
+                        and v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9) < T.int64(6)
+                        and T.int64(1) <= v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3)
+                        and v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) < T.int64(6),
+                        x[v_m // T.int64(9), v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9) - T.int64(1),
+                          v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) - T.int64(1),
+                          v_kk % T.int64(3)],
+                        T.float16(0.0))
+
+        @R.function
+        def main(x: R.Tensor((1, 5, 5, 3), "float16"), w: R.Tensor((64, 4), "float16")
+                 ) -> R.Tensor((1, 3, 3, 4), "float16"):
+            cls = Expected
+            with R.dataflow():
+                rows = R.call_tir(cls.im2col, (x,), out_ty=R.Tensor((9, 64), "float16"))
+                gemm = R.matmul(rows, w, out_dtype="float16")
+                y = R.reshape(gemm, R.shape([1, 3, 3, 4]))
+                out = R.nn.relu(y)
+                R.output(out)
+            return out
+
+    w_mat = np.zeros((64, 4), "float16")
+    w_mat[:27] = _STEM_W.transpose(1, 2, 3, 0).reshape(27, 4)   # [r, s, c, f] -> [K, F]
+    log = RewriteLog()
+    after = rewrites.Im2colNarrowConvs(log=log)(_bind(Stem, w=_STEM_W))
+    tvm.ir.assert_structural_equal(after, _bind(Expected, w=w_mat))
+    assert log.notes == ["conv y (3 input channels, 3x3) runs as im2col + GEMM (K 27 padded to 64)"]
+    again = rewrites.im2col_narrow_convs(_bind(Stem, w=_STEM_W), log=RewriteLog())
+    tvm.ir.assert_structural_equal(again, after)
+
+
+def test_wide_fp32_or_too_deep_convs_stay_convs():
+    """16 channels and more, fp32 inputs, or a K past ``limit_k``: the conv is left as it is."""
+
+    @I.ir_module
+    class Wide:
+        @R.function
+        def main(x: R.Tensor((1, 5, 5, 16), "float16"), w: R.Tensor((4, 3, 3, 16), "float16")
+                 ) -> R.Tensor((1, 3, 3, 4), "float16"):
+            with R.dataflow():
+                out = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], data_layout="NHWC",
+                                  kernel_layout="OHWI")
+                R.output(out)
+            return out
+
+    @I.ir_module
+    class Fp32:
+        @R.function
+        def main(x: R.Tensor((1, 5, 5, 3), "float32"), w: R.Tensor((4, 3, 3, 3), "float32")
+                 ) -> R.Tensor((1, 3, 3, 4), "float32"):
+            with R.dataflow():
+                out = R.nn.conv2d(x, w, strides=[2, 2], padding=[1, 1, 1, 1], data_layout="NHWC",
+                                  kernel_layout="OHWI")
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    _unchanged(_bind(Wide, w=np.ones((4, 3, 3, 16), "float16")), rewrites.Im2colNarrowConvs(log=log))
+    _unchanged(_bind(Fp32, w=_STEM_W.astype("float32")), rewrites.Im2colNarrowConvs(log=log))
+    _unchanged(_bind(Stem, w=_STEM_W), rewrites.Im2colNarrowConvs(log=log, limit_k=32))   # K 27 pads to 64
+    assert not log.notes and not log.tags
+
+
+# ---------------------------------------------------------------------------------------------- attention
+@I.ir_module
+class Attention:
+    """softmax(Q Kᵀ * 0.5 + mask) V, K given as rows and transposed in the graph."""
+
+    @R.function
+    def main(q: R.Tensor((2, 8, 4), "float32"), k: R.Tensor((2, 8, 4), "float32"),
+             v: R.Tensor((2, 8, 4), "float32"), mask: R.Tensor((1, 8, 8), "float32")
+             ) -> R.Tensor((2, 8, 4), "float32"):
+        with R.dataflow():
+            kt = R.permute_dims(k, [0, 2, 1])
+            s = R.matmul(q, kt)
+            s2 = R.multiply(s, R.const(0.5, "float32"))
+            s3 = R.add(s2, mask)
+            p = R.nn.softmax(s3, axis=-1)
+            out = R.matmul(p, v)
+            R.output(out)
+        return out
+
+
+def test_attention_becomes_one_kernel_call():
+    """The transpose, both matmuls, the scale, the mask and the softmax become one ``call_tir`` of the attention
+    kernel for this spec (K read as rows, scale 0.5 before the [1, 8, 8] mask); the kernel is the one
+    :func:`tvmfuse.plan.attention.attention_primfunc` makes for the spec written here."""
+    from tvmfuse.plan.attention import AttentionSpec, attention_primfunc
+
+    spec = AttentionSpec(batch=(2,), seq_q=8, seq_k=8, head_dim=4, head_dim_v=4, dtype="float32", scale=0.5,
+                         mask_shape=(1, 8, 8), scale_first=True, k_rows=True)
+    params = [relax.Var(n, R.Tensor(s, "float32")) for n, s in
+              (("q", (2, 8, 4)), ("k", (2, 8, 4)), ("v", (2, 8, 4)), ("mask", (1, 8, 8)))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            kernel = bb.add_func(attention_primfunc(spec), "attention")
+            out = bb.emit_output(relax.call_tir(kernel, relax.Tuple(params), out_ty=R.Tensor((2, 8, 4), "float32")))
+        bb.emit_func_output(out)
+    log = RewriteLog()
+    tvm.ir.assert_structural_equal(rewrites.FuseAttention(log=log)(Attention), bb.finalize())
+    assert log.tags["attention_1"].ops == ("transpose", "matmul", "multiply", "add", "softmax", "matmul")
+
+
+def test_attention_whose_scores_are_read_twice_or_declined_is_not_fused():
+    """Scores another op reads (here: returned) must be written; a declined match is reported, not formed."""
+
+    @I.ir_module
+    class Probs:
+        @R.function
+        def main(q: R.Tensor((2, 8, 4), "float32"), kt: R.Tensor((2, 4, 8), "float32"),
+                 v: R.Tensor((2, 8, 4), "float32")):
+            with R.dataflow():
+                s = R.matmul(q, kt)
+                p = R.nn.softmax(s, axis=-1)
+                o = R.matmul(p, v)
+                out = (o, p)
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    _unchanged(Probs, rewrites.FuseAttention(log=log))
+    assert not log.rejected and not log.tags
+    _unchanged(Attention, rewrites.FuseAttention(log=log, decline="not on this target"))
+    (rejection,) = log.rejected
+    assert rejection.reason == "attention not fused: not on this target"
+
+
+# ---------------------------------------------------------------------------------------------- horizontal
+class _Says:
+    """A cost model that takes (or refuses) every horizontal merge."""
+
+    def __init__(self, profitable: bool):
+        self.profitable = profitable
+
+    def score_horizontal(self, **_):
+        return Score(self.profitable, 1.0 if self.profitable else 0.0, 7, reason="" if self.profitable else "no")
+
+
+@I.ir_module
+class TwoGemms:
+    @R.function
+    def main(x: R.Tensor((4, 8), "float32"), w1: R.Tensor((8, 2), "float32"), w2: R.Tensor((8, 3), "float32"),
+             b1: R.Tensor((2,), "float32"), b2: R.Tensor((3,), "float32")):
+        with R.dataflow():
+            y1 = R.matmul(x, w1)
+            z1 = R.add(y1, b1)
+            y2 = R.matmul(x, w2)
+            z2 = R.add(y2, b2)
+            out = (z1, z2)
+            R.output(out)
+        return out
+
+
+_W1, _W2 = np.arange(16, dtype="float32").reshape(8, 2), -np.arange(24, dtype="float32").reshape(8, 3)
+_B1, _B2 = np.array([1, 2], "float32"), np.array([3, 4, 5], "float32")
+
+
+def test_gemms_of_one_input_merge_into_one_on_concatenated_weights():
+    """One matmul by [W1 | W2], one add of [b1 | b2], and a slice of the last axis per branch."""
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32"), w: R.Tensor((8, 5), "float32"), b: R.Tensor((5,), "float32")):
+            with R.dataflow():
+                mm = R.matmul(x, w)
+                merged = R.add(mm, b)
+                s1 = R.strided_slice(merged, axes=[-1], begin=[0], end=[2])
+                s2 = R.strided_slice(merged, axes=[-1], begin=[2], end=[5])
+                out = (s1, s2)
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    after = rewrites.HorizontalGemm(log=log, cost_model=_Says(True))(_bind(TwoGemms, w1=_W1, w2=_W2, b1=_B1, b2=_B2))
+    expected = _bind(Expected, w=np.concatenate([_W1, _W2], axis=1), b=np.concatenate([_B1, _B2]))
+    tvm.ir.assert_structural_equal(after, expected)
+    assert log.notes == ["2 GEMMs reading x merged into one (7 B saved)"]
+
+
+@pytest.mark.parametrize("bound", [True, False])
+def test_gemms_are_not_merged_when_unprofitable_or_their_weights_are_inputs(bound):
+    log = RewriteLog()
+    if bound:   # constant weights, but the cost model says no: reported as a fusion not taken
+        before = _bind(TwoGemms, w1=_W1, w2=_W2, b1=_B1, b2=_B2)
+        _unchanged(before, rewrites.HorizontalGemm(log=log, cost_model=_Says(False)))
+        assert [r.reason for r in log.rejected] == ["horizontal merge of 2 GEMMs reading x: no"]
+    else:       # weights as model inputs: nothing to concatenate
+        _unchanged(TwoGemms, rewrites.HorizontalGemm(log=log, cost_model=_Says(True)))
+        assert not log.rejected
+    assert not log.notes

@@ -1,0 +1,37 @@
+"""High-level rewrites on Relax operators, before legalization (phase 1 of the planner).
+
+One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a before/after test in
+``tests/plan/test_rewrites.py``; the rewrites that are plain functions keep their ``f(mod, ...)`` form too:
+
+- :class:`FoldBatchNorm` (``fold_batchnorm``): conv2d followed by per-channel affine constants (inference
+  BatchNorm, which the importer's ``DecomposeOpsForInference`` turned into add/subtract/divide/multiply)
+  becomes conv2d with scaled weights plus one bias add; Dropout, the identity at inference, goes first
+  (:func:`drop_inference_identities`, ``identities``).
+- :func:`channels_last` / :func:`ChannelsLast` (``channels_last``): 2-D convs run NHWC with OHWI weights, and
+  :func:`compose_transposes` / :func:`ComposeTransposes` (``compose_transposes``) removes the transposes that
+  undo each other.
+- :func:`im2col_narrow_convs` / :func:`Im2colNarrowConvs` (``im2col``): NHWC convs of fewer than 16 input
+  channels as an im2col kernel and a GEMM.
+- :class:`FuseAttention` (``fuse_attention``): MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V)
+  becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores.
+- :class:`HorizontalGemm` (``horizontal_gemm``): MatMuls reading the same input with constant weights become
+  one MatMul on concatenated weights plus slices, when the cost model finds it saves bytes.
+
+Shared helpers (reading ``main``'s dataflow block, re-emitting it) are in ``_common``.
+"""
+from __future__ import annotations
+
+from tvmfuse.plan.rewrites._common import module_pass, rebuild_main
+from tvmfuse.plan.rewrites.channels_last import ChannelsLast, channels_last
+from tvmfuse.plan.rewrites.compose_transposes import ComposeTransposes, compose_transposes
+from tvmfuse.plan.rewrites.fold_batchnorm import FoldBatchNorm
+from tvmfuse.plan.rewrites.fuse_attention import FuseAttention
+from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
+from tvmfuse.plan.rewrites.identities import DropInferenceIdentities, drop_inference_identities
+from tvmfuse.plan.rewrites.im2col import Im2colNarrowConvs, im2col_narrow_convs
+
+__all__ = [
+    "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
+    "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
+    "im2col_narrow_convs", "module_pass", "rebuild_main",
+]

@@ -1,0 +1,30 @@
+"""2-D convolutions run channels-last (NHWC activations, OHWI filters)."""
+from __future__ import annotations
+
+from tvmfuse._tvm import relax, tvm
+from tvmfuse.plan.rewrites._common import count_calls, module_pass
+from tvmfuse.plan.rewrites.compose_transposes import compose_transposes
+from tvmfuse.plan.tags import RewriteLog
+
+
+def channels_last(mod, *, log: RewriteLog):
+    """Run 2-D convolutions in NHWC with OHWI weights (Relax's ConvertLayout), then fold the weight and
+    parameter transposes into the constants. Elementwise ops, pooling and the folded BatchNorm follow the
+    layout, so one transpose stays at the input and one where the features leave the conv stack."""
+    if not count_calls(mod, "relax.nn.conv2d"):
+        return mod
+    before = count_calls(mod, "relax.permute_dims")
+    mod = tvm.transform.Sequential([
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
+        relax.transform.FoldConstant(),
+    ])(mod)
+    added = count_calls(mod, "relax.permute_dims") - before
+    mod, cancelled = compose_transposes(mod)
+    log.notes.append(f"convolutions run channels-last (NHWC): {added} layout transposes added at the edges"
+                     + (f"; {cancelled} transposes that undid each other removed" if cancelled else ""))
+    return mod
+
+
+def ChannelsLast(*, log: RewriteLog) -> tvm.transform.Pass:
+    """:func:`channels_last` as a Relax module pass."""
+    return module_pass("ChannelsLast", lambda mod: channels_last(mod, log=log))

@@ -1,0 +1,181 @@
+"""Attention as one kernel: MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V) becomes one call to an
+online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores."""
+from __future__ import annotations
+
+import numpy as np
+
+from tvmfuse._tvm import RelaxConstant, const_numpy, relax
+from tvmfuse.plan.graph import tensor_bytes, tensor_shape
+from tvmfuse.plan.rewrites._common import cleaned_dataflow, module_pass, op_name, rebuild_main
+from tvmfuse.plan.tags import RewriteLog, Tag
+
+
+def _scalar(const) -> float | None:
+    arr = const_numpy(const)
+    return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+
+
+class FuseAttention:
+    """matmul(Q, Kᵀ) -> [·scale | /scale] -> [+mask] -> softmax(-1) -> matmul(·, V) => one attention kernel."""
+
+    def __new__(cls, *, log: RewriteLog, decline=None):
+        """``decline``: a reason not to form the kernel on this target, or a function of the
+        :class:`AttentionSpec` giving one (None: form it); declined matches are reported as fusions not
+        taken, with the reason, and the graph is left as it is."""
+        self = super().__new__(cls)
+        self.log = log
+        self.decline = decline
+        return module_pass("FuseAttention", self.transform_module)
+
+    def _match(self, b, defs, users):
+        """The attention ending at binding ``b`` (the second matmul): (spec, args, dropped vars) or None."""
+        from tvmfuse.plan.attention import AttentionSpec
+
+        def single(var):
+            return isinstance(var, relax.DataflowVar) and len(users.get(var, [])) == 1
+
+        dropped = []
+        pv = b.value
+        if op_name(pv) == "relax.astype":
+            # fp16 models: the frontend accumulates matmuls in fp32 and casts back (astype(matmul(..., f32)));
+            # the attention kernel accumulates in fp32 itself, so look through the cast
+            inner = defs.get(pv.args[0])
+            if inner is None or op_name(inner.value) != "relax.matmul" or not single(inner.var):
+                return None
+            dropped.append(inner.var)
+            pv = inner.value
+        if op_name(pv) != "relax.matmul":
+            return None
+        probs, v = pv.args
+        pb = defs.get(probs)
+        if pb is None or op_name(pb.value) != "relax.nn.softmax" or not single(probs):
+            return None
+        rank = len(tensor_shape(probs.ty) or ())
+        if int(pb.value.attrs.axis) not in (-1, rank - 1):
+            return None
+        dropped.append(pb.var)
+        cur = pb.value.args[0]
+        scale, mask, order = None, None, []
+        while True:
+            cb = defs.get(cur)
+            if cb is None or not single(cur):
+                return None
+            op = op_name(cb.value)
+            if op == "relax.matmul":
+                break
+            if op == "relax.astype":
+                # a cast of the scores (the fp32-accumulated Q·Kᵀ cast back to fp16): the kernel works in fp32
+                dropped.append(cb.var)
+                cur = cb.value.args[0]
+                continue
+            if op in ("relax.multiply", "relax.divide") and scale is None:
+                lhs, rhs = cb.value.args
+                other, prev = (rhs, lhs) if isinstance(rhs, RelaxConstant) else (lhs, rhs)
+                if not isinstance(other, RelaxConstant) or (op == "relax.divide" and other.same_as(lhs)):
+                    return None
+                val = _scalar(other)
+                if val is None or val == 0:
+                    return None
+                scale = val if op == "relax.multiply" else 1.0 / val
+                order.append("scale")
+            elif op == "relax.add" and mask is None:
+                lhs, rhs = cb.value.args
+                out_shape = tensor_shape(cb.var.ty)
+                if _chain_var(lhs, defs) and tensor_shape(lhs.ty) == out_shape:
+                    prev, mask = lhs, rhs
+                elif _chain_var(rhs, defs) and tensor_shape(rhs.ty) == out_shape:
+                    prev, mask = rhs, lhs
+                else:
+                    return None
+                order.append("mask")
+            else:
+                return None
+            dropped.append(cb.var)
+            cur = prev
+        mm = defs[cur]
+        dropped.append(mm.var)
+        q, kt = mm.value.args
+        qs, ks, vs, os_ = (tensor_shape(x.ty) for x in (q, kt, v, b.var))
+        # a Transpose of K's last two axes used only here: read K directly
+        k_rows, kb = False, defs.get(kt)
+        if kb is not None and op_name(kb.value) == "relax.permute_dims" and single(kt) and qs and len(qs) >= 3:
+            axes = [int(a) for a in kb.value.attrs.axes] if kb.value.attrs.axes is not None else None
+            r = len(qs)
+            if axes == list(range(r - 2)) + [r - 1, r - 2]:
+                k_rows = True
+                dropped.append(kb.var)
+        if None in (qs, ks, vs, os_) or not (len(qs) == len(ks) == len(vs) >= 3):
+            return None
+        batch = qs[:-2]
+        if ks[:-2] != batch or vs[:-2] != batch or ks[-2] != qs[-1] or vs[-2] != ks[-1]:
+            return None
+        dtype = str(q.ty.dtype)
+        if str(kt.ty.dtype) != dtype or str(v.ty.dtype) != dtype:
+            return None
+        mshape = tensor_shape(mask.ty) if mask is not None else None
+        full = batch + (qs[-2], ks[-1])
+        if mask is not None:
+            if mshape is None or len(mshape) > len(full) or any(
+                    d not in (1, f) for d, f in zip(mshape[::-1], full[::-1])):
+                return None
+        spec = AttentionSpec(batch=batch, seq_q=qs[-2], seq_k=ks[-1], head_dim=qs[-1], head_dim_v=vs[-1],
+                             dtype=dtype, scale=scale, mask_shape=mshape,
+                             mask_dtype=str(mask.ty.dtype) if mask is not None else "float32",
+                             scale_first=(order[::-1].index("scale") < order[::-1].index("mask"))
+                             if len(order) == 2 else True, k_rows=k_rows)
+        if k_rows:
+            ops = ("transpose",)
+            kt_bytes = 2 * tensor_bytes(kt.ty)
+            kt = kb.value.args[0]
+        else:
+            ops, kt_bytes = (), 0
+        args = [q, kt, v] + ([mask] if mask is not None else [])
+        # unfused: matmul, each elementwise op on the scores, softmax, matmul: one kernel each
+        sb = tensor_bytes(probs.ty)
+        ops = ops + ("matmul",) + tuple({"scale": "multiply", "mask": "add"}[o] for o in order[::-1]) + ("softmax", "matmul")
+        unfused = kt_bytes + (tensor_bytes(q.ty) + tensor_bytes(kt.ty) + sb) + len(order) * 2 * sb + (
+            tensor_bytes(mask.ty) if mask is not None else 0) + 2 * sb + (sb + tensor_bytes(v.ty) + tensor_bytes(b.var.ty))
+        return spec, args, dropped, ops, unfused
+
+    def transform_module(self, mod):
+        from tvmfuse.plan.attention import attention_primfunc
+        from tvmfuse.plan.report import Rejection
+
+        mod, bindings, users = cleaned_dataflow(mod)
+        if bindings is None:
+            return mod
+        defs = {b.var: b for b in bindings}
+        plan, skip, names, gvs = {}, set(), {}, {}
+        for b in bindings:
+            m = self._match(b, defs, users)
+            if m is None:
+                continue
+            spec, args, dropped, ops, unfused = m
+            reason = self.decline(spec) if callable(self.decline) else self.decline
+            if reason:
+                self.log.rejected.append(Rejection(ops=ops, reason=f"attention not fused: {reason}"))
+                continue
+            out_ty = b.var.ty
+
+            def emit(bb, vmap, spec=spec, args=args, out_ty=out_ty):
+                key = spec.key()
+                if key not in gvs:
+                    gvs[key] = bb.add_func(attention_primfunc(spec), "attention")
+                return relax.call_tir(gvs[key], relax.Tuple([vmap.get(a, a) for a in args]), out_ty=out_ty)
+
+            plan[b.var] = emit
+            skip.update(dropped)
+            names[b.var] = name = self.log.fresh("attention")
+            n = int(np.prod(spec.batch)) * spec.seq_q * spec.seq_k
+            self.log.tags[name] = Tag("attention", ops, unfused,
+                                      note=f"{n} scores ({spec.seq_q}x{spec.seq_k} per head) never written to memory")
+            self.log.notes.append(f"attention {'x'.join(map(str, spec.batch))} heads, {spec.seq_q}x{spec.seq_k}: one kernel")
+        if not plan:
+            return mod
+        return rebuild_main(mod, plan, skip, names)
+
+
+def _chain_var(var, defs) -> bool:
+    b = defs.get(var)
+    return b is not None and op_name(b.value) in ("relax.matmul", "relax.multiply", "relax.divide")
+

@@ -1,0 +1,89 @@
+"""Narrow NHWC convs (a network's stem) as an im2col kernel and a GEMM."""
+from __future__ import annotations
+
+import numpy as np
+
+from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tirx, tvm
+from tvmfuse.plan.graph import tensor_bytes, tensor_shape
+from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, module_pass, op_name, rebuild_main
+from tvmfuse.plan.tags import RewriteLog, Tag
+
+
+def _im2col(x, *, oh: int, ow: int, r: int, s: int, kpad: int, stride, dilation, pad):
+    """A conv's im2col rows as TE: ``[n * oh * ow, kpad]``, K in the filter's (r, s, c) order, zero where a window
+    leaves the NHWC input ``x`` and past ``r * s * c``."""
+    from tvm import te
+
+    n, h, w, c = (int(d) for d in x.shape)
+    (sh, sw), (dh, dw), (pt, pl) = stride, dilation, pad
+
+    def row(m, kk):
+        hi = m // ow % oh * sh - pt + kk // (s * c) * dh
+        wi = m % ow * sw - pl + kk // c % s * dw
+        inside = tirx.all(kk < r * s * c, hi >= 0, hi < h, wi >= 0, wi < w)
+        return tirx.if_then_else(inside, x[m // (oh * ow), hi, wi, kk % c], tirx.const(0, x.dtype))
+
+    return te.compute((n * oh * ow, kpad), row, name="im2col")
+
+
+def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",)):
+    """NHWC convs with fewer than 16 input channels (an image's 1-4: a network's stem), as an im2col kernel and a
+    GEMM.
+
+    The tensor-core conv template reads each filter tap's channels 64 at a time (:mod:`tvmfuse.tune.hopper`), so a
+    network's stem (3 channels, 7x7, stride 2) got a generic schedule: on the H200 ResNet-50 b32's
+    stem took 242 us where cuDNN's first-layer kernel took 61 us, 11% of the model's time. Here the rows of A
+    (one per output pixel; K = R*S*C taps x channels, zero-padded to a multiple of 64) are written by one
+    injective kernel, and the conv becomes ``matmul(A, W)`` with the filter as a [K, F] constant: a GEMM the
+    wgmma template takes, its epilogue fused as any GEMM's. Costs A's bytes (written once, read once): taken only
+    where K, padded, is at most ``limit_k``, and only below 16 channels, where a tap's channels do not fill one
+    tensor-core K step (wider convs that the template cannot take keep the other tensor-core template, untested
+    against this), and for the input types in ``allow_dtypes`` (fp16: the wgmma template's). The plan accounts
+    the three new nodes as the one conv they replace."""
+    bindings = main_bindings(mod)
+    if bindings is None:
+        return mod
+    plan, names = {}, {}
+    for b in bindings:
+        call = b.value
+        if op_name(call) != "relax.nn.conv2d" or not isinstance(call.args[1], RelaxConstant):
+            continue
+        at, x = call.attrs, call.args[0]
+        xs, ys = tensor_shape(x.ty), tensor_shape(b.var.ty)
+        if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "OHWI", "NHWC") \
+                or int(at.groups) != 1 or xs is None or ys is None or xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes:
+            continue
+        weight = const_numpy(call.args[1])
+        f, r, s, c = weight.shape
+        k = r * s * c
+        kpad = -(-k // 64) * 64
+        if kpad > limit_k:
+            continue
+        w_mat = np.zeros((kpad, f), weight.dtype)
+        w_mat[:k] = weight.reshape(f, k).T
+        geometry = dict(oh=ys[1], ow=ys[2], r=r, s=s, kpad=kpad, stride=[int(v) for v in at.strides],
+                        dilation=[int(v) for v in at.dilation], pad=[int(v) for v in at.padding[:2]])
+        rows_name, gemm_name, out_name = (log.fresh(p) for p in ("im2col", "im2col_gemm", "im2col_out"))
+        # the conv (input, filter, output as one kernel) is the unfused baseline; the rows are the rewrite's own
+        conv_bytes = tensor_bytes(x.ty) + weight.nbytes + tensor_bytes(b.var.ty)
+        log.tags[gemm_name] = Tag("im2col", ("conv2d",), conv_bytes, note=f"conv as im2col rows (K {k} -> {kpad}) x GEMM")
+        log.tags[rows_name] = log.tags[out_name] = Tag("im2col", (), 0)
+
+        def emit(bb, vmap, x=x, geometry=geometry, w_mat=w_mat, out_dtype=str(b.var.ty.dtype), ys=ys,
+                 rows_name=rows_name, gemm_name=gemm_name):
+            rows = bb.emit_te(_im2col, vmap.get(x, x), **geometry, primfunc_name_hint="im2col", name_hint=rows_name)
+            gemm = bb.emit(relax.op.matmul(rows, relax.const(w_mat), out_dtype=out_dtype), name_hint=gemm_name)
+            return relax.op.reshape(gemm, ys)
+
+        plan[b.var], names[b.var] = emit, out_name
+        log.notes.append(f"conv {b.var.name} ({c} input channels, {r}x{s}) runs as im2col + GEMM (K {k} padded to "
+                         f"{kpad})")
+    if not plan:
+        return mod
+    return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set(), names))
+
+
+def Im2colNarrowConvs(*, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",)) -> tvm.transform.Pass:
+    """:func:`im2col_narrow_convs` as a Relax module pass."""
+    return module_pass("Im2colNarrowConvs",
+                       lambda mod: im2col_narrow_convs(mod, log=log, limit_k=limit_k, allow_dtypes=allow_dtypes))
