@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,11 @@ def example_artifact(tmp_path_factory, tuned_example):
     report = api.compile(cfg, out=out)
     return out, report
 
+
+# artifacts are signed with a per-user key (tvmfuse.runtime.signing): the tests' key lives in a folder of their own,
+# not the user's configuration (subprocesses inherit it)
+if "TVMFUSE_SIGNING_KEY" not in os.environ:
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="tvmfuse-tests-config-")
 
 # the checkout's root, for ``benchmarks`` (the long runs whose generators some tests share, e.g. the fuzzer's)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

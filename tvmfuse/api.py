@@ -22,6 +22,8 @@ from tvmfuse.plan import partition
 from tvmfuse.plan.partition import DEFAULT_PLANNER
 from tvmfuse.target import resolve_target
 from tvmfuse.tune import TuneConfig, TuneProgress, extract_kernels, tune_kernels
+from tvmfuse.tune.tuner import make_cost_model
+from tvmfuse.tune.warm_start import warm_start
 
 DEFAULT_DB = Path("tuning_logs") / "tvmfuse.db"
 EXAMPLE_MODEL = Path(__file__).parent / "data" / "example.onnx"
@@ -57,15 +59,19 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
     t0 = time.perf_counter()
     target, loaded, fused, plan = _prepare(cfg)
     kernels = extract_kernels(fused, target=target)
+    cost_model = make_cost_model(tune_cfg.cost_model)   # before the database: a model that cannot load is exit 2
     db = open_database(cfg.db, target=target)
     try:
+        # the run's one model first learns what the database already measured (other shapes, other models)
+        warm = warm_start(cost_model, db, target) if tune_cfg.cost_model == "xgb" else 0
         results = tune_kernels(kernels, target=target, database=db, config=tune_cfg, progress=progress,
-                               model=loaded.name, stop=stop)
+                               model=loaded.name, stop=stop, cost_model=cost_model)
     finally:
         db.close()
     return {
         "model": str(cfg.model), "target": target.canonical, "device": target.device, "db": str(cfg.db),
         "planner": plan.planner, "precision": cfg.precision, "cost_model": tune_cfg.cost_model,
+        "warm_start_records": warm,
         "kernels": [r.to_json() for r in results],
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
@@ -128,22 +134,41 @@ def _check_artifact_folder(out: Path) -> None:
 
 def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | None = None,
         compare_to: Path | None = None, outputs: Path | None = None, repeat: int = 20, warmup: int = 3,
-        duration_s: float | None = None, seed: int = 0) -> dict:
+        duration_s: float | None = None, seed: int = 0, profile: bool = False, profile_runs: int = 1,
+        trace: Path | None = None, trust_unsigned: bool = False) -> dict:
     """Run an artifact: latency (median, p90) and, with ``verify_against``, relative error vs onnxruntime, or with
     ``compare_to``, vs outputs saved in an ``.npz`` (keyed by output name, as ``outputs`` writes them).
 
     Timing: ``warmup`` untimed runs, then ``repeat`` timed runs, continued until ``duration_s`` seconds have passed
     when that is given.
 
+    ``profile`` (or ``trace``): after ``warmup`` untimed runs, ``profile_runs`` runs with each kernel timed on the
+    host (``tvmfuse.runtime.profile``); the report's ``profile`` gives each kernel's calls, time and share, with
+    its schedule from the manifest, and ``trace`` is written as a Chrome trace (Trace Event Format JSON).
+
+    ``trust_unsigned``: load an artifact whose manifest is unsigned or signed with another key (see
+    :func:`tvmfuse.runtime.load_artifact`); the report's ``warnings`` then say so.
+
     Raises :class:`VerificationError` (exit 1) when any output is beyond its dtype's tolerance.
     """
+    import warnings
+
     from tvmfuse.runtime import load_artifact
+    from tvmfuse.runtime.signing import UntrustedArtifactWarning
 
     if verify_against is not None and compare_to is not None:
         raise TvmfuseError("give --verify-against or --compare-to, not both")
     if outputs is not None:
         _check_writable_file(Path(outputs), "--outputs")
-    art = load_artifact(artifact)
+    if trace is not None:
+        _check_writable_file(Path(trace), "--trace")
+        profile = True
+    if profile and profile_runs < 1:
+        raise TvmfuseError(f"--profile-runs must be at least 1, not {profile_runs}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UntrustedArtifactWarning)
+        art = load_artifact(artifact, trust_unsigned=trust_unsigned)
+    notes = [str(w.message) for w in caught if issubclass(w.category, UntrustedArtifactWarning)]
     if verify_against is not None:
         _check_model_matches(Path(verify_against), art)
     refs = _load_reference(Path(compare_to), art.output_specs) if compare_to is not None else None
@@ -151,8 +176,11 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
     results = art.run(feeds)
     names = [s["name"] for s in art.output_specs]
     report: dict = {"artifact": str(artifact), "device": art.manifest.get("device"),
+                    "signature": {k: v for k, v in art.signature.items() if k != "warning"},
                     "outputs": [{"name": n, "shape": list(o.shape), "dtype": str(o.dtype)}
                                 for n, o in zip(names, results)]}
+    if notes:
+        report["warnings"] = notes
     if outputs is not None:
         save_outputs(Path(outputs), dict(zip(names, results)))
         report["outputs_file"] = str(outputs)
@@ -163,6 +191,18 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
                                 "min": float(times.min()), "mean": float(times.mean()), "repeat": int(times.size),
                                 "warmup": warmup, "seconds": round(time.perf_counter() - t0, 3),
                                 "duration_s": duration_s}
+    if profile:
+        prof = art.profile(feeds, runs=profile_runs, warmup=warmup)
+        report["profile"] = prof.summary()
+        report["profile"]["cuda_graph"] = bool(art.manifest.get("cuda_graph"))
+        if trace is not None:
+            import json
+
+            try:
+                Path(trace).write_text(json.dumps(prof.chrome_trace(label=f"tvmfuse run {Path(artifact).name}")))
+            except OSError as e:
+                raise TvmfuseError(f"cannot write --trace {trace}: {e.strerror or e}") from None
+            report["profile"]["trace"] = str(trace)
     # an artifact compiled below its model's precision (--precision fp16) is held to that precision's tolerance
     loose = PRECISION_TOLERANCE.get(art.manifest.get("precision", "model"), 0.0)
     if verify_against is not None:

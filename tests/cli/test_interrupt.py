@@ -116,15 +116,22 @@ def test_ctrl_c_finishes_the_trials_in_flight_and_names_the_resume_command(tmp_p
 
 
 def test_a_second_ctrl_c_aborts_at_once(tmp_path):
-    db = tmp_path / "x.db"
-    proc = _start_tune(db)
-    _wait_for_a_record(proc, db)
-    os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGINT)
-    t0 = time.monotonic()
-    out, err = _finish(proc, timeout=30)
-    assert time.monotonic() - t0 < 10
+    # the second Ctrl-C must come while the first is still finishing the trials in flight; where those end within
+    # the 0.3 s between the two, the run stops by the first alone (exit 130, no abort): try again on a new database
+    for attempt in range(3):
+        db = tmp_path / f"x{attempt}.db"
+        proc = _start_tune(db)
+        _wait_for_a_record(proc, db)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        out, err = _finish(proc, timeout=30)
+        assert time.monotonic() - t0 < 10
+        assert proc.returncode == 130, err
+        if "aborted" in err:
+            break
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "aborted" in err and "resume with: tvmfuse tune" in err, err
     _check_database(db)

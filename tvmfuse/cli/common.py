@@ -89,8 +89,8 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=None, default=str) + "\n")
 
 
-def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> Table:
-    t = Table(title=title, show_lines=False, header_style="bold")
+def table(title: str | None, columns: list[str], rows: list[list[Any]], caption: str | None = None) -> Table:
+    t = Table(title=title, caption=caption, show_lines=False, header_style="bold")
     for c in columns:
         t.add_column(c, overflow="fold")
     for r in rows:
@@ -113,3 +113,13 @@ def fmt_ms(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.3f} ms"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A wall time for people: 42 s, 3 min, 1 h 05 min."""
+    if seconds is None:
+        return "-"
+    if seconds < 59.5:
+        return f"{max(0.0, seconds):.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"

@@ -28,6 +28,8 @@ def inspect_command(
     bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Memory bandwidth ceiling (GB/s) to use instead of the known/measured one."),
     planner: Optional[str] = typer.Option(None, "--planner", help="Planner used by tune (to re-plan --model)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224, as given to tune (repeatable)."),
+    trust_unsigned: bool = typer.Option(False, "--trust-unsigned", help="Run an --artifact whose manifest is unsigned "
+                                        "or signed with another key (its library's code runs)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Per fused kernel: pattern, shapes, trials, first and best latency, bandwidth; per model: kernel sum vs end to end."""
@@ -37,7 +39,8 @@ def inspect_command(
 
         report = inspect_database(InspectConfig(
             db=db, target=target, model=model, kernel=kernel, artifact=artifact, e2e_ms=e2e_ms,
-            bandwidth_gbs=bandwidth_gbs, planner=planner, input_shapes=parse_input_shapes(input_shape)))
+            bandwidth_gbs=bandwidth_gbs, planner=planner, input_shapes=parse_input_shapes(input_shape),
+            trust_unsigned=trust_unsigned))
         if json_out:
             emit_json(report)
             return

@@ -128,5 +128,7 @@ def stop_on_signal(on_first: Callable[[int], None], on_abort: Callable[[int], No
             signal.pthread_kill(waiter.ident, signal.SIGINT)  # blocked there: sigwait takes it, sees closing
         waiter.join(timeout=5)
         for s, handler in old_handlers.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+            # once stopping, what is left is the summary and the exit: a signal then changes nothing, and must not
+            # end the process by its default action half way through (exit -2 instead of 130)
+            signal.signal(s, signal.SIG_IGN if stop() else (handler if handler is not None else signal.SIG_DFL))
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from tvmfuse.cli.common import (FlagGroup, JsonOpt, VerboseOpt, emit_json, err, fmt_ms, handle_errors, out,
-                                table)
+from tvmfuse.cli.common import (FlagGroup, JsonOpt, VerboseOpt, emit_json, err, fmt_duration, fmt_ms, handle_errors,
+                                out, table)
 
 app = typer.Typer(
     name="tvmfuse",
@@ -87,19 +87,99 @@ def _model_config(model: Path, target: str, db: Path, planner: Optional[str], in
                        input_shapes=parse_input_shapes(input_shape), precision=check_precision(precision))
 
 
-class _RichProgress:
-    """Kernels done/total, trials, best latency so far (stderr, so --json keeps stdout clean)."""
+class _TrialCount:
+    """What tune progress shows, apart from how it is drawn: searched trials against the run's trial total
+    (``--trials``; the default schedules measured first are not trials of the search and are counted apart),
+    kernels done, time elapsed and an ETA.
 
-    def __init__(self, enabled: bool):
+    ETA: the mean wall time per searched trial so far times the trials left; with ``--time-budget``, never more
+    than the time left of the budget. A kernel that ends below its budget (time up, space exhausted, failed,
+    interrupted) gives the rest back: the total shrinks to what will really be measured.
+    """
+
+    def __init__(self, time_budget_s: float | None = None, clock=None):
+        import time
+
+        self.time_budget_s = time_budget_s
+        self.clock = clock or time.monotonic
+        self.n_kernels = self.kernels_done = self.defaults = 0
+        self.budgets: list[int] = []
+        self.trials: list[int] = []
+        self.default_of: set[int] = set()
+        self.t0 = self.clock()
+
+    def start(self, n_kernels: int, budgets: list[int]) -> None:
+        self.t0 = self.clock()
+        self.n_kernels = n_kernels
+        self.budgets = [max(0, int(b)) for b in budgets]
+        self.trials = [0] * n_kernels
+
+    def batch(self, index: int, trials_done: int) -> None:
+        self.trials[index] = max(self.trials[index], int(trials_done))
+        self.budgets[index] = max(self.budgets[index], self.trials[index])
+
+    def default(self, index: int) -> None:
+        self.default_of.add(index)
+        self.defaults = len(self.default_of)
+
+    def kernel_done(self, index: int) -> None:
+        self.kernels_done += 1
+        self.budgets[index] = self.trials[index]
+
+    @property
+    def done(self) -> int:
+        return sum(self.trials)
+
+    @property
+    def total(self) -> int:
+        return sum(self.budgets)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def eta(self) -> float | None:
+        """Seconds left, or None before anything can be said (no trial measured yet, no time budget)."""
+        elapsed, left = self.elapsed(), self.total - self.done
+        guess = (elapsed / self.done * left) if self.done else (0.0 if left == 0 else None)
+        if self.time_budget_s is not None:
+            budget_left = max(0.0, self.time_budget_s - elapsed)
+            guess = budget_left if guess is None else min(guess, budget_left)
+        return guess
+
+
+def _trials(n: int) -> str:
+    return f"{n} trial" if n == 1 else f"{n} trials"
+
+
+def _eta_text(count: _TrialCount) -> str:
+    if (count.time_budget_s is not None and count.total > count.done
+            and count.elapsed() >= count.time_budget_s):
+        return "time up (finishing the pass in flight)"  # a pass started before the deadline runs to its end
+    eta = count.eta()
+    return "-" if eta is None else fmt_duration(eta)
+
+
+class _RichProgress:
+    """Tune progress on stderr (stdout stays clean for --json): a live bar on a terminal; piped, one plain line
+    per finished kernel, written at once (a live display that cannot redraw shows nothing until it ends)."""
+
+    HEARTBEAT_S = 30.0  # piped: a line about the kernel being tuned when none has come for this long
+
+    def __init__(self, enabled: bool, *, time_budget_s: float | None = None, live: bool | None = None):
         self.enabled = enabled
+        self.count = _TrialCount(time_budget_s)
+        self.live = (err.is_terminal and not err.is_dumb_terminal) if live is None else live
         self._progress = None
+        self._last_line = 0.0
+        self.kernels: list = []
 
     def __enter__(self):
-        if self.enabled:
+        if self.enabled and self.live:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err)
+                                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                      _eta_column(self.count), console=err)
             self._progress.__enter__()
         return self
 
@@ -107,23 +187,73 @@ class _RichProgress:
         if self._progress is not None:
             self._progress.__exit__(*exc)
 
+    def _line(self, text: str) -> None:
+        err.print(text, highlight=False, markup=False, soft_wrap=True)
+        err.file.flush()
+        self._last_line = self.count.clock()
+
+    def _defaults_note(self) -> str:
+        return f"+{self.count.defaults} default schedules" if self.count.defaults else ""
+
     def on_start(self, kernels, budgets):
-        self.kernels, self.budgets = kernels, budgets
+        self.kernels = kernels
+        self.count.start(len(kernels), budgets)
+        if not self.enabled:
+            return
         if self._progress:
-            self._k = self._progress.add_task("kernels", total=len(kernels), detail="")
-            self._t = self._progress.add_task("trials", total=max(1, sum(budgets)), detail="")
-            self._done_trials = 0
+            self._k = self._progress.add_task("kernels", total=len(kernels), detail="", eta=False)
+            self._t = self._progress.add_task("trials", total=max(1, self.count.total), detail="", eta=True)
+        else:
+            budget = (f"; time budget {fmt_duration(self.count.time_budget_s)}"
+                      if self.count.time_budget_s is not None else "")
+            self._line(f"tuning {len(kernels)} kernels: up to {self.count.total} trials{budget} (a kernel tuned "
+                       "for the first time has its default schedule measured first, not counted as a trial)")
+
+    def on_default(self, index, default_s):
+        self.count.default(index)
+        if self._progress:
+            self._progress.update(self._t, detail=f"{self.kernels[index].name[:40]}  default {fmt_ms(default_s)}  "
+                                                  f"{self._defaults_note()}")
 
     def on_batch(self, index, trials_done, best_s):
+        self.count.batch(index, trials_done)
+        if not self.enabled:
+            return
         if self._progress:
-            self._progress.update(self._t, completed=self._done_trials + trials_done,
-                                  detail=f"{self.kernels[index].name[:40]}  best {fmt_ms(best_s)}")
+            self._progress.update(self._t, completed=self.count.done, total=max(1, self.count.total),
+                                  detail=f"{self.kernels[index].name[:40]}  best {fmt_ms(best_s)}  "
+                                         f"{self._defaults_note()}")
+        elif self.count.clock() - self._last_line >= self.HEARTBEAT_S:
+            c = self.count
+            self._line(f"  {self.kernels[index].name}: tuning, {trials_done} of its "
+                       f"{c.budgets[index]} trials, best {fmt_ms(best_s)}; {c.done}/{c.total} trials, "
+                       f"{fmt_duration(c.elapsed())} elapsed, ETA {_eta_text(c)}")
 
     def on_kernel_done(self, index, result):
+        self.count.kernel_done(index)
+        if not self.enabled:
+            return
+        c = self.count
         if self._progress:
-            self._done_trials += result.trials_run
-            self._progress.update(self._t, completed=self._done_trials)
+            self._progress.update(self._t, completed=c.done, total=max(1, c.total))
             self._progress.update(self._k, advance=1, detail=f"{result.name[:40]}: {result.status}")
+            return
+        default = " + default" if index in c.default_of else ""
+        self._line(f"[{c.kernels_done}/{c.n_kernels}] {result.name}: {result.status}, {_trials(c.trials[index])}"
+                   f"{default}, best {fmt_ms(result.best_s)}; {c.done}/{c.total} trials, "
+                   f"{fmt_duration(c.elapsed())} elapsed, ETA {_eta_text(c)}")
+
+
+def _eta_column(count: _TrialCount):
+    """The bar's ETA, recomputed at each redraw (between batches too, so a time budget counts down)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class EtaColumn(ProgressColumn):
+        def render(self, task):
+            return Text(f"ETA {_eta_text(count)}" if task.fields.get("eta") else "", style="progress.remaining")
+
+    return EtaColumn()
 
 
 def _command_line(ctx: typer.Context) -> str:
@@ -206,44 +336,80 @@ def tune_command(
             cfg = _model_config(model, target, db, planner, input_shape, precision)
             tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune,
                               time_budget_s=time_budget, cost_model=cost_model)
-            with _RichProgress(enabled=not json_out) as progress:
+            with _RichProgress(enabled=not json_out, time_budget_s=time_budget) as progress:
                 report = api.tune(cfg, tcfg, progress=progress, stop=stop)
         interrupted = stop()
         if interrupted:
             report["interrupted"] = True
+            report["resume"] = resume
+        out_of_time = [k["name"] for k in report["kernels"] if k["status"] == "skipped-time"]
+        if out_of_time and not interrupted:
+            report["left_untuned"] = out_of_time
             report["resume"] = resume
         if json_out:
             emit_json(report)
             if interrupted:
                 _print_interrupted(report, resume)
                 raise typer.Exit(exit_code(stop.signum))
+            if out_of_time:
+                _print_out_of_time(report, time_budget, resume)
             if report["failed"] and not keep_going:
                 raise typer.Exit(1)
             return
-        rows = [[k["name"][:48], k["status"], k["trials_before"], k["trials_run"],
+        kernels = _table_order(report["kernels"])
+        rows = [[k["name"][:48], k["weight"], k["status"], k["trials_before"], k["trials_run"],
                  fmt_ms(None if k["baseline_ms"] is None else k["baseline_ms"] / 1e3),
                  fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3),
                  "-" if not k["speedup_vs_default"] else f"{k['speedup_vs_default']:.2f}x",
-                 _check_cell(k["check"])] for k in report["kernels"]]
+                 _check_cell(k["check"])] for k in kernels]
         out.print(table(f"tuned {Path(report['model']).name} on {report['device']} ({report['seconds']} s)",
-                        ["kernel", "status", "trials before", "trials run", "default", "best", "vs default",
-                         "check"], rows))
-        out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run)")
-        for k in report["kernels"]:
+                        ["kernel", "calls", "status", "trials before", "trials run", "default", "best", "vs default",
+                         "check"], rows, caption=TABLE_ORDER))
+        out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run, "
+                  f"warm-started with {report['warm_start_records']} records of the database)")
+        for k in kernels:
             if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
                 err.print(f"{k['name']}: {k['status']}: {k['message']}")
         if interrupted:
             _print_interrupted(report, resume)
             raise typer.Exit(exit_code(stop.signum))
+        if out_of_time:
+            _print_out_of_time(report, time_budget, resume)
         if report["failed"] and not keep_going:
             raise typer.Exit(1)
+
+
+# the tune table's rows: what needs a look first (failed), then what this run tuned, then what it left alone;
+# within each group the kernels that take the most of the model's time first
+_STATUS_GROUP = {"failed": 0, "tuned": 1, "resumed": 1, "interrupted": 1}
+TABLE_ORDER = ("order: failed, then tuned (resumed, interrupted), then skipped or exhausted; within each, the most "
+               "model time first (calls x best time)")
+
+
+def _table_order(kernels: list[dict]) -> list[dict]:
+    def model_ms(k: dict) -> float:
+        ms = k["best_ms"] if k["best_ms"] is not None else k["baseline_ms"]
+        return (ms or 0.0) * max(1, k["weight"])
+
+    return sorted(kernels, key=lambda k: (_STATUS_GROUP.get(k["status"], 2), -model_ms(k), -k["weight"], k["name"]))
+
+
+def _names(names: list[str], most: int = 6) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _print_out_of_time(report: dict, time_budget: float | None, resume: str) -> None:
+    left = report["left_untuned"]
+    budget = f" ({fmt_duration(time_budget)})" if time_budget is not None else ""
+    err.print(f"time budget{budget} spent: {len(left)} of {len(report['kernels'])} kernels left untuned "
+              f"({_names(left)}); they keep their default schedule until tuned", highlight=False, markup=False)
+    err.print(f"continue with: {resume}", highlight=False, markup=False)
 
 
 def _print_interrupted(report: dict, resume: str) -> None:
     left = report.get("left") or []
     if left:
-        names = ", ".join(left[:6]) + (f" and {len(left) - 6} more" if len(left) > 6 else "")
-        what = f"{len(left)} of {len(report['kernels'])} kernels left to tune ({names})"
+        what = f"{len(left)} of {len(report['kernels'])} kernels left to tune ({_names(left)})"
     else:
         what = "no kernel left to tune"
     err.print(f"interrupted: {what}; every finished trial is in {report['db']}", highlight=False, markup=False)
@@ -291,9 +457,20 @@ def run_command(
     warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed runs before the timed ones."),
     duration: Optional[float] = typer.Option(None, "--duration", min=0, help="Keep timing until this many seconds "
                                              "have passed (and --repeat runs are done)."),
+    profile: bool = typer.Option(False, "--profile", help="Time each kernel of the artifact's own run (host-timed, "
+                                 "launch included), after --warmup runs; joined with the manifest's schedules."),
+    profile_runs: int = typer.Option(1, "--profile-runs", min=1, help="Profiled runs, averaged."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="With --profile (implied): write the kernels' "
+                                         "timeline as a Chrome trace (JSON for chrome://tracing or Perfetto)."),
+    trust_unsigned: bool = typer.Option(False, "--trust-unsigned", help="Load an artifact whose manifest is "
+                                        "unsigned or signed with another key (a warning says so)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
-    """Run an artifact: latency (median, p90) and, with --verify-against or --compare-to, the error against a reference."""
+    """Run an artifact: latency (median, p90) and, with --verify-against or --compare-to, the error against a reference.
+
+    The manifest's signature is checked with this machine's signing key before anything is loaded (README:
+    deploying to another machine).
+    """
     from tvmfuse.errors import VerificationError
 
     with handle_errors(verbose):
@@ -301,15 +478,24 @@ def run_command(
 
         try:
             report = api.run(artifact, inputs=inputs, verify_against=verify_against, compare_to=compare_to,
-                             outputs=outputs, repeat=repeat, warmup=warmup, duration_s=duration)
+                             outputs=outputs, repeat=repeat, warmup=warmup, duration_s=duration, profile=profile,
+                             profile_runs=profile_runs, trace=trace, trust_unsigned=trust_unsigned)
         except VerificationError as e:
+            report = getattr(e, "report", {})
+            _print_warnings(report)
             if json_out:
-                emit_json(getattr(e, "report", {}))
+                emit_json(report)
             raise
+        _print_warnings(report)
         if json_out:
             emit_json(report)
             return
         _print_run(report)
+
+
+def _print_warnings(report: dict) -> None:
+    for note in report.get("warnings") or []:
+        err.print(f"warning: {note}", highlight=False, markup=False)
 
 
 def _print_run(report: dict) -> None:
@@ -325,6 +511,25 @@ def _print_run(report: dict) -> None:
                 for o in ver["outputs"]]
         shown = ver["reference"] if ver["reference"] == "onnxruntime" else Path(ver["reference"]).name
         out.print(table(f"against {shown}", ["output", "dtype", "relative error", "tolerance", ""], rows))
+    if report.get("profile"):
+        _print_profile(report["profile"])
+
+
+def _print_profile(prof: dict) -> None:
+    rows = [[k["name"][:56], k["schedule"] or "-", k["calls"], fmt_ms(k["total_ms"] / 1e3),
+             fmt_ms(None if k["mean_ms"] is None else k["mean_ms"] / 1e3), f"{100 * k['share']:.1f}%",
+             fmt_ms(None if k["tuned_ms"] is None else k["tuned_ms"] / 1e3)] for k in prof["kernels"]]
+    runs = f"{prof['runs']} run{'s' if prof['runs'] != 1 else ''}"
+    out.print(table(f"kernels of one run (mean of {runs}, after {prof['warmup']} warm-up): "
+                    f"{fmt_ms(prof['kernels_ms'] / 1e3)} in kernels of {fmt_ms(prof['run_ms'] / 1e3)}",
+                    ["kernel", "schedule", "calls", "time", "per call", "share", "tuned latency"], rows,
+                    caption="share: of the kernels' time; heaviest first"))
+    out.print(f"note: {prof['note']}", highlight=False)
+    if prof.get("cuda_graph"):
+        out.print("note: the artifact replays its kernels as one CUDA graph, timed as [cuda graph]; compile with "
+                  "--no-cuda-graph to time them one by one", highlight=False)
+    if prof.get("trace"):
+        out.print(f"trace: {prof['trace']} (open in chrome://tracing or https://ui.perfetto.dev)", highlight=False)
 
 
 @app.command("example")

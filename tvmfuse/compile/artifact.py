@@ -3,9 +3,12 @@
     ARTIFACT/
       model.so        the Relax VM executable (kernels + graph), loaded with tvm.runtime.load_module
       params.npz      the weights lifted out of the graph, passed after the inputs (param_0, param_1, ...)
-      manifest.json   target, device, TVM/tvmfuse versions, inputs/outputs, kernel schedules, sha256s
+      manifest.json   target, device, TVM/tvmfuse versions, inputs/outputs, kernel schedules, sha256s,
+                      and an HMAC-SHA256 signature of all that (``signature``, ``signed_by``)
 
-Loading a library runs its code, so the loader (tvmfuse.runtime) checks the sha256s first.
+Loading a library runs its code, so the loader (tvmfuse.runtime) checks the signature and the sha256s first.
+The manifest is signed with a key kept outside the artifact (``tvmfuse.runtime.signing``): without it, whoever
+swaps the library could rewrite the sha256s beside it.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from tvmfuse.target import TargetInfo
 
 from tvmfuse.runtime.loaded import LIB_NAME, MANIFEST_NAME, PARAMS_NAME
 from tvmfuse.runtime.loaded import _sha256 as sha256_file
+from tvmfuse.runtime.signing import sign_manifest, signing_key
 
 MANIFEST_FORMAT = 1
 
@@ -44,6 +48,7 @@ def export_artifact(result: BuildResult, out_dir: str | Path, *, target: TargetI
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_NAME).exists())):
         raise ArtifactError(f"refusing to overwrite {out}: it exists and is not a tvmfuse artifact")
+    key = signing_key(create=True)  # before anything is written: a key that cannot be made leaves no folder behind
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -66,7 +71,7 @@ def export_artifact(result: BuildResult, out_dir: str | Path, *, target: TargetI
             "files": {LIB_NAME: sha256_file(tmp / LIB_NAME), PARAMS_NAME: sha256_file(tmp / PARAMS_NAME)},
             **(extra or {}),
         }
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / MANIFEST_NAME).write_text(json.dumps(sign_manifest(manifest, key), indent=2) + "\n")
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

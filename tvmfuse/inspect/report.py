@@ -38,6 +38,7 @@ class InspectConfig:
     bandwidth_gbs, flops_per_s : ceilings to use instead of the known/measured ones
     planner, input_shapes : as for ``tune`` (must match it for workloads to match)
     repeat : timed runs of the artifact
+    trust_unsigned : load an artifact whose manifest is unsigned or signed with another key (see tvmfuse.runtime)
     """
 
     db: Path
@@ -51,6 +52,7 @@ class InspectConfig:
     planner: str | None = None
     input_shapes: dict = field(default_factory=dict)
     repeat: int = 20
+    trust_unsigned: bool = False
 
 
 def _bind_target(path: Path, spec: str | None) -> TargetInfo:
@@ -216,11 +218,11 @@ def _planned_by_kernel(plan) -> dict[str, dict]:
     return out
 
 
-def _measure_artifact(path: Path, repeat: int) -> dict:
+def _measure_artifact(path: Path, repeat: int, trust_unsigned: bool = False) -> dict:
     from tvmfuse import verify
     from tvmfuse.runtime import load_artifact
 
-    art = load_artifact(path)
+    art = load_artifact(path, trust_unsigned=trust_unsigned)
     feeds = verify.random_inputs(art.input_specs, seed=0)
     times = sorted(art.benchmark(feeds, repeat=max(1, repeat)))
     kernels = art.manifest.get("kernels", [])
@@ -328,7 +330,7 @@ def inspect_database(config: InspectConfig) -> dict:
                    "kernel_sum_ms": sum(k["total_ms"] for k in views if k["total_ms"] is not None),
                    "kernel_calls": sum(k["calls"] for k in views), "untuned": untuned}
     if config.artifact is not None:
-        model.update(_measure_artifact(Path(config.artifact), config.repeat))
+        model.update(_measure_artifact(Path(config.artifact), config.repeat, config.trust_unsigned))
     elif config.e2e_ms is not None:
         model.update({"e2e_ms": float(config.e2e_ms), "source": "given"})
     else:

@@ -1,10 +1,11 @@
-"""Load an artifact folder, checking the manifest's sha256s before any library code is loaded."""
+"""Load an artifact folder, checking the manifest's signature and sha256s before any library code is loaded."""
 from __future__ import annotations
 
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ class LoadedArtifact:
     _vm: object
     _device: object
     _params: list
+    signature: dict = field(default_factory=dict)  # tvmfuse.runtime.signing.check_manifest's answer
 
     @property
     def input_specs(self) -> list[dict]:
@@ -76,6 +78,14 @@ class LoadedArtifact:
             times.append(time.perf_counter() - t0)
         return times
 
+    def profile(self, inputs: dict[str, np.ndarray], *, runs: int = 1, warmup: int = 3):
+        """Time each kernel of ``runs`` calls of the model (after ``warmup`` untimed ones) on the host: a
+        :class:`tvmfuse.runtime.profile.Profile`. See that module for what the times include."""
+        from tvmfuse.runtime.profile import profile_vm
+
+        return profile_vm(self._vm, self._device, self._args(inputs), runs=runs, warmup=warmup,
+                          kernels=self.manifest.get("kernels") or [], cuda_graph=bool(self.manifest.get("cuda_graph")))
+
 
 def _flatten(out) -> list:
     if hasattr(out, "numpy"):
@@ -103,14 +113,22 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
-def load_artifact(path: str | Path, *, verify_hash: bool = True) -> LoadedArtifact:
+def load_artifact(path: str | Path, *, verify_hash: bool = True, trust_unsigned: bool = False) -> LoadedArtifact:
     """Load an artifact folder written by ``tvmfuse compile``.
 
-    The sha256 of ``model.so`` and ``params.npz`` must match the manifest before the library is loaded:
-    loading a shared library runs its code.
+    Before the library is loaded (loading a shared library runs its code): the manifest's signature must verify
+    with this machine's signing key (``tvmfuse.runtime.signing``), and the sha256 of ``model.so`` and
+    ``params.npz`` must match the manifest. ``trust_unsigned`` loads an unsigned artifact, one signed with
+    another key, or one this machine has no key to check, with an :class:`UntrustedArtifactWarning`; a
+    signature that does not match this machine's key (a changed manifest) is refused even then.
     """
+    from tvmfuse.runtime.signing import UntrustedArtifactWarning, check_manifest
+
     folder = Path(path)
     manifest = read_manifest(folder)
+    signature = check_manifest(manifest, trust_unsigned=trust_unsigned)
+    if signature["warning"]:
+        warnings.warn(signature["warning"], UntrustedArtifactWarning, stacklevel=2)
     for name in (LIB_NAME, PARAMS_NAME):
         f = folder / name
         if not f.is_file():
@@ -130,4 +148,5 @@ def load_artifact(path: str | Path, *, verify_hash: bool = True) -> LoadedArtifa
     vm = relax.VirtualMachine(lib, device)
     with np.load(folder / PARAMS_NAME, allow_pickle=False) as npz:
         params = [runtime.tensor(npz[f"param_{i}"], device) for i in range(int(manifest.get("num_params", 0)))]
-    return LoadedArtifact(path=folder, manifest=manifest, _vm=vm, _device=device, _params=params)
+    return LoadedArtifact(path=folder, manifest=manifest, _vm=vm, _device=device, _params=params,
+                          signature=signature)

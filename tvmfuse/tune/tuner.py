@@ -93,9 +93,23 @@ class KernelResult:
 
 
 class TuneProgress(Protocol):
+    """What a tuning run reports as it goes. ``budgets`` are the trials of the search each kernel may spend this
+    run (their sum never exceeds ``TuneConfig.trials``); ``trials_done`` counts a kernel's searched trials so far.
+    A kernel tuned for the first time also has its default schedule measured first: not a trial of the search,
+    it is reported apart, through ``on_default`` where the progress object has that method (it is optional:
+    progress objects written before it existed still work)."""
+
     def on_start(self, kernels: list[Kernel], budgets: list[int]) -> None: ...
     def on_batch(self, index: int, trials_done: int, best_s: float | None) -> None: ...
     def on_kernel_done(self, index: int, result: KernelResult) -> None: ...
+    # optional: def on_default(self, index: int, default_s: float | None) -> None  (None: it did not build or run)
+
+
+def _report(progress, hook: str, *args) -> None:
+    """Call ``progress.<hook>(*args)`` when the progress object has that optional hook."""
+    fn = getattr(progress, hook, None) if progress is not None else None
+    if fn is not None:
+        fn(*args)
 
 
 @dataclass
@@ -204,8 +218,8 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     results = [KernelResult(name=k.name, workload_hash=k.workload_hash, weight=k.weight, trials_before=s,
                             best_before_s=database.best_run_secs(k.mod) if s else None)
                for k, s in zip(kernels, spent)]
-    if progress is not None:  # each kernel tuned for the first time also measures its default schedule first
-        progress.on_start(kernels, [b + int(b > 0 and config.baseline and s == 0) for b, s in zip(budgets, spent)])
+    if progress is not None:  # searched trials only: the default schedules measured first are reported apart
+        progress.on_start(kernels, list(budgets))
     workers = config.max_workers or max(1, min(4, _cores(target)))
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers,
                                       timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
@@ -331,6 +345,7 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
             if config.baseline and spent == 0:
                 state.extra, result.baseline_s, state.default_error = _measure_baseline(
                     kernel, target=target, database=database, builder=builder, runner=runner)
+                _report(state.progress, "on_default", state.index, result.baseline_s)
         _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
                   runner=runner, work_dir=work_dir, state=state, space=state.choice.generator)
     except Exception as err:  # noqa: BLE001 - one kernel's failure must not lose the others' records
