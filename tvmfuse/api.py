@@ -20,6 +20,7 @@ from tvmfuse.frontend import import_model, load_model
 from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
 from tvmfuse.plan import partition
 from tvmfuse.plan.partition import DEFAULT_PLANNER
+from tvmfuse.runtime.loaded import check_digest, manifest_digest
 from tvmfuse.target import resolve_target
 from tvmfuse.tune import TuneConfig, TuneProgress, extract_kernels, tune_kernels
 from tvmfuse.tune.tuner import make_cost_model
@@ -109,7 +110,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         "precision": cfg.precision,
         "kernels": [k.to_json() for k in result.kernels],
         "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
-        "seconds": round(time.perf_counter() - t0, 2),
+        "manifest_digest": manifest_digest(out), "seconds": round(time.perf_counter() - t0, 2),
     }
 
 
@@ -135,7 +136,7 @@ def _check_artifact_folder(out: Path) -> None:
 def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | None = None,
         compare_to: Path | None = None, outputs: Path | None = None, repeat: int = 20, warmup: int = 3,
         duration_s: float | None = None, seed: int = 0, profile: bool = False, profile_runs: int = 1,
-        trace: Path | None = None, trust_unsigned: bool = False) -> dict:
+        trace: Path | None = None, trust_unsigned: bool = False, expect_digest: str | None = None) -> dict:
     """Run an artifact: latency (median, p90) and, with ``verify_against``, relative error vs onnxruntime, or with
     ``compare_to``, vs outputs saved in an ``.npz`` (keyed by output name, as ``outputs`` writes them).
 
@@ -165,6 +166,8 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
         profile = True
     if profile and profile_runs < 1:
         raise TvmfuseError(f"--profile-runs must be at least 1, not {profile_runs}")
+    if expect_digest is not None:   # the deployer's own pin, checked before anything of the artifact is read
+        check_digest(artifact, expect_digest)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UntrustedArtifactWarning)
         art = load_artifact(artifact, trust_unsigned=trust_unsigned)

@@ -95,3 +95,26 @@ def test_run_refuses_another_key_and_reports_a_verified_one(artifact):
                       env={"TVMFUSE_SIGNING_KEY": "another key, 16+ bytes"})
     assert r.exit_code == 2
     assert "signed with key" in _one_line_error(r.stderr)
+
+
+def test_compile_prints_the_manifest_digest_and_run_refuses_another(example_artifact, tmp_path):
+    """The deployer's pin: `compile` reports the manifest's digest; `run --expect-digest` refuses any other manifest
+    (a rebuilt or edited artifact), one line and exit 2, before anything of it is loaded."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from tvmfuse.cli.main import app
+    from tvmfuse.runtime.loaded import manifest_digest
+
+    art, report = example_artifact
+    digest = report["manifest_digest"]
+    assert digest == manifest_digest(art) and digest.startswith("sha256:") and len(digest) == 7 + 64
+    ok = CliRunner().invoke(app, ["run", str(art), "--repeat", "1", "--expect-digest", digest])
+    assert ok.exit_code == 0, ok.output
+    copy = tmp_path / "copy"
+    shutil.copytree(art, copy)
+    manifest = copy / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"planner"', '"planner" ', 1))
+    bad = CliRunner().invoke(app, ["run", str(copy), "--repeat", "1", "--expect-digest", digest])
+    assert bad.exit_code == 2 and "not the expected one" in bad.output and "Traceback" not in bad.output

@@ -441,6 +441,7 @@ def compile_command(
         if report["db"] is None and not untuned:
             err.print(f"note: no tuning database at {db}: every kernel keeps TVM's default schedule (run `tvmfuse tune` first)")
         n_untuned = len(report["untuned"])
+        out.print(f"manifest digest: {report['manifest_digest']} (pin it: tvmfuse run --expect-digest)")
         out.print(f"{len(rows) - n_untuned}/{len(rows)} kernels run a tuned schedule"
                   + (f"; untuned: {', '.join(report['untuned'][:5])}{' ...' if n_untuned > 5 else ''}" if n_untuned else ""))
 
@@ -464,6 +465,8 @@ def run_command(
                                          "timeline as a Chrome trace (JSON for chrome://tracing or Perfetto)."),
     trust_unsigned: bool = typer.Option(False, "--trust-unsigned", help="Load an artifact whose manifest is "
                                         "unsigned or signed with another key (a warning says so)."),
+    expect_digest: Optional[str] = typer.Option(None, "--expect-digest", help="Refuse the artifact unless its "
+                                                "manifest's digest is this one (`compile` prints it: sha256:HEX)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Run an artifact: latency (median, p90) and, with --verify-against or --compare-to, the error against a reference.
@@ -479,7 +482,8 @@ def run_command(
         try:
             report = api.run(artifact, inputs=inputs, verify_against=verify_against, compare_to=compare_to,
                              outputs=outputs, repeat=repeat, warmup=warmup, duration_s=duration, profile=profile,
-                             profile_runs=profile_runs, trace=trace, trust_unsigned=trust_unsigned)
+                             profile_runs=profile_runs, trace=trace, trust_unsigned=trust_unsigned,
+                             expect_digest=expect_digest)
         except VerificationError as e:
             report = getattr(e, "report", {})
             _print_warnings(report)

@@ -96,6 +96,21 @@ def _flatten(out) -> list:
     return result
 
 
+def manifest_digest(path: str | Path) -> str:
+    """``sha256:<hex>`` of an artifact's manifest file: the one value that pins the whole artifact (the manifest
+    holds the sha256s of the library and the weights). ``compile`` prints it; ``run --expect-digest`` checks it."""
+    return "sha256:" + _sha256(Path(path) / MANIFEST_NAME)
+
+
+def check_digest(path: str | Path, expected: str) -> None:
+    """Refuse an artifact whose manifest is not the one ``expected`` names (before anything of it is loaded)."""
+    want = expected.strip().lower()
+    want = want if want.startswith("sha256:") else "sha256:" + want
+    if (Path(path) / MANIFEST_NAME).is_file() and manifest_digest(path) != want:
+        raise ArtifactError(f"the manifest of {path} is not the expected one: its digest is {manifest_digest(path)}, "
+                            f"not {want}")
+
+
 def read_manifest(path: str | Path) -> dict:
     folder = Path(path)
     if not folder.is_dir():
