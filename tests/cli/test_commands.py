@@ -296,3 +296,19 @@ def test_run_times_for_a_duration_after_warmup(untuned_artifact):
     assert lat["repeat"] == 4 and lat["warmup"] == 0
     r = runner.invoke(app, ["run", str(untuned_artifact), "--repeat", "2", "--duration", "0.2"])
     assert r.exit_code == 0 and "runs in" in r.stdout and "warm-up" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["tune", "tvmfuse/data/example.onnx", "--bogus"], "No such option: --bogus"),
+    (["run"], "Missing argument 'artifact'"),
+    (["compile", "tvmfuse/data/example.onnx", "-o", "x", "--precision"], "requires an argument"),
+])
+def test_a_usage_error_is_one_line_and_exit_2(args, message):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, "-m", "tvmfuse.cli.main", *args], capture_output=True, text=True,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")

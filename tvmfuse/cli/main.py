@@ -601,7 +601,24 @@ _register_subcommands()
 
 
 def main() -> None:
-    app()
+    """The console entry point. A usage error (an unknown flag, a missing argument, a bad value) is one line and
+    exit 2, as every other bad input is, instead of click's boxed usage text."""
+    import sys
+
+    try:  # typer vendors its own click
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
+    try:
+        code = app(standalone_mode=False)
+    except click_errors.UsageError as e:
+        where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        print(f"error: {e.format_message()}{where}", file=sys.stderr)
+        sys.exit(2)
+    except click_errors.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
