@@ -348,28 +348,21 @@ def tune_command(
             report["resume"] = resume
         if json_out:
             emit_json(report)
-            if interrupted:
-                _print_interrupted(report, resume)
-                raise typer.Exit(exit_code(stop.signum))
-            if out_of_time:
-                _print_out_of_time(report, time_budget, resume)
-            if report["failed"] and not keep_going:
-                raise typer.Exit(1)
-            return
-        kernels = _table_order(report["kernels"])
-        rows = [[k["name"][:48], k["weight"], k["status"], k["trials_before"], k["trials_run"],
-                 fmt_ms(None if k["baseline_ms"] is None else k["baseline_ms"] / 1e3),
-                 fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3),
-                 "-" if not k["speedup_vs_default"] else f"{k['speedup_vs_default']:.2f}x",
-                 _check_cell(k["check"])] for k in kernels]
-        out.print(table(f"tuned {Path(report['model']).name} on {report['device']} ({report['seconds']} s)",
-                        ["kernel", "calls", "status", "trials before", "trials run", "default", "best", "vs default",
-                         "check"], rows, caption=TABLE_ORDER))
-        out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run, "
-                  f"warm-started with {report['warm_start_records']} records of the database)")
-        for k in kernels:
-            if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
-                err.print(f"{k['name']}: {k['status']}: {k['message']}")
+        else:
+            kernels = _table_order(report["kernels"])
+            rows = [[k["name"][:48], k["weight"], k["status"], k["trials_before"], k["trials_run"],
+                     fmt_ms(None if k["baseline_ms"] is None else k["baseline_ms"] / 1e3),
+                     fmt_ms(None if k["best_ms"] is None else k["best_ms"] / 1e3),
+                     "-" if not k["speedup_vs_default"] else f"{k['speedup_vs_default']:.2f}x",
+                     _check_cell(k["check"])] for k in kernels]
+            out.print(table(f"tuned {Path(report['model']).name} on {report['device']} ({report['seconds']} s)",
+                            ["kernel", "calls", "status", "trials before", "trials run", "default", "best",
+                             "vs default", "check"], rows, caption=TABLE_ORDER))
+            out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run, "
+                      f"warm-started with {report['warm_start_records']} records of the database)")
+            for k in kernels:
+                if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
+                    err.print(f"{k['name']}: {k['status']}: {k['message']}")
         if interrupted:
             _print_interrupted(report, resume)
             raise typer.Exit(exit_code(stop.signum))
