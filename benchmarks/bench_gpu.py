@@ -122,6 +122,14 @@ def torch_case(name: str, size: dict, model=None) -> dict:
         x, res = torch.randn(M, N, device=dev, dtype=h), torch.randn(M, N, device=dev, dtype=h)
         w, bb = torch.randn(N, device=dev, dtype=h), torch.randn(N, device=dev, dtype=h)
         f, args = (lambda x, res: F.layer_norm(x + res, (N,), w, bb)), (x, res)
+    elif name in ("layernorm", "rmsnorm"):
+        M, N = size.get("M", 16384), size.get("N", 4096)
+        x, w, bb = torch.randn(M, N, device=dev, dtype=h), torch.randn(N, device=dev, dtype=h), torch.randn(N, device=dev, dtype=h)
+        if name == "layernorm":
+            f = lambda x: F.layer_norm(x, (N,), w, bb)  # noqa: E731
+        else:
+            f = lambda x: x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w  # noqa: E731
+        args = (x,)
     elif name == "swiglu":
         M, N = size.get("M", 16384), size.get("N", 8192)
         a, g = torch.randn(M, N, device=dev, dtype=h), torch.randn(M, N, device=dev, dtype=h)

@@ -7,7 +7,12 @@ poisoned (NaN) first, and times both with TVM's time evaluator beside the device
 bytes (inputs read once, output written once), in the same run.
 
     python benchmarks/rows_gpu.py [--cases softmax,add_layernorm] [--configs "t32 r1" ...] [--json out.json]
-                               [--small] [--build-only]
+                               [--small] [--build-only] [--shapes softmax=2048x32000 rmsnorm=8192x5120 ...]
+                               [--default-only]
+
+``--shapes`` runs cases at the given rows x columns instead of ``--cases``; ``--default-only`` builds only the
+config an untuned build runs (``rows.default_config``). Softmax rows are also checked against PyTorch's
+float32 softmax (``fp32 err``).
 
 ``--build-only`` builds every config for sm_90a and runs ptxas (no GPU): registers and spills per config.
 """
@@ -25,8 +30,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SIZES = {"softmax": dict(M=65536, N=2048), "add_layernorm": dict(M=16384, N=8192)}
-SMALL = {"softmax": dict(M=64, N=2048), "add_layernorm": dict(M=16, N=8192)}
+SIZES = {"softmax": dict(M=65536, N=2048), "add_layernorm": dict(M=16384, N=8192),
+         "layernorm": dict(M=16384, N=4096), "rmsnorm": dict(M=16384, N=4096)}
+SMALL = {"softmax": dict(M=64, N=2048), "add_layernorm": dict(M=16, N=8192), "layernorm": dict(M=16, N=4096),
+         "rmsnorm": dict(M=16, N=4096)}
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
 
@@ -132,6 +139,10 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
             rec["unwritten"] = int(torch.isnan(got).sum())
             rec["rel_error"] = float(diff)
             rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] < 1e-2
+            if case.startswith("softmax"):
+                exact = torch.softmax(inputs[0].float(), -1)
+                rec["fp32_error"] = float((got.float() - exact).nan_to_num(nan=float("inf")).norm() / exact.norm())
+                rec["ok"] = rec["ok"] and rec["fp32_error"] < 1e-2
             if rec["unwritten"] == 0:  # timed even past the tolerance: the table says which were not ok
                 ev = lib.mod.time_evaluator("main", dev, number=20, repeat=5)
                 rec["us"] = float(np.median(ev(*args).results)) * 1e6
@@ -148,16 +159,33 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--shapes", nargs="*", default=None)
+    ap.add_argument("--default-only", action="store_true")
     a = ap.parse_args()
 
     import tvmfuse.tune.rows as rows
-    results = []
-    for case in a.cases.split(","):
+    runs = []
+    for case in a.cases.split(",") if not a.shapes else []:
         if case not in SIZES:
             print(f"error: unknown case '{case}' (cases: {', '.join(SIZES)})", file=sys.stderr)
             return 2
-        func = row_kernel(case, (SMALL if a.small else SIZES)[case])
-        fits = rows.configs(rows.analyze(func))
+        runs.append((case, (SMALL if a.small else SIZES)[case]))
+    for shape in a.shapes or []:
+        case, _, dims = shape.partition("=")
+        try:
+            m, n = (int(d) for d in dims.split("x"))
+        except ValueError:
+            print(f"error: --shapes takes case=ROWSxCOLS, not '{shape}'", file=sys.stderr)
+            return 2
+        if case not in SIZES:
+            print(f"error: unknown case '{case}' (cases: {', '.join(SIZES)})", file=sys.stderr)
+            return 2
+        runs.append((case, dict(M=m, N=n)))
+    results = []
+    for case, size in runs:
+        func = row_kernel(case, size)
+        prog = rows.analyze(func)
+        fits = [rows.default_config(prog)] if a.default_only else rows.configs(prog)
         configs = [rows.parse_config(c) for c in a.configs] if a.configs else fits
         results.append(run_case(case, func, configs, a.build_only))
     if a.json:
@@ -167,12 +195,13 @@ def main() -> int:
         if "copy_us" in r:
             head += f": copy {r['copy_us']:.1f} us, dlight {r['dlight_us']:.1f} us"
         print(head)
-        print(f"{'config':10} {'ok':6} {'rel err':>9} {'us':>8} {'% copy':>7}  ptxas")
+        print(f"{'config':16} {'ok':6} {'rel err':>9} {'fp32 err':>9} {'us':>8} {'% copy':>7}  ptxas")
         for c in sorted(r["configs"], key=lambda c: c.get("us", 1e9)):
             err = f"{c['rel_error']:9.1e}" if "rel_error" in c else f"{'-':>9}"
+            err += f" {c['fp32_error']:9.1e}" if "fp32_error" in c else f" {'-':>9}"
             us = f"{c['us']:8.1f} {c['pct_copy']:7.0f}" if "us" in c else f"{'-':>8} {'-':>7}"
             ok = str(c.get("ok", "error" not in c))
-            print(f"{c['config']:10} {ok:6} {err} {us}  {c.get('ptxas', c.get('error', ''))}")
+            print(f"{c['config']:16} {ok:6} {err} {us}  {c.get('ptxas', c.get('error', ''))}")
     return 0
 
 

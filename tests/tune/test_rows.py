@@ -362,3 +362,71 @@ def test_rows_gpu_script_builds_every_config_without_spills():
     assert out.returncode == 0, out.stderr[-2000:]
     table = out.stdout[out.stdout.index("add_layernorm 16 x 8192"):].splitlines()[2:]
     assert len(table) >= 4 and all("0 bytes spill stores" in ln for ln in table), table
+
+
+def _exact_softmax(x):
+    e = np.exp(x.astype("float64") - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("cols", [5000, 4099])
+def test_a_row_too_wide_for_registers_is_offered_streamed_and_every_streamed_config_computes_it(cols, cuda):
+    """fp16 softmax over 5000 and 4099 columns: no thread count splits the row into slices a thread's registers
+    hold; the space offers it streamed (the untuned build leaves a row this narrow to dlight, faster there on the
+    H200 than the streamed row, and streams from 16384 columns), and every streamed config
+    (shared memory or re-read from L2; 4099 is no whole number of vectors, so each row has an unaligned head and
+    tail) computes the exact softmax to the rounding of its fp16 output when its threads run as loops."""
+    _, (k,) = _row_kernels("softmax", cuda, M=5, N=cols)
+    func = k.mod["main"]
+    prog = rows.analyze(func)
+    assert not [c for c in rows.configs(prog) if c.mode == rows.REGISTERS]
+    assert rows.default_config(prog) is None
+    streamed = rows.configs(prog)
+    assert {c.mode for c in streamed} == {rows.SHARED, rows.L2} and all(rows.parse_config(c.name) == c for c in streamed)
+    x = np.random.default_rng(3).standard_normal([5, cols]).astype("float16")
+    exact = _exact_softmax(x)
+    for cfg in streamed:
+        got = _run(rows.kernel_for(func, cfg, emulate=True), [x, np.zeros_like(x)])
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 1e-3, cfg
+
+
+@pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
+def test_streamed_norms_with_an_unaligned_row_equal_the_planners_kernel(kind, cuda):
+    """(x + r) -> LayerNorm / RMSNorm in fp32 over 4099 columns (each row starts at another alignment): every
+    streamed config's emulation (two inputs, a per-row mean between two reductions, gamma broadcast, the sum
+    recomputed in each pass) equals the planner's kernel to fp32 rounding."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+    import models
+
+    fused = _fused(models.add_norm(kind, m=3, n=4099), cuda)
+    (k,) = [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "row_reduction"]
+    func = k.mod["main"]
+    prog = rows.analyze(func)
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal([int(d) for d in b.shape]).astype(str(b.dtype)) for b in prog.params]
+    want = _run(func, inputs)
+    cfgs = rows.streamed_configs(prog)
+    assert cfgs
+    for cfg in cfgs:
+        got = _run(rows.kernel_for(func, cfg, emulate=True), inputs)
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6, cfg
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_vocabulary_wide_softmax_builds_with_aligned_vectors_and_a_dynamic_shared_row(tmp_path, cuda):
+    """fp16 softmax over a 50257-wide vocabulary (odd: no row after the first starts 16-byte aligned): the
+    untuned config stages the 100 KB row in dynamic shared memory, loads the row's aligned interior as 16-byte
+    vectors (an index TVM proves aligned, or it would load element by element) and builds without spills."""
+    _, (k,) = _row_kernels("softmax", cuda, M=4, N=50257)
+    func = k.mod["main"]
+    cfg = rows.default_config(rows.analyze(func))
+    assert cfg == rows.RowConfig(1024, 1, 0, rows.SHARED)
+    with build_context():
+        src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
+                          target=SM90A).mod.imports[0].inspect_source()
+    body = src[src.index('extern "C" __global__'):]
+    assert "extern __shared__" in body
+    assert re.search(r"\*\(uint4\*\)\(x_v_ptr \+ 0\) = \*\(uint4\*\)\(x_f_ptr \+ ", body)
+    assert re.search(r"\*\(uint4\*\)\(T_softmax_norm_f_ptr \+ ", body)
+    assert "make_uint4(x_f_ptr" not in body   # (a gather: TVM could not prove the vector aligned)
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")

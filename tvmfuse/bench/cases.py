@@ -46,6 +46,28 @@ def add_layernorm(M=16384, N=8192, seed=0):
     return _model(nodes, "add_ln", [_vi("x", (M, N)), _vi("r", (M, N))], [_vi("y", (M, N))], [w, bb]), 3 * M * N * 2, 0
 
 
+def layernorm(M=16384, N=4096, seed=0):
+    """y = LayerNorm(x) * w + bb (fp16, one input row read, one written)."""
+    rng = np.random.default_rng(seed)
+    w = _const("w", rng.standard_normal(N).astype("float16"))
+    bb = _const("bb", rng.standard_normal(N).astype("float16"))
+    nodes = [helper.make_node("LayerNormalization", ["x", "w", "bb"], ["y"], axis=-1, epsilon=1e-5)]
+    return _model(nodes, "ln", [_vi("x", (M, N))], [_vi("y", (M, N))], [w, bb]), 2 * M * N * 2, 0
+
+
+def rmsnorm(M=16384, N=4096, seed=0):
+    """y = x / sqrt(mean(x^2) + eps) * w, decomposed as LLaMA exports write it (Mul, ReduceMean, Add, Sqrt,
+    Div, Mul; fp16)."""
+    rng = np.random.default_rng(seed)
+    w = _const("w", rng.standard_normal(N).astype("float16"))
+    eps = _const("eps", np.array(1e-5, dtype="float16"))
+    axes = _const("axes", np.array([-1], dtype="int64"))
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Div", ["x", "rms"], ["xn"]), helper.make_node("Mul", ["xn", "w"], ["y"])]
+    return _model(nodes, "rms", [_vi("x", (M, N))], [_vi("y", (M, N))], [w, eps, axes]), 2 * M * N * 2, 0
+
+
 def swiglu(M=16384, N=8192, seed=0):
     """y = silu(a) * g = a * sigmoid(a) * g."""
     nodes = [helper.make_node("Sigmoid", ["a"], ["t0"]), helper.make_node("Mul", ["a", "t0"], ["t1"]),
@@ -107,13 +129,13 @@ def attention(B=4, H=32, S=4096, D=128, seed=0):
 
 CASES = {
     "pointwise": pointwise, "add_layernorm": add_layernorm, "swiglu": swiglu, "softmax": softmax,
-    "gemm_bias_relu": gemm_bias_relu, "conv_bn_relu": conv_bn_relu, "attention": attention,
+    "layernorm": layernorm, "rmsnorm": rmsnorm, "gemm_bias_relu": gemm_bias_relu, "conv_bn_relu": conv_bn_relu, "attention": attention,
 }
 
 # tiny sizes for CPU tests (same graphs)
 SMALL = {
     "pointwise": dict(M=64, N=256), "add_layernorm": dict(M=64, N=256), "swiglu": dict(M=64, N=256),
-    "softmax": dict(M=64, N=256), "gemm_bias_relu": dict(M=64, K=64, N=64), "conv_bn_relu": dict(B=1, C=16, H=8, W=8),
+    "softmax": dict(M=64, N=256), "layernorm": dict(M=64, N=256), "rmsnorm": dict(M=64, N=256), "gemm_bias_relu": dict(M=64, K=64, N=64), "conv_bn_relu": dict(B=1, C=16, H=8, W=8),
     "attention": dict(B=1, H=2, S=64, D=32),
 }
 

@@ -48,15 +48,28 @@ class RowConfig:
     rows_per_block: int = 1  # rows per thread block (threadIdx.y)
     lanes: int = 0           # elements a vector; 0: 16 bytes of the widest whole-row parameter. Narrower only
     #                          where no thread count splits the row into 16-byte vectors (a row under 256 fp16)
+    mode: int = 0            # where the row lives between its steps: REGISTERS, SHARED or L2 (see STREAMED)
 
     @property
     def name(self) -> str:
-        return f"t{self.threads} r{self.rows_per_block}" + (f" v{self.lanes}" if self.lanes else "")
+        return (f"t{self.threads} r{self.rows_per_block}" + (f" v{self.lanes}" if self.lanes else "")
+                + (f" m{self.mode}" if self.mode else ""))
+
+
+REGISTERS, SHARED, L2 = 0, 1, 2
+# A row too wide for its threads' registers (a vocabulary's 32000 columns) is *streamed*: every step that
+# reduces it is a pass over the row, its elementwise steps recomputed inside each pass from the inputs, which
+# the first pass copies to shared memory (SHARED, where a row's inputs fit) or which later passes read again
+# from global memory, in practice from L2 (L2: a block's row was read microseconds before; the H200 keeps 50 MB).
+STREAMED = (SHARED, L2)
+_SHARED_ROW_BYTES = 110 * 1024   # a block's staged row: two blocks an SM of the H200's 228 KB
+_STREAM_THREADS = (256, 512, 1024)
+_COL = "@col@"   # a streamed step's column, until a pass's part puts its own in
 
 
 def parse_config(name: str) -> RowConfig:
     f = dict((part[0], int(part[1:])) for part in name.split())
-    return RowConfig(threads=f["t"], rows_per_block=f["r"], lanes=f.get("v", 0))
+    return RowConfig(threads=f["t"], rows_per_block=f["r"], lanes=f.get("v", 0), mode=f.get("m", 0))
 
 
 @dataclass
@@ -263,19 +276,22 @@ def _access(load, prog: RowProgram, roles: dict) -> str:
 
 
 def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str = "e", col: str = "c",
-          row: str = "row", scalar: str = "0", wide: frozenset = frozenset(), divisor=None) -> str:
+          row: str = "row", scalar: str = "0", wide: frozenset = frozenset(), divisor=None, whole=None,
+          bcast=None) -> str:
     """TVMScript of a block's value: whole-row buffers as the thread's register ``<name>_r[elem]``, per-row
     buffers as ``<name>_s[0]`` (those in ``wide`` held in float32, cast back), parameters broadcast over the
     rows as the thread's staged ``<name>_c[elem]`` (``check``: recorded in ``prog.by_col``), per-row parameters
     at ``row`` of a flat view. ``divisor(b)``, if given, names a float32 register holding ``1 / b`` for a
-    divisor ``b`` that is the same along the row: a float division by it becomes a multiplication."""
+    divisor ``b`` that is the same along the row: a float division by it becomes a multiplication.
+    ``whole(buffer)`` and ``bcast(buffer)``, if given, write a whole-row and a broadcast load their own way (a
+    streamed row's)."""
     def load(node, rec):
         buf = _buf(node)
         how = _access(node, prog, roles)
         if how == "full":
             if buf.name not in prog.full:
                 raise Misfit(f"{buf.name} read as a whole row")
-            return f"{buf.name}_r[{elem}]"
+            return whole(buf) if whole is not None else f"{buf.name}_r[{elem}]"
         if how == "row" and buf.name in wide:
             return f"T.Cast('{buf.dtype}', {buf.name}_s[{scalar}])"
         if how == "row":
@@ -285,7 +301,7 @@ def _expr(expr, prog: RowProgram, roles: dict, *, check: bool = False, elem: str
         if how == "col":
             if check:
                 prog.by_col.add(buf.name)
-            return f"{buf.name}_c[{elem}]"
+            return bcast(buf) if bcast is not None else f"{buf.name}_c[{elem}]"
         return f"{buf.name}_f[0]"
 
     def var(node):
@@ -356,15 +372,45 @@ def configs(prog: RowProgram, *, threads=(32, 64, 128, 256, 512), rows_per_block
                 if prog.rows % r == 0 and t * r <= 512:
                     out.append(RowConfig(t, r, 0 if lanes == prog.lanes() else lanes))
         lanes //= 2
+    if prog.cols >= _STREAM_FROM or not out:
+        out += streamed_configs(prog, threads)
     return out
+
+
+_STREAM_FROM = 4096   # columns from which the space also offers streamed rows
+# columns from which a row no register config takes is streamed untuned; narrower ones keep dlight's schedule,
+# which beat the streamed row there on the H200 (LayerNorm 16384 x 4099 fp16: dlight 83 us, streamed 110 us;
+# softmax 2048 x 32000: dlight 237 us, streamed 71 us)
+_STREAM_DEFAULT_FROM = 16384
+
+
+def _staged_bytes(prog: RowProgram) -> int:
+    """Bytes of one row of every whole-row input: what SHARED stages per block."""
+    outs = [o.name for o in prog.outputs]
+    return sum(prog.cols * _bytes(p.dtype) for p in prog.params if p.name in prog.full and p.name not in outs)
+
+
+def streamed_configs(prog: RowProgram, threads=_STREAM_THREADS) -> list[RowConfig]:
+    """Configs that stream the row (any width, a row a block): SHARED where a row's inputs fit the block's
+    shared memory, L2 always."""
+    modes = (SHARED, L2) if _staged_bytes(prog) <= _SHARED_ROW_BYTES else (L2,)
+    return [RowConfig(int(t), 1, 0, m) for m in modes for t in threads if int(t) in _STREAM_THREADS]
 
 
 def default_config(prog: RowProgram) -> RowConfig | None:
     """The config an untuned CUDA build runs: the fewest threads a row whose slices fit (a row a warp where
-    they do: no barrier), and rows a block up to 128 threads. None where no config fits."""
-    fits = configs(prog)
-    if not fits:
+    they do: no barrier), and rows a block up to 128 threads; a row too wide for registers (from 16384 columns)
+    streamed, staged in shared memory where it fits, with the fewest threads that take it in at most 8 vectors
+    each. None where no config fits, or none of the registers' fits a row narrower than that."""
+    fits = [c for c in configs(prog) if c.mode == REGISTERS]
+    if not fits and prog.cols < _STREAM_DEFAULT_FROM:
         return None
+    if not fits:
+        streamed = streamed_configs(prog)
+        vectors = prog.cols // prog.lanes()
+        mode = min(c.mode for c in streamed)
+        threads = next((t for t in _STREAM_THREADS if -(-vectors // t) <= 8), _STREAM_THREADS[-1])
+        return next(c for c in streamed if c.mode == mode and c.threads == threads)
     fewest = min(c.threads for c in fits)
     return max((c for c in fits if c.threads == fewest and c.threads * c.rows_per_block <= max(128, fewest)),
                key=lambda c: c.rows_per_block)
@@ -395,6 +441,8 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     words across warps as an array), which builds for any target, so the CPU checks the element-to-thread
     mapping, the reductions' order and the index arithmetic numerically. ``cfg`` None: the emulation at one
     thread per row."""
+    if cfg is not None and cfg.mode in STREAMED:
+        return _stream_source(prog, cfg, emulate)
     emulate = emulate or cfg is None
     T_, RPB = (cfg.threads, cfg.rows_per_block) if cfg else (1, 1)
     unroll, vec = ("T.serial", "T.serial") if emulate else ("T.unroll", "T.vectorized")
@@ -414,9 +462,7 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     def steps(code: str, lanes: str = unroll) -> str:   # over the thread's elements, a step's lanes at a time
         return f"for j in {unroll}({S}):\n    for v in {lanes}({L}):\n" + _indent(code, 8)
 
-    decls = [f"{p.name}: T.Buffer({tuple(int(d) for d in p.shape)!r}, '{p.dtype}')" for p in prog.params]
-    views = "".join(f"{p.name}_f = T.decl_buffer(({math.prod(int(d) for d in p.shape)},), '{p.dtype}', "
-                    f"data={p.name}.data)\n" for p in prog.params)
+    views = _flat_views(prog)
     # registers: the whole-row parameters read, every whole-row intermediate, the broadcast rows; a scalar per
     # per-row value; a shared word per warp and reduction
     reads_full = sorted(p.name for p in prog.params if p.name in prog.full and not any(p.same_as(o) for o in prog.outputs))
@@ -475,33 +521,196 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
         if name in wide:
             init, val = f"T.Cast('float32', {init})", f"T.Cast('float32', {val})"
         code += threads(f"{acc} = {init}\n" + steps(f"{acc} = {comb.format(a=acc, b=val)}\n"))
-        for m in (16, 8, 4, 2, 1)[5 - int(math.log2(min(T_, 32))):]:   # within each warp
-            if emulate:   # every lane combines its value with lane ^ m's, both as they were
-                code += threads(f"{name}_x[tx] = {comb.format(a=acc, b=f'{name}_s[T.bitwise_xor(tx, {m})]')}\n")
-                code += threads(f"{acc} = {name}_x[tx]\n")
-            else:
-                code += f"{acc} = {comb.format(a=acc, b=_SHFL.format(v=acc, m=m))}\n"
-        if W > 1:   # across the row's warps: a word each in shared memory
-            if emulate:
-                code += f"for w in T.serial({W}):\n    red_{n}[ty * {W} + w] = {name}_s[w * 32]\n"
-            else:
-                code += (f"if tx % 32 == 0:\n    red_{n}[ty * {W} + tx // 32] = {acc}\n"
-                         f"T.tvm_storage_sync('shared')\n")
-            wsum = f"for w in {unroll}(1, {W}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {W} + w]')}\n"
-            code += threads(f"{acc} = red_{n}[ty * {W}]\n" + wsum)
+        code += _across_threads(name, n, comb, T_, emulate, unroll, threads)
     body += "".join(body_allocs) + code
     stores = [(o.name, o.name) for o in prog.outputs] + [(o.name, src) for o, src in prog.reshaped]
     body += threads("".join(steps(f"{o}_f[{row} * {N} + {col}] = {src}_r[{elem}]\n", vec) for o, src in stores))
+    return _kernel(prog, R // RPB, RPB, T_, views, body, emulate)
+
+
+def _across_threads(name: str, n: int, comb: str, threads_: int, emulate: bool, unroll: str, threads) -> str:
+    """Code combining the row's per-thread partials of reduction ``n`` (into ``<name>_s``) into one value every
+    thread of the row holds: warp shuffles, then a word per warp in shared memory (``red_<n>``)."""
+    acc, W = f"{name}_s[{'tx' if emulate else '0'}]", threads_ // 32
+    code = ""
+    for m in (16, 8, 4, 2, 1)[5 - int(math.log2(min(threads_, 32))):]:   # within each warp
+        if emulate:   # every lane combines its value with lane ^ m's, both as they were
+            code += threads(f"{name}_x[tx] = {comb.format(a=acc, b=f'{name}_s[T.bitwise_xor(tx, {m})]')}\n")
+            code += threads(f"{acc} = {name}_x[tx]\n")
+        else:
+            code += f"{acc} = {comb.format(a=acc, b=_SHFL.format(v=acc, m=m))}\n"
+    if W > 1:   # across the row's warps: a word each in shared memory
+        if emulate:
+            code += f"for w in T.serial({W}):\n    red_{n}[ty * {W} + w] = {name}_s[w * 32]\n"
+        else:
+            code += (f"if tx % 32 == 0:\n    red_{n}[ty * {W} + tx // 32] = {acc}\n"
+                     f"T.tvm_storage_sync('shared')\n")
+        wsum = f"for w in {unroll}(1, {W}):\n    {acc} = {comb.format(a=acc, b=f'red_{n}[ty * {W} + w]')}\n"
+        code += threads(f"{acc} = red_{n}[ty * {W}]\n" + wsum)
+    return code
+
+
+def _kernel(prog: RowProgram, blocks: int, rows_per_block: int, threads_: int, views: str, body: str,
+            emulate: bool) -> str:
+    """The PrimFunc's TVMScript: ``body`` under the block and thread loops (serial ones in the emulation)."""
+    decls = [f"{p.name}: T.Buffer({tuple(int(d) for d in p.shape)!r}, '{p.dtype}')" for p in prog.params]
     if emulate:
-        loops = f"for bx in T.serial({R // RPB}):\n    for ty in T.serial({RPB}):\n"
+        loops = f"for bx in T.serial({blocks}):\n    for ty in T.serial({rows_per_block}):\n"
         inner, attrs = 8, '{"tirx.noalias": True}'
     else:
-        loops = (f"for bx in T.thread_binding({R // RPB}, thread='blockIdx.x'):\n"
-                 f"    for ty in T.thread_binding({RPB}, thread='threadIdx.y'):\n"
-                 f"        for tx in T.thread_binding({T_}, thread='threadIdx.x'):\n")
+        loops = (f"for bx in T.thread_binding({blocks}, thread='blockIdx.x'):\n"
+                 f"    for ty in T.thread_binding({rows_per_block}, thread='threadIdx.y'):\n"
+                 f"        for tx in T.thread_binding({threads_}, thread='threadIdx.x'):\n")
         inner, attrs = 12, '{"tirx.noalias": True, "tirx.is_scheduled": True}'
     return (f"@T.prim_func(s_tir=True)\ndef main({', '.join(decls)}):\n    T.func_attr({attrs})\n"
             + _indent(views, 4) + _indent(loops, 4) + _indent(body, 4 + inner))
+
+
+def _flat_views(prog: RowProgram) -> str:
+    return "".join(f"{p.name}_f = T.decl_buffer(({math.prod(int(d) for d in p.shape)},), '{p.dtype}', "
+                   f"data={p.name}.data)\n" for p in prog.params)
+
+
+def _stream_source(prog: RowProgram, cfg: RowConfig, emulate: bool) -> str:
+    """TVMScript of the program streaming its rows (``cfg.mode`` in :data:`STREAMED`, a row a block): thread
+    ``tx`` takes the row's vectors ``j * threads + tx`` (the last partial round guarded), each reduction a pass
+    over them with the elementwise steps before it recomputed from the inputs, and a last pass that computes and
+    stores the outputs. Inputs come from global memory in 16-byte vectors; under SHARED the first pass that
+    reads one keeps it in shared memory and later passes read it there. A row whose width is not a whole number
+    of vectors starts at a different alignment in each row: its vectors are the aligned ones inside it, and the
+    few elements before and after them (``off`` and ``tl``, fewer than a vector each) are taken one a thread."""
+    T_, L = cfg.threads, cfg.lanes or prog.lanes()
+    N, R = prog.cols, prog.rows
+    V = N // L
+    unaligned = N % L != 0
+    S, guard = -(-V // T_), V % T_ != 0 or unaligned
+    unroll, vec = ("T.serial", "T.serial") if emulate else ("T.unroll", "T.vectorized")
+    jloop = unroll if S <= 16 else "T.serial"
+    per = T_ if emulate else 1
+    ev, sc = (f"tx * {L} + v" if emulate else "v"), ("tx" if emulate else "0")
+    col, row = _COL, "bx"   # (rendered once, each part of a pass puts its own column in)
+    scope, shared = ("", "") if emulate else (", scope='local'", ", scope='shared'")
+    outs = {o.name for o in prog.outputs}
+    inputs = [p.name for p in prog.params if p.name in prog.full and p.name not in outs]
+    dtypes = {p.name: p.dtype for p in prog.params}
+    dtypes.update({s.buffer.name: s.buffer.dtype for s in prog.steps})
+    wide = _widened(prog)
+    by_step = {s.buffer.name: s for s in prog.steps if s.kind == "elementwise"}
+    inlined: dict = {}
+    staged: set = set()   # SHARED: inputs already in shared memory
+
+    def threads(code: str) -> str:
+        return f"for tx in T.serial({T_}):\n" + _indent(code, 4) if emulate else code
+
+    def whole(buf) -> str:
+        if buf.name in inputs:
+            return f"{buf.name}_v[{ev}]"
+        if buf.name not in inlined:
+            st = by_step[buf.name]
+            inlined[buf.name] = "(" + render(st) + ")"
+        return inlined[buf.name]
+
+    def render(st) -> str:
+        return _expr(st.value, prog, st.roles, elem=ev, col=col, row=row, scalar=sc, wide=wide, whole=whole,
+                     bcast=lambda b: f"{b.name}_f[{col}]", divisor=lambda b, roles=st.roles: divisor(b, roles))
+
+    inverses: dict = {}
+    allocs, code = [], ""
+
+    def divisor(b, roles) -> str:
+        nonlocal code
+        if type(b).__name__ in ("BufferLoad", "TensorLoad") and _buf(b).name in wide:
+            text = f"{_buf(b).name}_s[{sc}]"
+        else:
+            text = f"T.Cast('float32', {_expr(b, prog, roles, row=row, scalar=sc, wide=wide)})"
+        if text not in inverses:
+            inverses[text] = f"inv_{len(inverses)}"
+            allocs.append(f"{inverses[text]} = T.alloc_buffer(({per},), 'float32'{scope})\n")
+            code += threads(f"{inverses[text]}[{sc}] = T.float32(1) / {text}\n")
+        return f"{inverses[text]}[{sc}]"
+
+    def stream(compute: str, stores=()) -> str:
+        """A pass over the thread's part of the row: the inputs ``compute`` reads loaded, ``compute`` lane by
+        lane, then the ``stores`` (output names) from their ``<name>_o`` registers; vectors where the row has
+        them, single elements in an unaligned row's head and tail."""
+        used = [name for name in inputs if f"{name}_v[" in compute]
+        first = {name for name in used if cfg.mode == SHARED and name not in staged}
+        staged.update(first)
+        # (column in the row, flat index, index in the staged row, lanes, lane loop, condition) of each part;
+        # the vectors' indices written so TVM proves them aligned, or it loads them element by element
+        vector = f"(j * {T_} + tx) * {L} + v"
+        if unaligned:
+            aligned = f"({row} * {N} + {L - 1}) // {L} * {L}"
+            parts = [(f"off + {vector}", f"{aligned} + {vector}", vector, L, vec, None),
+                     ("tx", f"{row} * {N} + tx", f"{V * L} + tx", 1, "T.serial", "tx < off"),
+                     (f"off + nb * {L} + tx", f"{row} * {N} + off + nb * {L} + tx", f"{V * L + L} + tx", 1,
+                      "T.serial", "tx < tl")]
+        else:
+            parts = [(vector, f"{row} * {N} + {vector}", vector, L, vec, None)]
+        out = ""
+        for at, flat, staged_at, lanes, vloop, cond in parts:
+            loads = ""
+            for name in used:
+                staged_src = cfg.mode == SHARED and name not in first
+                src = f"{name}_sh[{staged_at}]" if staged_src else f"{name}_f[{flat}]"
+                loads += f"for v in {vloop}({lanes}):\n    {name}_v[{ev}] = {src}\n"
+                if name in first:
+                    loads += f"for v in {vloop}({lanes}):\n    {name}_sh[{staged_at}] = {name}_v[{ev}]\n"
+            inner = loads + f"for v in {unroll}({lanes}):\n" + _indent(compute.replace(_COL, at), 4)
+            inner += "".join(f"for v in {vloop}({lanes}):\n    {o}_f[{flat}] = {o}_o[{ev}]\n" for o in stores)
+            if cond is None:
+                if guard:
+                    inner = f"if j * {T_} + tx < {'nb' if unaligned else V}:\n" + _indent(inner, 4)
+                out += threads(f"for j in {jloop}({S}):\n" + _indent(inner, 4))
+            else:
+                out += threads(f"if {cond}:\n" + _indent(inner, 4))
+        return out
+
+    for name in inputs:
+        allocs.append(f"{name}_v = T.alloc_buffer(({per * L},), '{dtypes[name]}'{scope})\n")
+        if cfg.mode == SHARED:
+            allocs.append(f"{name}_sh = T.alloc_buffer(({V * L + 2 * L if unaligned else N},), '{dtypes[name]}'"
+                          f"{'' if emulate else ', scope=' + repr('shared.dyn')})\n")
+    W = T_ // 32
+    for n, st in enumerate(prog.steps):
+        name, acc_t = st.buffer.name, ("float32" if st.buffer.name in wide else st.buffer.dtype)
+        if st.kind == "elementwise":
+            continue
+        allocs.append(f"{name}_s = T.alloc_buffer(({per},), '{acc_t}'{scope})\n")
+        if st.kind == "row":
+            val = render(st)   # (first: it may emit a divisor's reciprocal)
+            code += threads(f"{name}_s[{sc}] = {val}\n")
+            continue
+        if emulate:
+            allocs.append(f"{name}_x = T.alloc_buffer(({per},), '{acc_t}')\n")
+        if W > 1:
+            allocs.append(f"red_{n} = T.alloc_buffer(({W},), '{acc_t}'{shared})\n")
+        acc, comb = f"{name}_s[{sc}]", _COMBINE[st.combine]
+        val, init = render(st), _expr(st.init, prog, st.roles, row=row, scalar=sc, wide=wide)
+        if name in wide:
+            init, val = f"T.Cast('float32', {init})", f"T.Cast('float32', {val})"
+        code += threads(f"{acc} = {init}\n")
+        code += stream(f"{acc} = {comb.format(a=acc, b=val)}\n")
+        code += _across_threads(name, n, comb, T_, emulate, unroll, threads)
+    stores = [(o, o) for o in prog.outputs] + list(prog.reshaped)
+    compute = ""
+    for o, src in stores:
+        allocs.append(f"{o.name}_o = T.alloc_buffer(({per * L},), '{o.dtype}'{scope})\n")
+        compute += f"{o.name}_o[{ev}] = {whole(src if not isinstance(src, str) else _named(prog, src))}\n"
+    code += stream(compute, [o.name for o, _ in stores])
+    # an unaligned row: the elements before its first whole vector, its whole vectors, the elements after
+    lets = (f"off = T.truncmod({L} - T.truncmod(bx * {N}, {L}), {L})\nnb = ({N} - off) // {L}\n"
+            f"tl = {N} - off - nb * {L}\n") if unaligned else ""
+    body = "".join(dict.fromkeys(allocs)) + lets + code
+    return _kernel(prog, R, 1, T_, _flat_views(prog), body, emulate)
+
+
+def _named(prog: RowProgram, name: str):
+    """The parameter or step buffer called ``name``."""
+    for b in [*prog.params, *(s.buffer for s in prog.steps)]:
+        if b.name == name:
+            return b
+    raise Misfit(f"no buffer {name}")
 
 
 def kernel_for(func, cfg: RowConfig | None, emulate: bool = False):
