@@ -87,3 +87,20 @@ def test_fp16_matmul_accumulates_in_fp32(tmp_path):
     assert 'out_dtype="float32"' in mod.script()
     got = run_tvm(mod, [x])
     assert got.dtype == np.float16 and rel_err(got, exact) < 1e-3
+
+
+def test_an_fp16_mean_over_more_elements_than_fp16_counts_runs_in_fp32(tmp_path):
+    """An RMSNorm over 65536 fp16 columns (ReduceMean): TVM divides the sum by 65536 in fp16, which is no fp16
+    number, and the import raised. The mean now runs in fp32 and is cast back; the model matches onnxruntime.
+    A mean over fewer elements keeps its fp16 graph."""
+    from tvmfuse.bench.cases import rmsnorm
+
+    for cols, widened in ((65536, True), (1024, False)):
+        model = rmsnorm(M=2, N=cols)[0]
+        path = tmp_path / f"rms{cols}.onnx"
+        onnx.save(model, path)
+        mod = import_model(load_model(path))
+        assert ('dtype="float32") = R.mean(' in mod.script()) == widened
+        if widened:
+            x = np.random.default_rng(0).standard_normal((2, cols)).astype("float16")
+            assert rel_err(run_tvm(mod, [x]), run_ort(model, {"x": x})) < 2e-3
