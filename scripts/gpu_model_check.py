@@ -83,11 +83,20 @@ def _profile(executable, dev, args, top: int = 5) -> list:
     return sorted(([n, round(t, 1)] for n, t in per.items()), key=lambda x: -x[1])[:top]
 
 
+_WEIGHTS: dict = {}   # id(build) -> its weights on the device, made once
+
+
 def _args(built, loaded, feeds, dev):
+    """Fresh input tensors and the build's weights, the same tensors every call: a CUDA graph captures the
+    weights' addresses (the parameters after ``num_input``), so weights copied anew for each call would be read
+    from freed memory on the next replay (as the runtime's LoadedArtifact does, keep them)."""
     from tvmfuse._tvm import tvm
 
     ins = [tvm.runtime.tensor(np.ascontiguousarray(feeds[s.name].astype(s.dtype)), dev) for s in loaded.inputs]
-    return ins + [tvm.runtime.tensor(p.numpy(), dev) for p in built.lifted_params]
+    key = (id(built), str(dev))
+    if key not in _WEIGHTS:
+        _WEIGHTS[key] = (built, [tvm.runtime.tensor(p.numpy(), dev) for p in built.lifted_params])
+    return ins + _WEIGHTS[key][1]
 
 
 def check_model(path: Path, *, tune_seconds: float, db_path: Path | None, precision: str = "model",

@@ -72,7 +72,7 @@ def _build(name: str, tiny: bool, seq: int | None = None, batch: int = 1):
             for _ in range(2):
                 model(torch.randn(4, 3, IMG, IMG))
         model.eval()
-        return model, (torch.randn(1, 3, IMG, IMG),), ["image"]
+        return model, (torch.randn(batch, 3, IMG, IMG),), ["image"]
     import transformers as tf
 
     small = dict(hidden_size=32 if tiny else 64, num_attention_heads=2 if tiny else 4,
@@ -131,7 +131,9 @@ def export(out: Path, names: list[str], tiny: bool, seq: int | None = None, batc
             model.config._attn_implementation = "eager"
         model = _FirstOutput(model).eval()
         stem = f"tiny_{name}" if tiny else name
-        if seq or batch != 1:
+        if name in VISION and batch != 1:
+            stem += f"_b{batch}"
+        elif seq or batch != 1:
             stem += f"_b{batch}s{seq or SEQ}"
         np.savez(out / f"{stem}.inputs.npz", **{n: a.numpy() for n, a in zip(input_names, args)})
         for dtype in ("float32", "float16"):
