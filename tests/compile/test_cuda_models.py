@@ -157,3 +157,52 @@ def test_a_dlight_matmul_schedule_that_does_not_lower_passes_to_the_next_rule(cu
         assert UnpaddedMatmul().apply(func, cuda_target.target, False) is None         # ... and we decline it
     sch = default_schedule(mod, cuda_target.target, is_gpu=True)
     tvm.compile(sch.mod, target=cuda_target.target)   # the rule that took it instead builds
+
+
+# EfficientNet-B0 fp16's squeeze-excitation output: a 240 -> 10 GEMV, SiLU, and the im2col that pads the ten
+# channels to the next GEMM's 64 columns
+SE_IM2COL = """
+@T.prim_func(s_tir=True)
+def main(x: T.Buffer((T.int64(1), T.int64(240)), "float16"), w: T.Buffer((T.int64(10), T.int64(240)), "float16"), out: T.Buffer((T.int64(1), T.int64(64)), "float16")):
+    T.func_attr({"tirx.noalias": True})
+    acc = T.sblock_alloc_buffer((T.int64(1), T.int64(10)))
+    act = T.sblock_alloc_buffer((T.int64(1), T.int64(10)), "float16")
+    for m, n, k in T.grid(T.int64(1), T.int64(10), T.int64(240)):
+        with T.sblock("gemv"):
+            v_m, v_n, v_k = T.axis.remap("SSR", [m, n, k])
+            with T.init():
+                acc[v_m, v_n] = T.float32(0.0)
+            acc[v_m, v_n] = acc[v_m, v_n] + T.Cast("float32", x[v_m, v_k]) * T.Cast("float32", w[v_n, v_k])
+    for m, n in T.grid(T.int64(1), T.int64(10)):
+        with T.sblock("silu"):
+            v_m, v_n = T.axis.remap("SS", [m, n])
+            act[v_m, v_n] = T.Cast("float16", acc[v_m, v_n]) * T.Cast("float16", T.sigmoid(acc[v_m, v_n]))
+    for m, kk in T.grid(T.int64(1), T.int64(64)):
+        with T.sblock("im2col"):
+            v_m, v_kk = T.axis.remap("SS", [m, kk])
+            out[v_m, v_kk] = T.if_then_else(v_kk < T.int64(10), act[v_m, v_kk], T.float16(0.0))
+"""
+
+
+def test_dlights_reduction_rules_are_declined_for_a_guarded_epilogue(cuda_target):
+    """dlight's GEMV rule took EfficientNet-B0 fp16's squeeze-excitation kernels, whose im2col epilogue pads the
+    GEMV's ten results to 64 columns, and computed them wrong on the H200 (0.72 relative error, kernel by kernel
+    against the llvm build); the untuned build gives such a kernel dlight's Fallback, which builds. A GEMV
+    without the padding keeps the GEMV rule."""
+    from tvm.script import tirx as T  # noqa: F401 - the TVMScript below names T
+
+    from tvmfuse._tvm import _guarded_epilogue, default_gpu_rules, default_schedule, dlight, tvm
+
+    func = tvm.script.from_source(SE_IM2COL)
+    plain = tvm.script.from_source(SE_IM2COL.replace("T.if_then_else(v_kk < T.int64(10), act[v_m, v_kk], "
+                                                     "T.float16(0.0))", "act[v_m, v_kk % T.int64(10)]"))
+    assert _guarded_epilogue(func) and not _guarded_epilogue(plain)
+    gemv = default_gpu_rules()[1]
+    with cuda_target.target:
+        assert dlight.gpu.GEMV().apply(func, cuda_target.target, False) is not None   # dlight takes it ...
+        assert gemv.apply(func, cuda_target.target, False) is None                    # ... and we decline it
+    sch = default_schedule(tvm.IRModule({"main": func}), cuda_target.target, is_gpu=True)
+    with cuda_target.target:
+        want = dlight.gpu.Fallback().apply(func, cuda_target.target, False)
+    tvm.ir.assert_structural_equal(sch.mod, want.mod)
+    tvm.compile(sch.mod, target=cuda_target.target)
