@@ -1,7 +1,7 @@
 """The flash-attention template on the GPU: every tile config checked and timed beside PyTorch SDPA.
 
 For the ANCHORS.md attention case (B4 H32 S4096 D128 fp16) it builds each config of
-``tvmfuse.tune.flash.configs``, checks it against an fp32 reference on fresh random inputs with the
+``tvmfuse.kernels.flash.configs``, checks it against an fp32 reference on fresh random inputs with the
 output poisoned (NaN) first, and times it with TVM's time evaluator; SDPA (PyTorch's flash backend) is
 timed in the same run. Smaller variants (Kᵀ given transposed, an additive mask, mask before scale,
 head dim 64) are checked for correctness only. Prints a table last; ``--json`` writes the rows.
@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tvmfuse.plan.attention import AttentionSpec  # noqa: E402
-from tvmfuse.tune.flash import configs as all_configs, flash_primfunc  # noqa: E402
+from tvmfuse.kernels.flash import configs as all_configs, flash_primfunc  # noqa: E402
 
 
 def _reference(spec: AttentionSpec, q, k, v, mask):

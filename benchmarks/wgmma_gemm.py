@@ -1,7 +1,7 @@
 """The Hopper wgmma GEMM template on the GPU: configs checked and timed beside cuBLAS (torch.matmul).
 
 For the ANCHORS.md GEMM case (8192^3 fp16, ``relu(A @ W + bias)``, W stored [K, N]) it builds each given
-config of ``tvmfuse.tune.hopper`` with that epilogue (cp.async or TMA, `` t1``; persistent, `` p1``), checks it
+config of ``tvmfuse.kernels.wgmma`` with that epilogue (cp.async or TMA, `` t1``; persistent, `` p1``), checks it
 against torch on fresh random inputs with the output poisoned (NaN) first, and times it with TVM's time
 evaluator; ``torch.matmul`` alone (cuBLAS) and ``relu(A @ W + b)`` are timed in the same run. Small cases are
 checked first: a K-major one (W stored [N, K]) for the first three configs, and for TMA configs also one whose
@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tvmfuse.tune.hopper import ConvGeometry, GemmSpec, configs, gemm_source, parse, parse_config  # noqa: E402
+from tvmfuse.kernels.wgmma import ConvGeometry, GemmSpec, configs, gemm_source, parse, parse_config  # noqa: E402
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 

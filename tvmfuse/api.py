@@ -42,8 +42,20 @@ class ModelConfig:
     precision: str = "model"  # model | fp32 | fp16 (tvmfuse.frontend.precision)
 
 
-def _prepare(cfg: ModelConfig):
-    target = resolve_target(cfg.target)
+def _resolve(cfg: ModelConfig, rpc=None):
+    """The target, and with ``rpc`` (a ``tvmfuse.rpc.RPCOptions``) the remote device and servers it describes:
+    ``--target auto|llvm|cuda`` then resolve against the servers' device, and records are keyed by its identity
+    (``tvmfuse.rpc.device``). The tracker is asked before the model is read: a wrong address costs no time."""
+    if rpc is None:
+        return resolve_target(cfg.target), None, []
+    from tvmfuse.rpc.device import probe, remote_target
+
+    device, servers = probe(rpc)
+    return remote_target(cfg.target, device), device, servers
+
+
+def _prepare(cfg: ModelConfig, target=None):
+    target = target if target is not None else resolve_target(cfg.target)
     loaded = load_model(cfg.model, input_shapes=cfg.input_shapes, precision=cfg.precision)
     mod = import_model(loaded)
     fused, plan = partition(mod, target=target, planner=cfg.planner)
@@ -56,20 +68,48 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
 
     ``stop``: polled during tuning; once it returns True the run ends after the trials in flight (see
     :func:`tvmfuse.tune.tune_kernels`) and the report has ``interrupted`` set and the kernels ``left``.
+
+    ``tune_cfg.rpc`` (a :class:`tvmfuse.rpc.RPCOptions`): candidates are built here and measured on the RPC servers
+    registered under its key (``rpc.workers`` at a time; default: one per server), and the records are keyed by
+    their device (see :func:`_resolve`). A tracker that cannot be reached or no server under the key within
+    ``rpc.connect_timeout_s`` raises ``RPCError`` (exit 2). A server that dies mid-run costs only its trials in
+    flight: the report's ``rpc`` says which server measured what and which trials were lost, and ``rpc.stopped``
+    why the run stopped early when no server was left.
     """
     t0 = time.perf_counter()
-    target, loaded, fused, plan = _prepare(cfg)
+    rpc = tune_cfg.rpc
+    target, device, servers = _resolve(cfg, rpc)
+    target, loaded, fused, plan = _prepare(cfg, target)
     kernels = extract_kernels(fused, target=target)
     cost_model = make_cost_model(tune_cfg.cost_model)   # before the database: a model that cannot load is exit 2
-    db = open_database(cfg.db, target=target)
+    runner = ledger = None
+    check_note = None
+    if rpc is not None:
+        from dataclasses import replace
+
+        from tvmfuse.rpc.runner import make_runner
+
+        rpc = replace(rpc, workers=rpc.workers or len(servers))
+        tune_cfg = replace(tune_cfg, rpc=rpc)
+        if tune_cfg.check and not target.runs_here():
+            # the check runs the best schedule here against its reference: code for the servers' device does not
+            # run on this machine (another CPU, or no such GPU)
+            tune_cfg = replace(tune_cfg, check=False)
+            check_note = (f"best schedules not checked against their reference: they run on {target.device}, "
+                          "which this machine is not")
+    db = open_database(cfg.db, target=target, spaces_dir=tune_cfg.spaces_dir)   # records keyed by these spaces
     try:
+        if rpc is not None:
+            runner, ledger = make_runner(rpc, workers=rpc.workers)
         # the run's one model first learns what the database already measured (other shapes, other models)
         warm = warm_start(cost_model, db, target) if tune_cfg.cost_model == "xgb" else 0
         results = tune_kernels(kernels, target=target, database=db, config=tune_cfg, progress=progress,
-                               model=loaded.name, stop=stop, cost_model=cost_model)
+                               model=loaded.name, stop=stop, cost_model=cost_model, runner=runner, ledger=ledger)
     finally:
         db.close()
-    return {
+        if runner is not None:
+            getattr(runner, "_inst", runner).shutdown()  # the Python object behind MetaSchedule's wrapper
+    report = {
         "model": str(cfg.model), "target": target.canonical, "device": target.device, "db": str(cfg.db),
         "planner": plan.planner, "precision": cfg.precision, "cost_model": tune_cfg.cost_model,
         "warm_start_records": warm,
@@ -78,20 +118,48 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
         "failed": [r.name for r in results if r.status == "failed"],
         "interrupted": bool(stop is not None and stop()),
-        "left": [r.name for r in results if r.status in ("interrupted", "skipped-interrupt")],
+        "left": [r.name for r in results if r.status in ("interrupted", "skipped-interrupt", "lost")],
         "seconds": round(time.perf_counter() - t0, 2),
+    }
+    if check_note:
+        report["check_note"] = check_note
+    if rpc is not None:
+        report["rpc"] = _rpc_report(rpc, device, servers, ledger)
+    return report
+
+
+def _rpc_report(rpc, device, servers: list[str], ledger) -> dict:
+    """Where a remote run measured: per server the trials measured, failed (the kernel's fault) and lost (the
+    server's), the losses grouped by server and reason, and why the run stopped early if it did."""
+    from collections import Counter
+
+    grouped = Counter((loss.server or "no server", loss.reason) for loss in ledger.losses)
+    return {
+        "tracker": rpc.tracker, "key": rpc.key, "workers": rpc.workers, "registered": servers,
+        "device": device.summary, "described_by": device.described_by,
+        "servers": ledger.servers(), "lost_trials": ledger.lost_total(),
+        "losses": [{"server": s, "reason": r, "trials": n} for (s, r), n in grouped.most_common()],
+        "stopped": ledger.gone or None,
     }
 
 
-def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: bool = True) -> dict:  # noqa: A001
+def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: bool = True,  # noqa: A001
+            rpc=None) -> dict:
     """Apply the best records for the target and export an artifact folder to ``out`` (``cuda_graph``: on a GPU,
-    the model replays as one CUDA graph; see ``tvmfuse.compile.build``)."""
+    the model replays as one CUDA graph; see ``tvmfuse.compile.build``).
+
+    A target for another machine (``aarch64``, or a JSON with another ``mtriple``) is linked with zig
+    (``tvmfuse.compile.cross``); the manifest's ``machine`` names the machine it runs on. ``rpc``: take the target
+    and the records' device from the RPC servers under ``rpc.key``, as ``tune`` with the same options did."""
     from tvmfuse.compile import build, export_artifact
+    from tvmfuse.compile.cross import export_options
 
     t0 = time.perf_counter()
     out = Path(out)
     _check_artifact_folder(out)  # before the build: a bad -o costs no compile time
-    target, loaded, fused, plan = _prepare(cfg)
+    target, _device, _servers = _resolve(cfg, rpc)
+    export_options(target)  # a cross build without its linker is refused before the build, too
+    target, loaded, fused, plan = _prepare(cfg, target)
     use_db = not untuned and Path(cfg.db).exists()
     db = open_database(cfg.db, target=target, create=False) if use_db else None
     try:
@@ -110,6 +178,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         "precision": cfg.precision,
         "kernels": [k.to_json() for k in result.kernels],
         "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
+        "machine": target.machine(),
         "manifest_digest": manifest_digest(out), "seconds": round(time.perf_counter() - t0, 2),
     }
 

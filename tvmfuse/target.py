@@ -1,4 +1,5 @@
-"""Resolve ``--target`` (auto | llvm | cuda | a TVM target JSON) into a canonical target and a device identity.
+"""Resolve ``--target`` (auto | llvm | cuda | a preset such as aarch64 | a TVM target JSON) into a canonical target
+and a device identity.
 
 The canonical JSON and the device identity key the tuning database: a record measured on one target or
 device is never returned for another.
@@ -13,6 +14,7 @@ from functools import lru_cache
 
 from tvmfuse._tvm import Target, tvm
 from tvmfuse.errors import TargetError
+from tvmfuse.machine import describe_machine, is_foreign_triple
 
 # The H200 (Hopper, sm_90) as checked in shared/TVM-0.27-FACTS.md; used for "cuda" when no GPU is visible
 # (CUDA code can be built here with nvcc, only running it needs the GPU). Hopper builds for "sm_90a", the
@@ -24,6 +26,12 @@ H200_CUDA = {
     "max_threads_per_block": 1024,
     "max_shared_memory_per_block": 49152,
     "thread_warp_size": 32,
+}
+
+# Other machines by name, for cross-compiling (`compile --target aarch64`): a generic CPU of that architecture
+# (no mcpu: the host's own CPU name means nothing there; give a JSON with "mcpu" for a specific core)
+PRESETS = {
+    "aarch64": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
 }
 
 
@@ -50,6 +58,47 @@ class TargetInfo:
 
     def tvm_device(self):
         return tvm.cuda(0) if self.is_gpu else tvm.cpu(0)
+
+    @property
+    def triple(self) -> str:
+        """The LLVM triple of the host code (the CPU side of a CUDA build): the target's ``mtriple`` (its
+        ``host``'s for CUDA), else this machine's."""
+        llvm = self.target.host if self.is_gpu else self.target
+        triple = str(llvm.attrs.get("mtriple", "")) if llvm is not None else ""
+        return triple or _system_triple()
+
+    @property
+    def foreign(self) -> bool:
+        """True when the build's host code is for another CPU architecture than this machine's (a cross build:
+        it is linked with a cross toolchain, ``tvmfuse.compile.cross``, and cannot be run or measured here)."""
+        return is_foreign_triple(self.triple)
+
+    def runs_here(self) -> bool:
+        """Whether code built for this target runs on this machine: the same CPU architecture and, when the
+        target names one, this machine's ``mcpu`` (code for another CPU may use instructions this one lacks);
+        for CUDA, a GPU here of the target's arch."""
+        if self.foreign:
+            return False
+        if self.is_gpu:
+            dev = _cuda_device()
+            return dev is not None and cuda_spec(dev)["arch"] == str(self.target.attrs.get("arch", ""))
+        mcpu = json.loads(self.canonical).get("mcpu")
+        return mcpu is None or mcpu == _host_cpu().get("mcpu")
+
+    def machine(self) -> dict:
+        """The machine a build for this target runs on, as the artifact's manifest names it."""
+        return describe_machine(triple=self.triple,
+                                cuda_arch=str(self.target.attrs.get("arch", "")) or None if self.is_gpu else None)
+
+
+@lru_cache(maxsize=1)
+def _system_triple() -> str:
+    from tvm.target import codegen
+
+    try:
+        return str(codegen.llvm_get_system_triple())
+    except Exception:  # noqa: BLE001 - a TVM without LLVM's host detection
+        return f"{platform.machine()}-linux-gnu"
 
 
 @lru_cache(maxsize=1)
@@ -110,10 +159,9 @@ def _check_mcpu(mcpu: str, spec: dict) -> None:
                           hint="LLVM CPU names such as x86-64-v3, skylake-avx512, znver4, neoverse-v2")
 
 
-def _cuda_json() -> dict:
-    dev = _cuda_device()
-    if dev is None:
-        return dict(H200_CUDA)
+def cuda_spec(dev) -> dict:
+    """The target JSON of a CUDA device (this machine's, or a remote one through an RPC session): its arch and
+    limits, Hopper as ``sm_90a``."""
     major, minor = str(dev.compute_version).split(".")
     return {
         **H200_CUDA,
@@ -124,12 +172,40 @@ def _cuda_json() -> dict:
     }
 
 
+def _cuda_json() -> dict:
+    dev = _cuda_device()
+    return dict(H200_CUDA) if dev is None else cuda_spec(dev)
+
+
+def cuda_identity(device_name: str, spec: dict) -> str:
+    """The device identity of a CUDA record: the GPU's name and the arch built for."""
+    return f"{device_name} {spec.get('arch', '?')}"
+
+
+def cpu_identity(model: str, cores) -> str:
+    """The device identity of a CPU record: the CPU's model name and the cores the target uses."""
+    return f"cpu:{model} x{cores}"
+
+
+def host_cpu_description() -> dict:
+    """This machine's CPU, as a tuner on another machine needs it to name records measured here (a tvmfuse RPC
+    server answers it: ``tvmfuse.rpc.device``)."""
+    return {"cpu_model": _cpu_model(), "cores": _cpu_cores(), "mcpu": _host_cpu().get("mcpu"),
+            "triple": _system_triple()}
+
+
 def _device_identity(kind: str, spec: dict) -> str:
     if kind == "cuda":
         dev = _cuda_device()
-        name = str(dev.device_name) if dev is not None else "unknown-gpu"
-        return f"{name} {spec.get('arch', '?')}"
-    return f"cpu:{_cpu_model()} x{spec.get('num-cores', _cpu_cores())}"
+        return cuda_identity(str(dev.device_name) if dev is not None else "unknown-gpu", spec)
+    triple = spec.get("mtriple")
+    if is_foreign_triple(triple):
+        # another machine's CPU: this one's model and cores say nothing of it (tvmfuse.rpc names a remote
+        # device by asking it; a cross build names it by what the target says)
+        cpu = f" {spec['mcpu']}" if spec.get("mcpu") else ""
+        cores = f" x{spec['num-cores']}" if spec.get("num-cores") else ""
+        return f"cpu:{triple}{cpu}{cores}"
+    return cpu_identity(_cpu_model(), spec.get("num-cores", _cpu_cores()))
 
 
 def resolve_target(spec: str | dict | None = "auto") -> TargetInfo:
@@ -138,7 +214,8 @@ def resolve_target(spec: str | dict | None = "auto") -> TargetInfo:
     Parameters
     ----------
     spec : "auto" (cuda when TVM sees a GPU, else llvm with this machine's cores), "llvm", "cuda",
-        a JSON object string or dict accepted by ``tvm.target.Target``.
+        a preset naming another machine (``aarch64``: see ``PRESETS``), a JSON object string or dict accepted
+        by ``tvm.target.Target``.
     """
     if spec is None or spec == "auto":
         spec = "cuda" if cuda_available() else "llvm"
@@ -148,13 +225,16 @@ def resolve_target(spec: str | dict | None = "auto") -> TargetInfo:
             spec = {"kind": "llvm", "num-cores": _cpu_cores(), **_host_cpu()}
         elif text == "cuda":
             spec = _cuda_json()
+        elif text in PRESETS:
+            spec = dict(PRESETS[text])
         elif text.startswith("{"):
             try:
                 spec = json.loads(text)
             except json.JSONDecodeError as err:
                 raise TargetError(f"target is not valid JSON: {err.msg} at column {err.colno}") from None
         else:
-            raise TargetError(f"unknown target '{text}'", hint="use auto, llvm, cuda or a TVM target JSON object")
+            raise TargetError(f"unknown target '{text}'", hint="use auto, llvm, cuda, "
+                              + ", ".join(PRESETS) + " or a TVM target JSON object")
     if not isinstance(spec, dict) or "kind" not in spec:
         raise TargetError("a target JSON object needs a \"kind\" (llvm or cuda)")
     kind = str(spec["kind"])

@@ -24,7 +24,7 @@ from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
 from tvmfuse.tune import extract_kernels, rows  # noqa: E402
-from tvmfuse.tune.sketch import root_blocks as _blocks_of  # noqa: E402
+from tvmfuse.kernels.sketch import root_blocks as _blocks_of  # noqa: E402
 from tvmfuse.tune.spaces import classify, select_space  # noqa: E402
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -333,7 +333,7 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_default_row_progr
     from test_flash import _cuda_source
 
     from tvmfuse.compile.build import build
-    from tvmfuse.tune.spaces import default_template_schedule
+    from tvmfuse.tune.defaults import default_template_schedule
 
     fused, (k,) = _row_kernels("softmax", cuda, M=64, N=2048)
     prog = rows.analyze(k.mod["main"])

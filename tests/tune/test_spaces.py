@@ -493,7 +493,7 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_pointwise_default
     from test_flash import _cuda_source
 
     from tvmfuse.compile.build import build
-    from tvmfuse.tune.spaces import default_template_schedule, pointwise_default_schedule
+    from tvmfuse.tune.defaults import default_template_schedule, template_default_schedule
 
     model, _, _ = CASES["swiglu"](M=64, N=1024)
     path = tmp_path / "s.onnx"
@@ -510,9 +510,9 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_pointwise_default
     assert [int(i.attrs[0][int(sch.trace.get_decision(i))]) for i in cats] == [8, 128, 1, 16]
     assert "enter_postproc" in str(sch.trace) and "meta_schedule.unroll_explicit" not in sch.mod.script()
     (transpose,) = [k for k in _kernels("conv_bn_relu", cuda, {"layout": "NCHW"}) if k.name == "transpose"]
-    assert pointwise_default_schedule(transpose.mod, cuda.target) is None
+    assert template_default_schedule(transpose.mod, cuda.target, "pointwise") is None
     bare = tmp_path / "cuda.yaml"
     text = load_spaces("cuda").path.read_text()
     bare.write_text(re.sub(r"\n +untuned: \{[^}]*\}", "", text))
     assert "untuned" not in load_space_file(bare).for_class("pointwise").extra
-    assert pointwise_default_schedule(kernel.mod, cuda.target, load_space_file(bare)) is None
+    assert template_default_schedule(kernel.mod, cuda.target, "pointwise", load_space_file(bare)) is None

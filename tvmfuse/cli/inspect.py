@@ -89,16 +89,13 @@ def _print(r: dict) -> None:
                   "between timed runs, so no share of the DRAM ceiling is shown", highlight=False)
     if any(k["pattern_source"] == "name" for k in r["kernels"]):
         out.print("* pattern read from the kernel's name; give --model MODEL.onnx for the planner's own")
+    from tvmfuse.kernels import registry
+
     for k in r["kernels"]:
-        if k.get("flash_config"):
-            out.print(f"{k['name']} (id {k['workload_id']}) runs the flash template with tiles {k['flash_config']} "
-                      f"(warps, 16-row query tiles per warp, keys per step, K/V stages)")
-        if k.get("wgmma_config"):
-            out.print(f"{k['name']} (id {k['workload_id']}) runs the wgmma GEMM template with tiles {k['wgmma_config']} "
-                      f"(warpgroups, 64-row tiles each, N, K step, stages, raster, swizzle, batches in flight)")
-        if k.get("row_program_config"):
-            out.print(f"{k['name']} (id {k['workload_id']}) runs the row program {k['row_program_config']} "
-                      f"(threads per row, rows per block)")
+        for t in registry():
+            if t.config_field and k.get(t.config_field):
+                out.print(f"{k['name']} (id {k['workload_id']}) runs "
+                          + t.config_words.format(config=k[t.config_field], name=t.name))
     errs = [(k["name"], kind, n) for k in r["kernels"] for kind, n in k["errors"].items()]
     if errs:
         out.print(table("failed trials", ["kernel", "error", "trials"], [[a[:44], b, n] for a, b, n in errs]))

@@ -49,13 +49,17 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
     """Memory-bound fusion search on Apache TVM: ONNX -> fused, tuned kernels -> a deployable artifact."""
 
 
-TargetOpt = typer.Option("auto", "--target", help="auto | llvm | cuda | a TVM target JSON object.")
+TargetOpt = typer.Option("auto", "--target",
+                         help="auto | llvm | cuda | aarch64 (cross build) | a TVM target JSON object.")
 DbOpt = typer.Option(Path("tuning_logs/tvmfuse.db"), "--db", help="Tuning database.")
 InputShapeOpt = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 for inputs with dynamic dims (repeatable).")
 PrecisionOpt = typer.Option("model", "--precision", help="model (the types it is stored in) | fp32 | fp16 (fp32 "
                              "accumulation and statistics; inputs and outputs keep their types).")
 CudaGraphOpt = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                             help="On a GPU, replay the model's kernels as one CUDA graph (static shapes).")
+RpcTrackerOpt = typer.Option(None, "--rpc-tracker", help="Measure on the RPC servers of this tracker (HOST:PORT, "
+                             "`tvmfuse rpc tracker`); with --rpc-key. Records are keyed by the servers' device.")
+RpcKeyOpt = typer.Option(None, "--rpc-key", help="The key the servers registered under (`tvmfuse rpc server --key`).")
 
 
 def _planner_default() -> str:
@@ -172,6 +176,8 @@ class _RichProgress:
         self._progress = None
         self._last_line = 0.0
         self.kernels: list = []
+        self.servers: dict = {}  # kernel index -> {RPC server: trials it measured} (remote runs)
+        self.lost: dict = {}  # kernel index -> trials lost with their server
 
     def __enter__(self):
         if self.enabled and self.live:
@@ -215,14 +221,39 @@ class _RichProgress:
             self._progress.update(self._t, detail=f"{self.kernels[index].name[:40]}  default {fmt_ms(default_s)}  "
                                                   f"{self._defaults_note()}")
 
+    def on_remote(self, index, servers, lost):
+        """Remote runs: which servers measured the kernel so far; each lost trial gets a line at once."""
+        self.servers[index] = dict(servers)
+        self.lost[index] = self.lost.get(index, 0) + len(lost)
+        if not self.enabled or not lost:
+            return
+        name = self.kernels[index].name
+        for server, reason in sorted(set(lost)):
+            n = sum(1 for x in lost if x == (server, reason))
+            if server == "no server":
+                self._line(f"  {name}: lost {_trials(n)}: {reason}")
+            else:
+                self._line(f"  {name}: lost {_trials(n)} on {server} ({reason}); the run goes on on the other "
+                           "servers under the key")
+        if self._progress:
+            self._progress.update(self._t, detail=f"{name[:40]}  {self._servers_note(index)}")
+
+    def _servers_note(self, index) -> str:
+        servers = self.servers.get(index) or {}
+        shown = ", ".join(f"{s} x{n}" for s, n in sorted(servers.items(), key=lambda x: -x[1])[:3])
+        more = f" +{len(servers) - 3} more" if len(servers) > 3 else ""
+        lost = f"; {self.lost[index]} lost" if self.lost.get(index) else ""
+        return f"on {shown}{more}{lost}" if shown else lost.lstrip("; ")
+
     def on_batch(self, index, trials_done, best_s):
         self.count.batch(index, trials_done)
         if not self.enabled:
             return
         if self._progress:
+            remote = f"  {self._servers_note(index)}" if index in self.servers else ""
             self._progress.update(self._t, completed=self.count.done, total=max(1, self.count.total),
                                   detail=f"{self.kernels[index].name[:40]}  best {fmt_ms(best_s)}  "
-                                         f"{self._defaults_note()}")
+                                         f"{self._defaults_note()}{remote}")
         elif self.count.clock() - self._last_line >= self.HEARTBEAT_S:
             c = self.count
             self._line(f"  {self.kernels[index].name}: tuning, {trials_done} of its "
@@ -239,8 +270,9 @@ class _RichProgress:
             self._progress.update(self._k, advance=1, detail=f"{result.name[:40]}: {result.status}")
             return
         default = " + default" if index in c.default_of else ""
+        remote = f" ({self._servers_note(index)})" if index in self.servers else ""
         self._line(f"[{c.kernels_done}/{c.n_kernels}] {result.name}: {result.status}, {_trials(c.trials[index])}"
-                   f"{default}, best {fmt_ms(result.best_s)}; {c.done}/{c.total} trials, "
+                   f"{default}{remote}, best {fmt_ms(result.best_s)}; {c.done}/{c.total} trials, "
                    f"{fmt_duration(c.elapsed())} elapsed, ETA {_eta_text(c)}")
 
 
@@ -308,12 +340,19 @@ def tune_command(
                                    "run) or random; a model that cannot load stops the run (exit 2)."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Exit 0 even when a kernel failed (no schedule of "
                                     "it built and ran); the failures are still reported."),
+    rpc_tracker: Optional[str] = RpcTrackerOpt, rpc_key: Optional[str] = RpcKeyOpt,
+    rpc_workers: Optional[int] = typer.Option(None, "--rpc-workers", help="Trials measured at once on the RPC "
+                                              "servers (default: one per server under the key)."),
+    rpc_timeout: Optional[float] = typer.Option(None, "--rpc-timeout", min=1, help="Seconds one trial's RPC session "
+                                                "may take (upload, link, timing; default 30): past it the server "
+                                                "ends it and the trial fails."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Tune every fused kernel of MODEL with MetaSchedule into the database (resumable).
 
     Ctrl-C (or SIGTERM) stops after the trials in flight and prints the command that resumes; a second one
-    aborts at once.
+    aborts at once. With --rpc-tracker and --rpc-key, candidates are built here and measured on the servers
+    registered under the key; a server that dies costs only its trials in flight (reported as lost).
     """
     with handle_errors(verbose):
         from tvmfuse.cli.interrupt import abort, exit_code, stop_on_signal
@@ -331,11 +370,13 @@ def tune_command(
         # before TVM is imported and any worker started: they inherit the blocked signals (see the module)
         with stop_on_signal(on_first, on_abort) as stop:
             from tvmfuse import api
+            from tvmfuse.rpc import rpc_options
             from tvmfuse.tune import TuneConfig
 
             cfg = _model_config(model, target, db, planner, input_shape, precision)
+            rpc = rpc_options(rpc_tracker, rpc_key, workers=rpc_workers, session_timeout_s=rpc_timeout)
             tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune,
-                              time_budget_s=time_budget, cost_model=cost_model)
+                              time_budget_s=time_budget, cost_model=cost_model, rpc=rpc)
             with _RichProgress(enabled=not json_out, time_budget_s=time_budget) as progress:
                 report = api.tune(cfg, tcfg, progress=progress, stop=stop)
         interrupted = stop()
@@ -346,6 +387,10 @@ def tune_command(
         if out_of_time and not interrupted:
             report["left_untuned"] = out_of_time
             report["resume"] = resume
+        remote = report.get("rpc")
+        gone = bool(remote and remote["stopped"]) and not interrupted
+        if gone or (remote and remote["lost_trials"]):
+            report["resume"] = resume  # lost trials are not stored: the same command measures them again
         if json_out:
             emit_json(report)
         else:
@@ -363,6 +408,13 @@ def tune_command(
             for k in kernels:
                 if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
                     err.print(f"{k['name']}: {k['status']}: {k['message']}")
+            if remote:
+                _print_remote(remote, report.get("check_note"))
+        if gone:
+            left = report.get("left") or []
+            err.print(f"error: {remote['stopped']}: the run stopped with {len(left)} of {len(report['kernels'])} "
+                      f"kernels left; resume with: {resume}", highlight=False, markup=False)
+            raise typer.Exit(2)
         if interrupted:
             _print_interrupted(report, resume)
             raise typer.Exit(exit_code(stop.signum))
@@ -374,9 +426,24 @@ def tune_command(
 
 # the tune table's rows: what needs a look first (failed), then what this run tuned, then what it left alone;
 # within each group the kernels that take the most of the model's time first
-_STATUS_GROUP = {"failed": 0, "tuned": 1, "resumed": 1, "interrupted": 1}
-TABLE_ORDER = ("order: failed, then tuned (resumed, interrupted), then skipped or exhausted; within each, the most "
-               "model time first (calls x best time)")
+_STATUS_GROUP = {"failed": 0, "tuned": 1, "resumed": 1, "interrupted": 1, "lost": 1}
+TABLE_ORDER = ("order: failed, then tuned (resumed, interrupted, lost), then skipped or exhausted; within each, the "
+               "most model time first (calls x best time)")
+
+
+def _print_remote(remote: dict, check_note: str | None) -> None:
+    """Where a remote run measured, and what it lost (lost trials are no verdict on a kernel and are not stored)."""
+    measured = [f"{name} ({_trials(n['measured'] + n['failed'])})" for name, n in remote["servers"].items()
+                if n["measured"] + n["failed"]]
+    out.print(f"measured on {remote['device']} through {remote['tracker']} (key '{remote['key']}', "
+              f"{remote['workers']} at a time): " + (", ".join(measured) or "nothing measured"), highlight=False)
+    if remote["lost_trials"]:
+        where = "; ".join(f"{x['trials']} on {x['server']}: {x['reason']}" for x in remote["losses"][:4])
+        more = f"; and {len(remote['losses']) - 4} more" if len(remote["losses"]) > 4 else ""
+        err.print(f"lost {_trials(remote['lost_trials'])} ({where}{more}): a lost trial is not stored, and the same "
+                  "command measures it again", highlight=False, markup=False)
+    if check_note:
+        out.print(f"note: {check_note}", highlight=False)
 
 
 def _table_order(kernels: list[dict]) -> list[dict]:
@@ -417,14 +484,21 @@ def compile_command(
     input_shape: Optional[List[str]] = InputShapeOpt,
     untuned: bool = typer.Option(False, "--untuned", help="Ignore the database (a baseline build)."),
     cuda_graph: bool = CudaGraphOpt, precision: str = PrecisionOpt,
+    rpc_tracker: Optional[str] = RpcTrackerOpt, rpc_key: Optional[str] = RpcKeyOpt,
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
-    """Apply the best records and export an artifact folder (library, params, manifest)."""
+    """Apply the best records and export an artifact folder (library, params, manifest).
+
+    --target aarch64 (or a JSON with another "mtriple") builds for another machine, linked with zig
+    (pip install 'tvmfuse[cross]'); with --rpc-tracker and --rpc-key the target and records are the RPC servers'
+    device, as `tune` with the same options measured them."""
     with handle_errors(verbose):
         from tvmfuse import api
+        from tvmfuse.rpc import rpc_options
 
+        rpc = rpc_options(rpc_tracker, rpc_key)
         report = api.compile(_model_config(model, target, db, planner, input_shape, precision), out=output, untuned=untuned,
-                             cuda_graph=cuda_graph)
+                             cuda_graph=cuda_graph, rpc=rpc)
         if json_out:
             emit_json(report)
             return
@@ -434,6 +508,9 @@ def compile_command(
         if report["db"] is None and not untuned:
             err.print(f"note: no tuning database at {db}: every kernel keeps TVM's default schedule (run `tvmfuse tune` first)")
         n_untuned = len(report["untuned"])
+        machine = report.get("machine") or {}
+        if machine.get("arch") and machine["arch"] != _host_arch():
+            out.print(f"built for {machine['triple']} (another machine: `tvmfuse run` it there)", highlight=False)
         out.print(f"manifest digest: {report['manifest_digest']} (pin it: tvmfuse run --expect-digest)")
         out.print(f"{len(rows) - n_untuned}/{len(rows)} kernels run a tuned schedule"
                   + (f"; untuned: {', '.join(report['untuned'][:5])}{' ...' if n_untuned > 5 else ''}" if n_untuned else ""))
@@ -488,6 +565,12 @@ def run_command(
             emit_json(report)
             return
         _print_run(report)
+
+
+def _host_arch() -> str:
+    from tvmfuse.machine import host_arch
+
+    return host_arch()
 
 
 def _print_warnings(report: dict) -> None:
@@ -573,11 +656,12 @@ def version_command(json_out: bool = JsonOpt):
 
 
 def _register_subcommands() -> None:
-    """Commands owned by other stages (plan, db, inspect, bench) register here when present."""
+    """Commands owned by other stages (plan, db, inspect, bench, rpc) register here when present."""
     import importlib
 
     for module, name, kind in (("tvmfuse.cli.plan", "plan", "command"), ("tvmfuse.cli.db", "db", "typer"),
-                               ("tvmfuse.cli.inspect", "inspect", "command"), ("tvmfuse.cli.bench", "bench", "command")):
+                               ("tvmfuse.cli.inspect", "inspect", "command"), ("tvmfuse.cli.bench", "bench", "command"),
+                               ("tvmfuse.cli.rpc", "rpc", "typer")):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -3,8 +3,9 @@
     ARTIFACT/
       model.so        the Relax VM executable (kernels + graph), loaded with tvm.runtime.load_module
       params.npz      the weights lifted out of the graph, passed after the inputs (param_0, param_1, ...)
-      manifest.json   target, device, TVM/tvmfuse versions, inputs/outputs, kernel schedules, sha256s,
-                      and an HMAC-SHA256 signature of all that (``signature``, ``signed_by``)
+      manifest.json   target, device, the machine it is for (CPU triple, CUDA arch), TVM/tvmfuse versions,
+                      inputs/outputs, kernel schedules, sha256s, and an HMAC-SHA256 signature of all that
+                      (``signature``, ``signed_by``)
 
 Loading a library runs its code, so the loader (tvmfuse.runtime) checks the signature and the sha256s first.
 The manifest is signed with a key kept outside the artifact (``tvmfuse.runtime.signing``): without it, whoever
@@ -24,6 +25,7 @@ import numpy as np
 from tvmfuse import __version__
 from tvmfuse._tvm import tvm_version
 from tvmfuse.compile.build import BuildResult
+from tvmfuse.compile.cross import export_options
 from tvmfuse.errors import ArtifactError
 from tvmfuse.target import TargetInfo
 
@@ -49,10 +51,11 @@ def export_artifact(result: BuildResult, out_dir: str | Path, *, target: TargetI
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_NAME).exists())):
         raise ArtifactError(f"refusing to overwrite {out}: it exists and is not a tvmfuse artifact")
     key = signing_key(create=True)  # before anything is written: a key that cannot be made leaves no folder behind
+    link = export_options(target)  # likewise: a cross build without its linker is refused before any write
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        result.executable.export_library(str(tmp / LIB_NAME))
+        result.executable.export_library(str(tmp / LIB_NAME), **link)
         np.savez(tmp / PARAMS_NAME, **{f"param_{i}": p.numpy() for i, p in enumerate(result.lifted_params)})
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -62,6 +65,8 @@ def export_artifact(result: BuildResult, out_dir: str | Path, *, target: TargetI
             "target": json.loads(target.canonical),
             "target_kind": target.kind,
             "device": target.device,
+            # the machine it runs on (CPU architecture and triple, CUDA arch): `run` refuses it anywhere else
+            "machine": target.machine(),
             "model": None if model_path is None else {"name": Path(model_path).name, "sha256": sha256_file(model_path)},
             "planner": planner,
             "inputs": [s.to_json() for s in inputs],

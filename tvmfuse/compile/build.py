@@ -12,8 +12,8 @@ import numpy as np
 
 from tvmfuse._tvm import PrimFunc, build_context, const_value, default_schedule, is_scheduled, relax, tvm
 from tvmfuse.target import TargetInfo
-from tvmfuse.tune.expand import expand
-from tvmfuse.tune.templates import untuned_kernel
+from tvmfuse.kernels import expand
+from tvmfuse.tune.defaults import untuned_kernel
 
 
 @dataclass(frozen=True)

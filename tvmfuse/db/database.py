@@ -1,7 +1,10 @@
 """The MetaSchedule database on a :class:`~tvmfuse.db.store.Store`, bound to one target and device.
 
 Every query sees only records measured for the bound target (canonical JSON) on the bound device
-identity; MetaSchedule's own databases ignore the target (apache/tvm#15549).
+identity; MetaSchedule's own databases ignore the target (apache/tvm#15549). A handle given a ``space_key``
+(``open_database``'s default) also sees only the records of each workload made under the current key: the digests
+of the search space file and of the code of the template that tunes it, so a changed template or space never serves
+a record made with the old one.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import tvmfuse
 from tvmfuse._tvm import derived_object, ms, record_from_json, record_to_json, tvm, tvm_version
@@ -95,6 +98,7 @@ class RecordRow:
     tvm_version: str | None
     space_version: str | None
     created: float
+    space_key: str | None = None
 
 
 def record_key(shash: str, target: str, device: str, trace_json, run_secs) -> str:
@@ -120,12 +124,15 @@ class TuningDatabase(ms.database.PyDatabase):
     ``with db:`` scope for ``MetaScheduleApplyDatabase``. Use :func:`tvmfuse.db.open_database`.
     """
 
-    def __init__(self, store: Store, target: TargetInfo, space_version: str | None = None):
+    def __init__(self, store: Store, target: TargetInfo, space_version: str | None = None,
+                 space_key: Callable | None = None):
         super().__init__()
         self.store = store
         self.target_info = target
         self.space_version = space_version
         self._key = (target.canonical, target.device)
+        self._space_key = space_key   # workload IRModule -> its records' key; None: every record of the target
+        self._space_keys: dict[int, str] = {}
         self._workloads: dict[int, ms.database.Workload] = {}
         self._linked: set[int] = set()
         store.on_rollback.append(self._forget)
@@ -133,6 +140,28 @@ class TuningDatabase(ms.database.PyDatabase):
     def _forget(self) -> None:
         self._workloads.clear()
         self._linked.clear()
+        self._space_keys.clear()
+
+    def space_key_of(self, workload_id: int, mod=None) -> str | None:
+        """The key the records of a workload are made and read under (None: this handle is not keyed)."""
+        if self._space_key is None:
+            return None
+        key = self._space_keys.get(workload_id)
+        if key is None:
+            key = self._space_key(mod if mod is not None else self.store.workload_mod(workload_id))
+            self._space_keys[workload_id] = key
+        return key
+
+    def _keyed(self, workload_id: int, mod=None) -> tuple[str, tuple]:
+        """The SQL condition (and its parameters) on ``records`` that keeps a workload's records of the current key."""
+        if self._space_key is None:
+            return "", ()
+        if not self.store.keyed:   # a read-only file older than the keys: none of its records is keyed
+            return " AND 0", ()
+        return " AND space_key=?", (self.space_key_of(workload_id, mod),)
+
+    def _current(self, workload_id: int, space_key: str | None) -> bool:
+        return self._space_key is None or (self.store.keyed and space_key == self.space_key_of(workload_id))
 
     # -- tvmfuse interface -----------------------------------------------------------------------
     @property
@@ -156,8 +185,9 @@ class TuningDatabase(ms.database.PyDatabase):
         wid = self.workload_id(mod)
         if wid is None:
             return 0
-        (n,), = self.store.query(
-            "SELECT COUNT(*) FROM records WHERE workload_id=? AND target=? AND device=?", (wid, *self._key))
+        cond, key = self._keyed(wid, mod)
+        (n,), = self.store.query("SELECT COUNT(*) FROM records WHERE workload_id=? AND target=? AND device=?" + cond,
+                                 (wid, *self._key, *key))
         pruned = self.store.query(
             "SELECT trials FROM pruned_trials WHERE workload_id=? AND target=? AND device=?", (wid, *self._key))
         return int(n) + sum(int(r[0]) for r in pruned)
@@ -167,9 +197,10 @@ class TuningDatabase(ms.database.PyDatabase):
         wid = self.workload_id(mod)
         if wid is None:
             return None
+        cond, key = self._keyed(wid, mod)
         (best,), = self.store.query(
-            "SELECT MIN(mean_secs) FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0",
-            (wid, *self._key))
+            "SELECT MIN(mean_secs) FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0" + cond,
+            (wid, *self._key, *key))
         return None if best is None else float(best)
 
     def reject_record(self, record_id: int) -> None:
@@ -218,18 +249,10 @@ class TuningDatabase(ms.database.PyDatabase):
 
     # -- read API for inspect --------------------------------------------------------------------
     def list_workloads(self) -> list[WorkloadStats]:
-        """Every workload committed or measured for the bound target, oldest first."""
+        """Every workload committed or measured for the bound target, oldest first (a keyed handle counts each
+        workload's records of its current key, and the trials pruned from it)."""
         rows = self.store.query(
             """SELECT w.id, w.shash, wt.task_name, wt.model,
-                      (SELECT COUNT(*) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2),
-                      (SELECT COUNT(*) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2
-                                                        AND r.failed=1),
-                      (SELECT MIN(mean_secs) FROM records r WHERE r.workload_id=w.id AND r.target=?1
-                                                        AND r.device=?2 AND r.failed=0),
-                      (SELECT mean_secs FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2
-                                                        AND r.failed=0 ORDER BY r.id LIMIT 1),
-                      (SELECT MIN(created) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2),
-                      (SELECT MAX(created) FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2),
                       COALESCE((SELECT trials FROM pruned_trials p WHERE p.workload_id=w.id AND p.target=?1
                                                         AND p.device=?2), 0),
                       COALESCE((SELECT failed FROM pruned_trials p WHERE p.workload_id=w.id AND p.target=?1
@@ -239,24 +262,37 @@ class TuningDatabase(ms.database.PyDatabase):
                WHERE wt.workload_id IS NOT NULL
                   OR EXISTS (SELECT 1 FROM records r WHERE r.workload_id=w.id AND r.target=?1 AND r.device=?2)
                ORDER BY w.id""", self._key)
-        return [WorkloadStats(workload_id=r[0], shash=r[1], task_name=r[2], model=r[3], trials=r[4] + r[10],
-                              failed=r[5] + r[11], best_secs=r[6], first_secs=r[7], first_time=r[8],
-                              last_time=r[9]) for r in rows]
+        out = []
+        for wid, shash, task, model, pruned, pruned_failed in rows:
+            cond, key = self._keyed(wid)
+            where, params = "workload_id=? AND target=? AND device=?" + cond, (wid, *self._key, *key)
+            (n, failed, best, first_time, last_time), = self.store.query(
+                "SELECT COUNT(*), COALESCE(SUM(failed), 0), MIN(CASE WHEN failed=0 THEN mean_secs END), MIN(created), "
+                f"MAX(created) FROM records WHERE {where}", params)
+            first = self.store.query(f"SELECT mean_secs FROM records WHERE {where} AND failed=0 ORDER BY id LIMIT 1",
+                                     params)
+            out.append(WorkloadStats(workload_id=wid, shash=shash, task_name=task, model=model, trials=n + pruned,
+                                     failed=failed + pruned_failed, best_secs=best,
+                                     first_secs=first[0][0] if first else None, first_time=first_time,
+                                     last_time=last_time))
+        return out
 
     def records(self, workload_id: int, *, include_failed: bool = True) -> list[RecordRow]:
         """The trials of one workload under the bound target, in commit order."""
+        cond, key = self._keyed(workload_id)
         rows = self.store.query(
             "SELECT id, workload_id, failed, mean_secs, run_secs, record_json, tvmfuse_version, tvm_version, "
-            "space_version, created FROM records WHERE workload_id=? AND target=? AND device=?"
-            + ("" if include_failed else " AND failed=0") + " ORDER BY id", (workload_id, *self._key))
+            f"space_version, created, {'space_key' if self.store.keyed else 'NULL'} FROM records "
+            "WHERE workload_id=? AND target=? AND device=?" + cond
+            + ("" if include_failed else " AND failed=0") + " ORDER BY id", (workload_id, *self._key, *key))
         out = []
-        for rid, wid, failed, mean, run_secs, rec_json, fv, tv, sv, created in rows:
+        for rid, wid, failed, mean, run_secs, rec_json, fv, tv, sv, created, skey in rows:
             rec = json.loads(rec_json)
             out.append(RecordRow(id=rid, workload_id=wid, failed=bool(failed), mean_secs=mean,
                                  run_secs=None if run_secs is None else json.loads(run_secs), trace=rec[0],
                                  record_target=rec[2] if len(rec) > 2 else None,
                                  args_info=rec[3] if len(rec) > 3 else None, tvmfuse_version=fv,
-                                 tvm_version=tv, space_version=sv, created=created))
+                                 tvm_version=tv, space_version=sv, created=created, space_key=skey))
         return out
 
     def best_record(self, workload_id: int) -> RecordRow | None:
@@ -330,11 +366,11 @@ class TuningDatabase(ms.database.PyDatabase):
             (shash,), = c.execute("SELECT shash FROM workloads WHERE id=?", (wid,)).fetchall()
             c.execute(
                 "INSERT INTO records(workload_id, target, device, failed, mean_secs, run_secs, record_json, "
-                "record_key, tvmfuse_version, tvm_version, space_version, created) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "record_key, tvmfuse_version, tvm_version, space_version, created, space_key) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (wid, *self._key, int(failed), mean, None if secs is None else json.dumps(secs),
                  json.dumps(rec_json, separators=(",", ":")), record_key(shash, *self._key, rec_json[0], rec_json[1]),
-                 tvmfuse.__version__, tvm_version(), self.space_version, time.time()))
+                 tvmfuse.__version__, tvm_version(), self.space_version, time.time(), self.space_key_of(wid, mod)))
 
     def _to_record(self, rec_json: str, workload) -> ms.database.TuningRecord:
         return record_from_json(json.loads(rec_json), workload)
@@ -345,15 +381,16 @@ class TuningDatabase(ms.database.PyDatabase):
         wid = self.store.find_workload(workload.mod)
         if wid is None:
             return []
+        cond, key = self._keyed(wid, workload.mod)
         rows = self.store.query(
-            "SELECT record_json FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0 "
-            "ORDER BY mean_secs, id LIMIT ?", (wid, *self._key, int(top_k)))
+            "SELECT record_json FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0" + cond
+            + " ORDER BY mean_secs, id LIMIT ?", (wid, *self._key, *key, int(top_k)))
         return [self._to_record(r[0], workload) for r in rows]
 
     def get_all_tuning_records(self) -> list:
-        rows = self.store.query("SELECT workload_id, record_json FROM records WHERE target=? AND device=? "
-                                "ORDER BY id", self._key)
-        return [self._to_record(j, self._workload(wid)) for wid, j in rows]
+        rows = self.store.query(f"SELECT workload_id, record_json, {'space_key' if self.store.keyed else 'NULL'} "
+                                "FROM records WHERE target=? AND device=? ORDER BY id", self._key)
+        return [self._to_record(j, self._workload(wid)) for wid, j, key in rows if self._current(wid, key)]
 
     def query_tuning_record(self, mod, target, workload_name=None):
         if target is not None and str(target.kind.name) != self.target_info.kind:
@@ -363,11 +400,17 @@ class TuningDatabase(ms.database.PyDatabase):
         wid = self.store.find_workload(mod)
         if wid is None:
             return None
+        cond, key = self._keyed(wid, mod)
         rows = self.store.query(
-            "SELECT record_json FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0 "
-            "ORDER BY mean_secs, id LIMIT 1", (wid, *self._key))
+            "SELECT record_json FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0" + cond
+            + " ORDER BY mean_secs, id LIMIT 1", (wid, *self._key, *key))
         return self._to_record(rows[0][0], self._workload(wid, mod)) if rows else None
 
     def __len__(self) -> int:
-        (n,), = self.store.query("SELECT COUNT(*) FROM records WHERE target=? AND device=?", self._key)
-        return int(n)
+        if self._space_key is None:
+            (n,), = self.store.query("SELECT COUNT(*) FROM records WHERE target=? AND device=?", self._key)
+            return int(n)
+        col = "space_key" if self.store.keyed else "NULL"
+        rows = self.store.query(f"SELECT workload_id, {col}, COUNT(*) FROM records WHERE target=? AND device=? "
+                                f"GROUP BY workload_id, {col}", self._key)
+        return sum(int(n) for wid, key, n in rows if self._current(wid, key))

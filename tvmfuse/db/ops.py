@@ -21,7 +21,13 @@ WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 
 _RECORD_COLS = ("workload_id", "target", "device", "failed", "mean_secs", "run_secs", "record_json", "record_key",
-                "tvmfuse_version", "tvm_version", "space_version", "created")
+                "tvmfuse_version", "tvm_version", "space_version", "created", "space_key")
+
+
+def _record_cols(have_key: bool) -> str:
+    """The SELECT list of :data:`_RECORD_COLS` on a records table that has the ``space_key`` column or not (a file
+    made before it, opened read-only: its records have no key)."""
+    return ", ".join(c if c != "space_key" or have_key else "NULL" for c in _RECORD_COLS)
 
 
 def info(*, path: str | Path) -> dict:
@@ -65,7 +71,7 @@ def _copy_into(src: Store, dest: Store) -> dict:
                       " VALUES (?, ?, ?, ?, ?, ?)", (wmap[wid], target, device, task, model, created))
             c.execute("UPDATE workload_targets SET task_name=COALESCE(task_name, ?), model=COALESCE(model, ?) "
                       "WHERE workload_id=? AND target=? AND device=?", (task, model, wmap[wid], target, device))
-        for row in src.query(f"SELECT {', '.join(_RECORD_COLS)} FROM records ORDER BY id"):
+        for row in src.query(f"SELECT {_record_cols(src.keyed)} FROM records ORDER BY id"):
             rec = dict(zip(_RECORD_COLS, row))
             rec["workload_id"] = wmap[rec["workload_id"]]
             if c.execute("SELECT 1 FROM records WHERE record_key=? AND target=? AND device=? LIMIT 1",
@@ -235,15 +241,16 @@ def prune(*, path: str | Path, top_k: int, target: str | None = None, device: st
     try:
         with store.transaction() as c:
             before = c.execute("SELECT COUNT(*) FROM records").fetchone()[0]
-            groups = c.execute(f"SELECT DISTINCT workload_id, target, device FROM records WHERE {where}",
+            # the best of each space key: a build reads only the current key's records, whatever the older ones ran
+            groups = c.execute(f"SELECT DISTINCT workload_id, target, device, space_key FROM records WHERE {where}",
                                params).fetchall()
-            for wid, tgt, dev in groups:
+            for wid, tgt, dev, key in groups:
                 keep = {r[0] for r in c.execute(
-                    "SELECT id FROM records WHERE workload_id=? AND target=? AND device=? AND failed=0 "
-                    "ORDER BY mean_secs, id LIMIT ?", (wid, tgt, dev, top_k))}
+                    "SELECT id FROM records WHERE workload_id=? AND target=? AND device=? AND space_key IS ? "
+                    "AND failed=0 ORDER BY mean_secs, id LIMIT ?", (wid, tgt, dev, key, top_k))}
                 drop = [(rid, failed) for rid, failed in c.execute(
-                    "SELECT id, failed FROM records WHERE workload_id=? AND target=? AND device=?", (wid, tgt, dev))
-                    if rid not in keep]
+                    "SELECT id, failed FROM records WHERE workload_id=? AND target=? AND device=? AND space_key IS ?",
+                    (wid, tgt, dev, key)) if rid not in keep]
                 if not drop:
                     continue
                 c.executemany("DELETE FROM records WHERE id=?", [(rid,) for rid, _ in drop])
@@ -273,8 +280,13 @@ _MISS_LIMIT = 2000  # consecutive unreadable rowids before a table is given up
 
 
 def _salvage_table(conn: sqlite3.Connection, table: str, errors: list[str]) -> list[tuple]:
-    """Rows of ``table`` that can still be read: a scan, then row-by-row past a damaged page."""
-    cols = ", ".join(_COLUMNS[table])
+    """Rows of ``table`` that can still be read: a scan, then row-by-row past a damaged page (a column the file
+    predates reads as NULL)."""
+    try:
+        have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+    except sqlite3.Error:
+        have = set(_COLUMNS[table])
+    cols = ", ".join(c if c in have or not have else "NULL" for c in _COLUMNS[table])
     rows: dict[int, tuple] = {}
     last = 0
     try:

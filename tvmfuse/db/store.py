@@ -64,7 +64,8 @@ SCHEMA = [
         tvmfuse_version TEXT,
         tvm_version TEXT,
         space_version TEXT,
-        created REAL NOT NULL)""",
+        created REAL NOT NULL,
+        space_key TEXT)""",
     "CREATE INDEX IF NOT EXISTS records_lookup ON records(workload_id, target, device, failed, mean_secs)",
     "CREATE INDEX IF NOT EXISTS records_key ON records(record_key)",
     # Trials deleted by `db prune` still count as spent, so a resumed tune does not spend them again.
@@ -195,6 +196,24 @@ class Store:
         if row is None or int(row[0]) != SCHEMA_VERSION:
             raise damaged(self.path, f"schema version {row[0] if row else 'missing'}, "
                                      f"this tvmfuse reads {SCHEMA_VERSION}")
+        self.keyed = self._add_space_key()
+
+    def _add_space_key(self) -> bool:
+        """Whether ``records`` has the ``space_key`` column (the search space's and template's digests of each
+        record, ``tvmfuse.tune.spaces.space_key``), adding it to a file made before it existed. A file this process
+        cannot write keeps its records without keys: none of them matches a keyed query."""
+        def has() -> bool:
+            return "space_key" in {r[1] for r in self.conn.execute("PRAGMA table_info(records)")}
+
+        if has():
+            return True
+        try:
+            with self.transaction() as c:
+                if not has():   # another process may have added it meanwhile
+                    c.execute("ALTER TABLE records ADD COLUMN space_key TEXT")
+        except (sqlite3.Error, DatabaseError):
+            pass   # read-only: the file stays as it is
+        return has()
 
     def close(self) -> None:
         with self._lock:

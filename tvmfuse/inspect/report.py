@@ -121,46 +121,24 @@ def _error_kinds(db, workload_id: int, rows) -> dict:
     return kinds
 
 
-def _flash_config(db, mod, workload_id: int) -> str | None:
-    """The flash tile config (``tvmfuse.tune.flash``) the best valid record of an attention kernel selects."""
-    import tvmfuse.tune.flash as flash
-    best = db.best_record(workload_id) if flash.spec_of(mod["main"]) is not None else None
-    if best is None:
-        return None
-    cfg = flash.annotated_config(db.schedule_of(best, mod)["main"])
-    return None if cfg is None else cfg.name
-
-
-def _selected(db, mod, workload_id: int, kernel_class: str, key: str, config):
-    """The template config the best valid record of a ``kernel_class`` kernel selects: ``config`` of its
-    schedule's PrimFunc, read only where the record's trace carries ``key`` (other traces may tensorize, and
-    replaying them would need the tensor intrinsics registered, a 40 s import)."""
+def _selected(db, mod, workload_id: int, template) -> str | None:
+    """The config of ``template`` (a kernel template written whole from configs) that the best valid record of a
+    kernel of its classes selects: read only where the record's trace carries the template's candidates (other
+    traces may tensorize, and replaying them would need the tensor intrinsics registered, a 40 s import)."""
     from tvmfuse.tune.spaces import classify
 
-    best = db.best_record(workload_id) if classify(mod["main"]) == kernel_class else None
-    if best is None or key not in db.record_json(best):
+    best = db.best_record(workload_id) if classify(mod["main"]) in template.kernel_classes else None
+    if best is None or template.candidates_key not in db.record_json(best):
         return None
-    return config(db.schedule_of(best, mod)["main"])
+    return template.config_of(db.schedule_of(best, mod)["main"])
 
 
-def _wgmma_config(db, mod, workload_id: int) -> str | None:
-    """The wgmma tile config (``tvmfuse.tune.hopper``) the best valid record of a GEMM kernel selects."""
-    import tvmfuse.tune.hopper as hopper
-    def name(func):
-        found = hopper.annotated(func)
-        return None if found is None else found[2].name
+def _template_configs(db, mod, workload_id: int) -> dict:
+    """``<template>_config`` per template written from configs (flash, wgmma, the row program): the config the
+    kernel's best record selects, or None."""
+    from tvmfuse.kernels import registry
 
-    return _selected(db, mod, workload_id, "gemm", hopper.CANDIDATES, name)
-
-
-def _row_program_config(db, mod, workload_id: int) -> str | None:
-    """The row program config (``tvmfuse.tune.rows``) the best valid record of a row kernel selects."""
-    import tvmfuse.tune.rows as rows
-    def name(func):
-        found = rows.annotated(func)
-        return None if found is None else found[1].name
-
-    return _selected(db, mod, workload_id, "row_reduction", rows.ANNOTATION, name)
+    return {t.config_field: _selected(db, mod, workload_id, t) for t in registry() if t.config_field}
 
 
 def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None) -> dict:
@@ -197,9 +175,7 @@ def _kernel_view(db, w, ceil: Ceilings, planned: dict | None, calls: int | None)
         "bytes_unfused": planned["bytes_unfused"] if planned else None,
         "bytes_fused": planned["bytes_fused"] if planned else None,
         "calls": calls if calls is not None else 1, "calls_source": "model" if calls is not None else "assumed",
-        "flash_config": _flash_config(db, mod, w.workload_id),
-        "wgmma_config": _wgmma_config(db, mod, w.workload_id),
-        "row_program_config": _row_program_config(db, mod, w.workload_id),
+        **_template_configs(db, mod, w.workload_id),
     }
     view["total_ms"] = None if best is None else best * 1e3 * view["calls"]
     return view

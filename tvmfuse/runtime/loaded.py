@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tvmfuse.errors import ArtifactError
+from tvmfuse.machine import machine_mismatch, triple_arch
 
 LIB_NAME, PARAMS_NAME, MANIFEST_NAME = "model.so", "params.npz", "manifest.json"
 
@@ -128,14 +129,34 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def _machine_of(manifest: dict) -> dict:
+    """The manifest's ``machine``; for artifacts compiled before it was written, what the target tells (an llvm
+    target's ``mtriple``, a CUDA target's ``arch``)."""
+    if isinstance(manifest.get("machine"), dict):
+        return manifest["machine"]
+    target = manifest.get("target") if isinstance(manifest.get("target"), dict) else {}
+    triple = target.get("mtriple") if manifest.get("target_kind") == "llvm" else None
+    return {"arch": triple_arch(triple) if triple else None, "triple": triple,
+            "cuda_arch": target.get("arch") if manifest.get("target_kind") == "cuda" else None}
+
+
+def check_machine(manifest: dict) -> None:
+    """Refuse an artifact built for another machine (another CPU architecture, or a CUDA arch this GPU cannot
+    run) with one line, before its library is loaded: loading it would fail with a linker error at best."""
+    why = machine_mismatch(_machine_of(manifest))
+    if why:
+        raise ArtifactError(why)
+
+
 def load_artifact(path: str | Path, *, verify_hash: bool = True, trust_unsigned: bool = False) -> LoadedArtifact:
     """Load an artifact folder written by ``tvmfuse compile``.
 
     Before the library is loaded (loading a shared library runs its code): the manifest's signature must verify
-    with this machine's signing key (``tvmfuse.runtime.signing``), and the sha256 of ``model.so`` and
-    ``params.npz`` must match the manifest. ``trust_unsigned`` loads an unsigned artifact, one signed with
-    another key, or one this machine has no key to check, with an :class:`UntrustedArtifactWarning`; a
-    signature that does not match this machine's key (a changed manifest) is refused even then.
+    with this machine's signing key (``tvmfuse.runtime.signing``), the manifest's ``machine`` must be this one
+    (its CPU architecture; a CUDA build's arch against the GPU's compute capability), and the sha256 of
+    ``model.so`` and ``params.npz`` must match the manifest. ``trust_unsigned`` loads an unsigned artifact, one
+    signed with another key, or one this machine has no key to check, with an :class:`UntrustedArtifactWarning`;
+    a signature that does not match this machine's key (a changed manifest) is refused even then.
     """
     from tvmfuse.runtime.signing import UntrustedArtifactWarning, check_manifest
 
@@ -144,6 +165,7 @@ def load_artifact(path: str | Path, *, verify_hash: bool = True, trust_unsigned:
     signature = check_manifest(manifest, trust_unsigned=trust_unsigned)
     if signature["warning"]:
         warnings.warn(signature["warning"], UntrustedArtifactWarning, stacklevel=2)
+    check_machine(manifest)
     for name in (LIB_NAME, PARAMS_NAME):
         f = folder / name
         if not f.is_file():

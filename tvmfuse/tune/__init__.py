@@ -1,4 +1,4 @@
-"""Stage 3: one MetaSchedule task per fused kernel, tuned within a trial budget into the database."""
+"""Stage 4: one MetaSchedule task per fused kernel, tuned within a trial budget into the database."""
 from tvmfuse.tune.tasks import Kernel, extract_kernels
 from tvmfuse.tune.tuner import KernelResult, TuneConfig, TuneProgress, tune_kernels
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tvmfuse._tvm import build_context
-from tvmfuse.tune.expand import expand
+from tvmfuse.kernels import expand
 
 
 def fast_build(mod, target, _params):

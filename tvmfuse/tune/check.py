@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse._tvm import build_context, reference_schedule, tvm
-from tvmfuse.tune.expand import expand
+from tvmfuse.kernels import expand
 from tvmfuse.verify import relative_error, tolerance
 
 

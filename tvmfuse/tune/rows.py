@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tvmfuse.tune.tirtext import dtype_of, expr_text
+from tvmfuse.kernels.tirtext import dtype_of, expr_text
 
 CANDIDATES = "tvmfuse.row_program_configs"   # the configs the sketch chose from, ";"-separated names
 ANNOTATION = "tvmfuse.row_program"            # the sampled index into them
@@ -116,8 +116,8 @@ def _bytes(dtype) -> int:
 
 def analyze(func) -> RowProgram:
     """``func`` as a row program; raises :class:`Misfit` where it is not one."""
-    from tvmfuse.tune.hopper import _param_buffers
-    from tvmfuse.tune.sketch import root_blocks
+    from tvmfuse.kernels.wgmma.analysis import _param_buffers
+    from tvmfuse.kernels.sketch import root_blocks
 
     params = _param_buffers(func)
     blocks = root_blocks(func)
@@ -716,7 +716,7 @@ def _named(prog: RowProgram, name: str):
 def kernel_for(func, cfg: RowConfig | None, emulate: bool = False):
     """The row program of ``func`` under ``cfg`` as a PrimFunc (``emulate``, or ``cfg`` None: the emulation, see
     :func:`row_source`)."""
-    from tvmfuse.tune.hopper import parse
+    from tvmfuse.kernels.wgmma.ptx import parse
 
     return parse(row_source(analyze(func), cfg, emulate))
 
@@ -730,8 +730,8 @@ def annotate(sch, root, func, options: list[RowConfig], index) -> None:
 
 def annotated(func):
     """(the planner's kernel, the config) a row-program sketch annotated on ``func``'s root block, or None."""
-    from tvmfuse.tune.annotations import chosen, root_annotations
-    from tvmfuse.tune.hopper import parse
+    from tvmfuse.kernels.annotations import chosen, root_annotations
+    from tvmfuse.kernels.wgmma.ptx import parse
 
     notes = root_annotations(func, SOURCE, CANDIDATES, ANNOTATION)
     if notes is None:
@@ -741,7 +741,7 @@ def annotated(func):
 
 def expand(mod):
     """``mod`` with every row-program-annotated PrimFunc replaced by its program."""
-    from tvmfuse.tune.annotations import swap_kernels
+    from tvmfuse.kernels.annotations import swap_kernels
 
     def program(gv, func):
         found = annotated(func)

@@ -59,6 +59,8 @@ class TuneConfig:
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
     time_budget_s: float | None = None
     first_pass_trials: int = 2
+    # measure on RPC servers (tvmfuse.rpc.RPCOptions) instead of this machine; tvmfuse.api.tune makes the runner
+    rpc: object = None
 
 
 @dataclass
@@ -70,13 +72,16 @@ class KernelResult:
     trials_run: int = 0
     best_before_s: float | None = None
     best_s: float | None = None
-    # tuned | resumed | exhausted | skipped-spent | skipped-budget | skipped-time | interrupted | skipped-interrupt | failed
+    # tuned | resumed | exhausted | skipped-spent | skipped-budget | skipped-time | interrupted | skipped-interrupt |
+    # failed | lost (every measurement lost with its RPC server)
     status: str = "pending"
     message: str = ""
     space: dict | None = None  # kernel class, space source, space version, fallback notes
     curve: list = field(default_factory=list)  # [trials, best seconds] after each measured batch
     baseline_s: float | None = None  # the default schedule (dlight / plain lowering), measured the same way
     check: dict | None = None  # the best schedule against the reference: rel_error, unwritten, ok, rejected
+    lost: int = 0  # trials lost with their RPC server (not in trials_run: nothing was measured)
+    servers: dict | None = None  # RPC server -> trials it measured for this kernel (remote runs only)
 
     def to_json(self) -> dict:
         return {
@@ -87,7 +92,7 @@ class KernelResult:
             "status": self.status, "message": self.message, "space": self.space,
             "curve": [[n, None if b is None else b * 1e3] for n, b in self.curve],
             "baseline_ms": None if self.baseline_s is None else self.baseline_s * 1e3,
-            "check": self.check,
+            "check": self.check, "lost_trials": self.lost, "servers": self.servers,
             "speedup_vs_default": (self.baseline_s / self.best_s if self.baseline_s and self.best_s else None),
         }
 
@@ -103,6 +108,9 @@ class TuneProgress(Protocol):
     def on_batch(self, index: int, trials_done: int, best_s: float | None) -> None: ...
     def on_kernel_done(self, index: int, result: KernelResult) -> None: ...
     # optional: def on_default(self, index: int, default_s: float | None) -> None  (None: it did not build or run)
+    # optional, remote runs: def on_remote(self, index: int, servers: dict[str, int], lost: list[tuple[str, str]])
+    #   after each batch: the trials each server measured for the kernel so far, and the trials of this batch
+    #   lost with their server, as (server, reason)
 
 
 def _report(progress, hook: str, *args) -> None:
@@ -128,6 +136,10 @@ class _BatchState:
     pass_end: int = 0  # ``trials`` when this pass's budget is spent
     cut: bool = False  # the stop request ended this kernel's search before its budget
     cost_model: object = None  # the run's cost model, shared by every kernel
+    ledger: object = None  # remote runs: tvmfuse.rpc.runner.Ledger, which server measured each trial
+    lost: int = 0  # trials lost with their RPC server: counted in ``trials`` (the search spent them), never stored
+    default_lost: int = 0  # 1 when the default schedule's measurement was lost with its server
+    servers: dict = field(default_factory=dict)  # RPC server -> trials it measured for this kernel
 
 
 @derived_object
@@ -138,17 +150,28 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
         self.state = state
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        from tvmfuse.rpc.runner import is_lost
+
         st = self.state
+        lost = []
         for built, res in zip(builder_results, runner_results):
             st.trials += 1
             secs = [float(s) for s in (res.run_secs or [])]
-            if res.error_msg is None and secs and max(secs) < _FAILED_SECS:
+            where = st.ledger.server_of(built.artifact_path) if st.ledger is not None and built.artifact_path else None
+            if is_lost(res):  # its server died or stopped answering: no verdict on the kernel, nothing stored
+                st.lost += 1
+                lost.append((where or "no server", _lost_reason(res.error_msg)))
+            elif res.error_msg is None and secs and max(secs) < _FAILED_SECS:
                 mean = sum(secs) / len(secs)
                 st.best = mean if st.best is None else min(st.best, mean)
             elif st.database is not None:
                 kind, msg = ("build", built.error_msg) if built.error_msg else ("run", res.error_msg or "no time")
                 st.database.record_error(st.mod, kind, msg)
+            if where is not None and not is_lost(res):
+                st.servers[where] = st.servers.get(where, 0) + 1
             st.history.append((st.trials, st.best))
+        if st.ledger is not None:
+            _report(st.progress, "on_remote", st.index, dict(st.servers), lost)
         if st.progress is not None:
             st.progress.on_batch(st.index, st.trials, st.best)
         # Asked to stop: end this kernel's search here, the batch just measured being committed already (the
@@ -158,6 +181,14 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
         if st.stop is not None and not st.cut and st.trials < st.pass_end and st.stop():
             task_scheduler.terminate_task(task_id)
             st.cut = True
+
+
+def _lost_reason(error_msg) -> str:
+    """The reason of a lost trial's message (``tvmfuse-rpc-lost: HOST:PORT: reason``), its server left out."""
+    from tvmfuse.rpc.runner import LOST_PREFIX
+
+    rest = str(error_msg or "")[len(LOST_PREFIX):].strip()
+    return rest.split(": ", 1)[1] if ": " in rest else rest
 
 
 def allocate_budget(kernels: list[Kernel], spent: list[int], config: TuneConfig) -> list[int]:
@@ -192,8 +223,15 @@ def _quiet_ms_console() -> None:
 
 def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config: TuneConfig,
                  progress: TuneProgress | None = None, model: str | None = None,
-                 stop: Callable[[], bool] | None = None, cost_model=None) -> list[KernelResult]:
+                 stop: Callable[[], bool] | None = None, cost_model=None, runner=None,
+                 ledger=None) -> list[KernelResult]:
     """Tune ``kernels`` into ``database`` (a tvmfuse database bound to ``target``).
+
+    ``runner``: the MetaSchedule runner that measures the candidates (default: a local runner on this machine);
+    ``ledger``: with a remote runner (``tvmfuse.rpc.runner.make_runner``), where each trial ran. Trials the remote
+    runner reports lost with their server are neither stored nor counted as failures (``KernelResult.lost``);
+    once the ledger says no server is left, the run stops as after Ctrl-C (the kernel being tuned
+    ``interrupted``, the rest ``skipped-interrupt``).
 
     ``cost_model``: a MetaSchedule cost model to share (default: :func:`make_cost_model` of ``config.cost_model``,
     made before anything is tuned, so a model that cannot load stops the run at once).
@@ -221,15 +259,21 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     if progress is not None:  # searched trials only: the default schedules measured first are reported apart
         progress.on_start(kernels, list(budgets))
     workers = config.max_workers or max(1, min(4, _cores(target)))
+    if config.rpc is not None and config.max_workers is None:
+        # candidates are built here for every server at once: more builders, up to this machine's cores
+        workers = max(workers, min(_cores(target), int(getattr(config.rpc, "workers", None) or 1)))
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers,
                                       timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
-    runner = _local_runner(config.runner_timeout_s)
+    runner = runner if runner is not None else _local_runner(config.runner_timeout_s)
+    if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
+        user_stop = stop
+        stop = lambda: bool(ledger.gone) or bool(user_stop is not None and user_stop())  # noqa: E731
     # MetaSchedule's per-task logs: kept under config.log_dir when given, else in a temporary folder removed at the end
     log_root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="tvmfuse-tune-"))
     try:
         return _tune_all(kernels, budgets, spent, results, target=target, database=database, config=config,
                          spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress,
-                         stop=stop, cost_model=cost_model)
+                         stop=stop, cost_model=cost_model, ledger=ledger)
     finally:
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
@@ -255,7 +299,7 @@ def _local_runner(timeout_s):
 
 def _tune_all(kernels, budgets, spent, results, *, target, database, config, spaces, builder, runner, log_root,
               cost_model,
-              progress, stop=None) -> list[KernelResult]:
+              progress, stop=None, ledger=None) -> list[KernelResult]:
     order = list(range(len(kernels)))
     passes = [budgets]
     deadline = None
@@ -268,7 +312,8 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
         # (ResNet-50 on the H200: heaviest-first to the end left 12 of 28 kernels on dlight)
         first = [min(b, max(1, config.first_pass_trials)) for b in budgets]
         passes = [first, [b - f for b, f in zip(budgets, first)]]
-    states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod, stop=stop, cost_model=cost_model)
+    states = [_BatchState(index=i, progress=progress, database=database, mod=k.mod, stop=stop, cost_model=cost_model,
+                          ledger=ledger)
               for i, k in enumerate(kernels)]
     finished: set[int] = set()
     stopped = stop or (lambda: False)
@@ -284,7 +329,7 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
         st, result = states[i], results[i]
         _finish_kernel(kernels[i], result, st, target=target, database=database, config=replace(config, check=False),
                        spent=spent[i], progress=None)
-        if result.status != "failed":
+        if result.status not in ("failed", "lost"):
             result.status = "interrupted"
             result.message = (f"interrupted after {st.trials} of its {budgets[i]} trials this run; the next "
                               "`tune` continues it")
@@ -303,7 +348,9 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
                     finish_interrupted(i)
                     continue
                 result.status, result.best_s = "skipped-interrupt", result.best_before_s
-                result.message = "tuning was interrupted before this kernel; the next `tune` tunes it"
+                result.message = ("no RPC server was left before this kernel; the next `tune` tunes it"
+                                  if ledger is not None and ledger.gone else
+                                  "tuning was interrupted before this kernel; the next `tune` tunes it")
             elif budget > 0 and deadline is not None and time.monotonic() >= deadline:
                 if states[i].choice is not None:  # started in an earlier pass
                     finish(i)
@@ -315,7 +362,7 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
                 _run_kernel(kernels[i], budget, result, states[i], target=target, database=database, config=config,
                             spaces=spaces, builder=builder, runner=runner, spent=spent[i],
                             work_dir=log_root / f"{i:03d}_{kernels[i].name[:60]}")
-                if states[i].cut and result.status != "failed":
+                if states[i].cut and result.status not in ("failed", "lost"):
                     finish_interrupted(i)
                 elif result.status == "failed" or not more_later:
                     finish(i)
@@ -344,7 +391,7 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
             result.space = state.choice.to_json()
             if config.baseline and spent == 0:
                 state.extra, result.baseline_s, state.default_error = _measure_baseline(
-                    kernel, target=target, database=database, builder=builder, runner=runner)
+                    kernel, target=target, database=database, builder=builder, runner=runner, state=state)
                 _report(state.progress, "on_default", state.index, result.baseline_s)
         _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
                   runner=runner, work_dir=work_dir, state=state, space=state.choice.generator)
@@ -358,24 +405,39 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
 
 def _finish_kernel(kernel, result, state, *, target, database, config, spent, progress) -> None:
     """Status, curve, check and best time of a kernel whose tuning is over."""
-    result.trials_run = state.trials + state.extra
+    measured = state.trials - state.lost  # trials lost with their RPC server measured nothing
+    result.trials_run = measured + state.extra
+    result.lost = state.lost + state.default_lost
+    if state.ledger is not None:
+        result.servers = dict(state.servers)
+    if result.status != "failed" and result.lost and measured == 0 and state.extra == 0:
+        # every trial went down with its server: nothing is known of the kernel, and nothing was stored, so the
+        # next run tunes it afresh
+        result.status = "lost"
+        result.message = (f"all {result.lost} of its measurements were lost with their RPC server; the next "
+                          "`tune` measures it again")
+        result.best_s = database.best_run_secs(kernel.mod)
+        result.curve = list(state.history)
+        if progress is not None:
+            progress.on_kernel_done(state.index, result)
+        return
     if result.status != "failed":
-        if state.trials == 0 and spent:
+        if measured == 0 and spent:
             result.status = "exhausted"  # the design space had no unmeasured candidate left
-        elif state.trials == 0:
+        elif measured == 0:
             # e.g. the tensor-core space on a shape where every sampled candidate fails verification
             result.status = "failed"
             result.message = "the search space yielded no valid candidate to measure"
         else:
             result.status = "resumed" if spent else "tuned"
     result.curve = list(state.history)
-    if config.check and state.trials + state.extra > 0:
+    if config.check and measured + state.extra > 0:
         try:
             result.check = check_best(kernel, target=target, database=database)
         except Exception as err:  # noqa: BLE001 - a check that cannot run is reported, not fatal
             result.check = {"ok": None, "note": f"check did not run: {str(err).strip().splitlines()[-1][:200]}"}
     result.best_s = database.best_run_secs(kernel.mod)
-    if result.status != "failed" and result.best_s is None and state.trials + state.extra > 0:
+    if result.status != "failed" and result.best_s is None and measured + state.extra > 0:
         # every candidate failed, the default schedule included: a build of this kernel would not run
         result.status = "failed"
         result.message = "no schedule of it ran" + (f" (the default schedule {state.default_error})"
@@ -446,15 +508,18 @@ def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 
     return {**result, "ok": False, "rejected": rejected, "note": f"{rejected} best records rejected; stopped"}
 
 
-def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, runner) -> tuple[int, float | None, str]:
+def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, runner,
+                      state: _BatchState | None = None) -> tuple[int, float | None, str]:
     """Measure the schedule an untuned build would give ``kernel`` and commit it as a record.
 
     With it in the database the best record, which is what a build applies, is never slower than the
     default: a search space that loses to dlight on some kernel (the tensor-core template on an NCHW conv,
     whose im2col reads are gathers) costs nothing. Its trace also seeds the evolutionary search.
     Returns (records committed: 0 or 1, mean seconds or None when it did not build or run, why it did not).
+    A measurement lost with its RPC server commits nothing and is no failure (the next run measures it).
     """
-    from tvmfuse.tune.spaces import default_template_schedule
+    from tvmfuse.rpc.runner import is_lost
+    from tvmfuse.tune.defaults import default_template_schedule
 
     # on CUDA an untuned build runs attention on the flash template's default tiles, not dlight's scalar
     # kernel, and a GEMM on sm_90a on the wgmma template's default tiles
@@ -470,6 +535,19 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
         return 0, None, "did not build: " + built.error_msg.strip().splitlines()[-1][:200]
     (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda" if target.is_gpu else "cpu", args)])
     measured = future.result()
+    if is_lost(measured):
+        if state is not None:
+            state.default_lost = 1
+            where = state.ledger.server_of(built.artifact_path) if state.ledger is not None else None
+            _report(state.progress, "on_remote", state.index, dict(state.servers),
+                    [(where or "no server", _lost_reason(measured.error_msg))])
+        # the progress (on_remote) and the report say so; a log line would say it twice
+        log.info("%s: the default schedule's measurement was lost: %s", kernel.name, _lost_reason(measured.error_msg))
+        return 0, None, ""
+    if state is not None and state.ledger is not None:
+        where = state.ledger.server_of(built.artifact_path)
+        if where is not None:
+            state.servers[where] = state.servers.get(where, 0) + 1
     failed = measured.error_msg is not None or not measured.run_secs
     why = ""
     if failed:
@@ -497,11 +575,25 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [kernel.extracted], str(work_dir), space=space, strategy=strategy, seed=config.seed,
     )
-    callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_ProgressCallback(state)]
-    ms.tune_tasks(
-        tasks=ctxs, task_weights=[float(kernel.weight)], work_dir=str(work_dir),
-        max_trials_global=budget, max_trials_per_task=budget, num_trials_per_iter=per_round,
-        builder=builder, runner=runner, database=database.ms_database, cost_model=state.cost_model,
-        measure_callbacks=callbacks, task_scheduler="round-robin",
-    )
+    if state.ledger is not None:  # a remote runner: trials lost with their server are not stored
+        from tvmfuse.rpc.runner import measure_callbacks
+
+        defaults = measure_callbacks()
+    else:
+        defaults = list(ms.measure_callback.MeasureCallback.create("default"))
+    callbacks = defaults + [_ProgressCallback(state)]
+    try:
+        ms.tune_tasks(
+            tasks=ctxs, task_weights=[float(kernel.weight)], work_dir=str(work_dir),
+            max_trials_global=budget, max_trials_per_task=budget, num_trials_per_iter=per_round,
+            builder=builder, runner=runner, database=database.ms_database, cost_model=state.cost_model,
+            measure_callbacks=callbacks, task_scheduler="round-robin",
+        )
+    except Exception as err:  # noqa: BLE001 - one case is the stop asked for, the rest re-raised
+        # The stop (_ProgressCallback) terminated the task while the scheduler was joining its batch; when the
+        # search then has no candidate left the scheduler terminates it again and its check fails ("Check failed:
+        # (!task->is_terminated)"). Seen when every server was gone: the batch's trials all lost, nothing new to
+        # sample in a small space. Everything measured was committed before the stop: the search simply ended.
+        if not (state.cut and "is_terminated" in str(err)):
+            raise
     _quiet_ms_console()

@@ -1,4 +1,4 @@
-"""TIR expressions as TVMScript text: how the hand-written templates (``hopper``, ``rows``) carry a kernel's
+"""TIR expressions as TVMScript text: how the hand-written templates (``wgmma``, the row program) carry a kernel's
 arithmetic (an epilogue, a row's steps) into the kernels they write."""
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
 from cuda_checks import (assert_copy_sources_disjoint, assert_ptxas_without_spills,  # noqa: E402
@@ -27,8 +28,9 @@ from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
-from tvmfuse.tune import extract_kernels, hopper  # noqa: E402
-from tvmfuse.tune.expand import expand  # noqa: E402
+from tvmfuse.kernels import expand  # noqa: E402
+from tvmfuse.kernels import wgmma as hopper  # noqa: E402
+from tvmfuse.tune import extract_kernels  # noqa: E402
 from tvmfuse.tune.spaces import classify, load_spaces, select_space  # noqa: E402
 
 SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -113,7 +115,7 @@ def test_epilogue_logic_translates_to_tvmscript_operators():
 
     x = tv.tirx.Var("x", "int32")
     expr = tv.tirx.Or(tv.tirx.And(x > 0, x < 8), tv.tirx.Not(x == 3))
-    text = hopper._script(expr, {"x": "row"}, {}, ("", []))
+    text = hopper.analysis._script(expr, {"x": "row"}, {}, ("", []))
     assert text == "T.Or(T.And((row > T.int32(0)), (row < T.int32(8))), T.Not((row == T.int32(3))))", text
     hopper.parse(f"""
 @T.prim_func(s_tir=True)
@@ -121,6 +123,29 @@ def main(a: T.Buffer((8,), "int32")):
     for row in range(8):
         a[row] = T.Select({text}, 1, 0)
 """)
+
+
+def test_an_epilogue_clipped_by_0d_parameters_builds(tmp_path, cuda):
+    """fp16 GEMM -> Clip(x, min, max) with min and max as 0-d tensors (MobileNetV2's ReLU6 in an fp16 export):
+    the epilogue reads them as 0-d parameters, written ``p[()]`` (``p[]`` is no Python: MobileNetV2 fp16's build
+    raised a SyntaxError), and the wgmma kernel builds for sm_90a."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((128, 128)).astype("float16"), "w")
+    lo, hi = (numpy_helper.from_array(np.array(v, dtype="float16"), n) for v, n in ((0.0, "lo"), (6.0, "hi")))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y0"]), helper.make_node("Clip", ["y0", "lo", "hi"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [128, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [128, 128])], [w, lo, hi])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (k,) = _gemm_kernels(tmp_path, model, cuda)
+    func = k.mod["main"]
+    assert "T.Buffer((), \"float16\")" in func.script()   # the bounds stay 0-d parameters
+    kernel = hopper.default_kernel(func, cuda.target)
+    assert kernel is not None and "[()]" in kernel.script()
+    tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=SM90A)
 
 
 def test_configs_divide_the_shape_and_respect_shared_memory():
@@ -206,7 +231,7 @@ def test_a_conv_gets_the_implicit_gemm_sketch_beside_the_mma_sketches(tmp_path, 
 
 def _knob_values() -> dict:
     knobs = load_spaces("cuda").for_class("gemm").knobs
-    return {k: knobs[f"wgmma_{k}"].values for k in hopper._KNOBS}
+    return {k: knobs[f"wgmma_{k}"].values for k in hopper.sketch._KNOBS}
 
 
 def test_the_sampled_config_is_the_kernel_the_builder_compiles(gemm_kernel, cuda):
@@ -280,7 +305,7 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
     from test_flash import _cuda_source
 
     from tvmfuse.compile.build import build
-    from tvmfuse.tune.spaces import default_template_schedule
+    from tvmfuse.tune.defaults import default_template_schedule
 
     model, _, _ = CASES["gemm_bias_relu"](M=256, K=256, N=256)
     onnx.save(model, tmp_path / "g.onnx")
@@ -430,7 +455,7 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
     twin = tvm.compile(tvm.IRModule({"main": hopper.reference_for(func)}), target="llvm")
     fused = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
     rng = np.random.default_rng(0)
-    bufs = hopper._param_buffers(func)
+    bufs = hopper.analysis._param_buffers(func)
     inputs = [(rng.standard_normal([int(d) for d in b.shape]) * 0.5).astype(str(b.dtype)) for b in bufs]
     outs = []
     for lib in (twin, fused):
@@ -607,13 +632,13 @@ def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
     wf = w.reshape(f, -1)
     out = np.full((spec.rows, f), np.nan)
     writes = np.zeros((spec.rows, f), int)
-    _, stores = hopper._mma_and_store(spec, c, "out[{row}, {col}] = {acc}", "pm", "pn", 0)
+    _, stores = hopper.mma._mma_and_store(spec, c, "out[{row}, {col}] = {acc}", "pm", "pn", 0)
     code = compile(stores.replace("T.unroll(", "range(").replace("T.vectorized(", "range("), "stores", "exec")
 
     class T:   # what the epilogue's predicates call
         And = staticmethod(lambda a, b: a and b)
 
-    tiles_m = hopper._tiles_m(spec, c)
+    tiles_m = hopper.config._tiles_m(spec, c)
     for pm in range(tiles_m):
         for pn in range(f // c.block_n):
             acc = np.zeros((c.block_m, c.block_n))

@@ -1,7 +1,7 @@
 """What a template sketch records on a kernel's root block, read back where the kernel is built: the annotations,
 the config chosen among the candidates, and the swap of the planner's PrimFunc for the template's kernel.
 
-The templates (flash, hopper, rows) and :mod:`tvmfuse.tune.expand` import this; it imports none of them.
+The templates written whole (flash, wgmma, the row program) import this; it imports none of them.
 """
 from __future__ import annotations
 

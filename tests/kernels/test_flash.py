@@ -13,6 +13,7 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
 from cuda_checks import (assert_copy_sources_disjoint, assert_ptxas_without_spills,  # noqa: E402
@@ -25,8 +26,9 @@ from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
 from tvmfuse.tune import extract_kernels  # noqa: E402
-from tvmfuse.tune import flash  # noqa: E402
-from tvmfuse.tune.spaces import flash_schedule, load_spaces  # noqa: E402
+from tvmfuse.kernels import flash  # noqa: E402
+from tvmfuse.tune.defaults import config_schedule, template_default_schedule  # noqa: E402
+from tvmfuse.tune.spaces import load_spaces  # noqa: E402
 
 SM90 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
 
@@ -103,7 +105,7 @@ def _attention_kernel(tmp_path, cuda, seq=128, dim=32):
 
 def _sketch_with(kernel, cuda, index: int):
     """The attention space's sketch with its flash config decision set to ``index``."""
-    sch = flash_schedule(kernel.mod, cuda.target, lambda names: index)
+    sch = config_schedule(kernel.mod, cuda.target, "flash", lambda names: index)
     assert sch is not None
     return sch
 
@@ -151,12 +153,11 @@ def test_a_tuned_record_selects_the_flash_kernel_a_build_runs(tmp_path, cuda):
 def test_the_tuners_baseline_for_attention_is_the_flash_default(tmp_path, cuda):
     """The tuner measures and keeps what an untuned build would run: for attention on CUDA that is the flash
     template's default tiles (the scalar kernel, dlight's schedule, is only the correctness reference)."""
-    from tvmfuse.tune.spaces import flash_default_schedule
 
     _, kernel = _attention_kernel(tmp_path, cuda)
-    sch = flash_default_schedule(kernel.mod, cuda.target)
+    sch = template_default_schedule(kernel.mod, cuda.target, "flash")
     assert flash.annotated_config(sch.mod["main"]) == flash.default_config(flash.spec_of(kernel.mod["main"]))
-    assert flash_default_schedule(kernel.mod, resolve_target("llvm").target) is None
+    assert template_default_schedule(kernel.mod, resolve_target("llvm").target, "flash") is None
 
 
 def test_a_config_index_outside_the_recorded_candidates_is_a_clear_error():
@@ -225,14 +226,13 @@ def test_wgmma_configs_take_head_dims_of_64_and_one_tile_per_warpgroup():
 
 
 def test_on_sm90a_the_space_offers_wgmma_tiles_and_the_default_is_one(tmp_path, cuda):
-    from tvmfuse.tune.spaces import flash_default_schedule
 
     assert cuda.target.attrs["arch"] == "sm_90a"
     _, kernel = _attention_kernel(tmp_path, cuda, seq=128, dim=64)
     names = []
-    flash_schedule(kernel.mod, cuda.target, lambda n: names.extend(n) or 0)
+    config_schedule(kernel.mod, cuda.target, "flash", lambda n: names.extend(n) or 0)
     assert any(n.endswith(" h") for n in names) and any(not n.endswith(" h") for n in names)
-    sch = flash_default_schedule(kernel.mod, cuda.target)
+    sch = template_default_schedule(kernel.mod, cuda.target, "flash")
     cfg = flash.annotated_config(sch.mod["main"])
     assert cfg == flash.parse_config("w4 m1 n64 s1 h")
     src = fast_build(sch.mod, cuda.target, None).imports[0].inspect_source()
@@ -241,7 +241,7 @@ def test_on_sm90a_the_space_offers_wgmma_tiles_and_the_default_is_one(tmp_path, 
     sm90 = tvm.target.Target({**{k: v for k, v in cuda.target.export().items() if k in (
         "kind", "max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")}, "arch": "sm_90"})
     names = []
-    flash_schedule(kernel.mod, sm90, lambda n: names.extend(n) or 0)
+    config_schedule(kernel.mod, sm90, "flash", lambda n: names.extend(n) or 0)
     assert names and not any(n.endswith(" h") for n in names)
 
 
@@ -293,7 +293,7 @@ def test_the_overlapped_kernel_keeps_the_next_score_in_flight_during_the_softmax
         assert kinds.index("S") < kinds.index("softmax") < kinds.index("PV"), kinds
     _, kernel = _attention_kernel(tmp_path, cuda, seq=128, dim=64)
     names = []
-    flash_schedule(kernel.mod, cuda.target, lambda n: names.extend(n) or 0)
+    config_schedule(kernel.mod, cuda.target, "flash", lambda n: names.extend(n) or 0)
     assert any(n.endswith(" hp") for n in names)
 
 

@@ -19,8 +19,8 @@ MetaSchedule decision:
 """
 from __future__ import annotations
 
-from tvmfuse._tvm import tvm
-from tvmfuse.tune.knobs import Knob, names_in, sample
+from tvmfuse.kernels.knobs import Knob, names_in, sample
+from tvmfuse.kernels.wgmma.sketch import schedule as wgmma_sketch
 
 _MICRO = 16
 _WARP = 32
@@ -51,12 +51,11 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
     kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
     sketches, error = [], None
-    if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.tune.hopper) where it fits
-        import tvmfuse.tune.hopper as hopper
+    if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.kernels.wgmma) where it fits
         kinds = [k for k in kinds if k != "wgmma"]
         if info.get("target_arch") == "sm_90a":
             s = sch.copy()
-            spec = hopper.schedule(s, space)
+            spec = wgmma_sketch(s, space)
             if spec is not None and spec.conv is None:
                 return [s]   # a GEMM: its sketch alone (measured on the H200 at 2x the mma sketches)
             if spec is not None:
@@ -291,30 +290,3 @@ def _schedule(sch, space, stages: int, intrinsics: str = "wmma") -> None:
     _, tx, lanes = sch.split(fused, [None, _WARP, sample(sch, knobs["store_lanes"])])
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(lanes)
-
-
-def tensorcore_postprocs(max_shared_bytes: int) -> list:
-    """MetaSchedule's CUDA postprocs with ``VerifyGPUCode`` replaced by :func:`verify_gpu_kernel`."""
-    from tvmfuse._tvm import derived_object, ms, verify_gpu_kernel
-
-    @derived_object
-    class VerifyTensorCoreKernel(ms.postproc.PyPostproc):
-        def __init__(self):
-            super().__init__()
-            self.target = None
-
-        def _initialize_with_tune_context(self, context) -> None:
-            self.target = context.target
-
-        def apply(self, sch) -> bool:
-            return all(verify_gpu_kernel(f, self.target, max_shared_bytes=max_shared_bytes)
-                       for f in sch.mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
-
-        def clone(self):
-            other = VerifyTensorCoreKernel()
-            other.target = self.target
-            return other
-
-    return [ms.postproc.DisallowDynamicLoop(), ms.postproc.RewriteCooperativeFetch(),
-            ms.postproc.RewriteUnboundBlock(), ms.postproc.RewriteParallelVectorizeUnroll(),
-            ms.postproc.RewriteReductionBlock(), VerifyTensorCoreKernel()]

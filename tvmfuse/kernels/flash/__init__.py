@@ -1,0 +1,100 @@
+"""A flash-attention TIR template on tensor cores: the planner's attention group without N×N scores.
+
+The planner's attention PrimFunc (``tvmfuse.plan.attention``) is correct everywhere but scalar: one
+query row per thread. On CUDA targets with fp16 inputs this package writes the same computation as a
+FlashAttention-2 style kernel, with its tiles as parameters (:class:`FlashConfig`):
+
+* a thread block owns ``16 * m_tiles * warps`` query rows of one (batch, head); each warp owns
+  ``16 * m_tiles`` of them. With one 16-row tile per warp its Q fragments are loaded once into registers;
+  with two, the block's Q tile is staged in shared memory and reloaded by ``ldmatrix`` at each step, and
+  every K and V fragment feeds both tiles (half the shared-memory reads per ``mma``);
+* the keys are walked ``block_n`` at a time: the K and V tiles go through shared memory (rows padded
+  by 16 bytes, so every ``ldmatrix`` phase hits 32 distinct banks), optionally double-buffered by
+  ``cp.async`` so the next tile's copy overlaps this tile's tensor-core work;
+* ``S = Q·Kᵀ`` runs as ``mma.sync.m16n8k16`` (fp16 in, fp32 accumulate) into registers; the online
+  softmax (running row max and sum, base-2 exponent) works on those registers, with two lane shuffles
+  for the row max; ``P`` is converted to fp16 in place, and since an m16n8 accumulator has the layout of
+  the A operand's half, it feeds ``O += P·V`` without leaving registers;
+* ``O`` stays in registers, is rescaled per row as the max moves, and is divided by the row sum once,
+  at the store.
+
+On Hopper (``sm_90a``) a config may instead be a wgmma kernel (``FlashConfig.wgmma``, names ending ``" h"``):
+each warpgroup computes ``S`` for 64 query rows with ``wgmma`` from 128-byte-swizzled Q and K tiles, and
+feeds ``P`` from its registers to the ``O += P·V`` wgmma; the softmax and the store are the same code.
+
+The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. Rows and keys must
+be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`); the planner keeps other attention
+unfused on GPUs. Tuning picks a config among
+:func:`configs` (MetaSchedule samples its index; the builder expands it, see :func:`expand`).
+
+The package: ``config`` (the tile configs, which fit, the default), ``softmax`` (what every flash kernel shares),
+``source`` (the kernel for a config, the swap for a tuned sketch), ``wgmma_tiles`` (the Hopper kernels' tiles and
+their overlapped variant) and ``sketch`` (the attention class's MetaSchedule sketch).
+"""
+from __future__ import annotations
+
+from tvmfuse.kernels.base import KernelTemplate
+from tvmfuse.kernels.flash.config import (ANNOTATION, CANDIDATES, FlashConfig, annotated_config, config_at, configs,
+                                          default_config, parse_config, spec_of)
+from tvmfuse.kernels.flash.sketch import template_attention
+from tvmfuse.kernels.flash.source import expand, flash_kernel, flash_primfunc, flash_source
+
+__all__ = ["ANNOTATION", "CANDIDATES", "FlashConfig", "FlashTemplate", "annotated_config", "config_at", "configs",
+           "default_config", "expand", "flash_kernel", "flash_primfunc", "flash_source", "parse_config", "spec_of",
+           "template_attention"]
+
+
+def _wgmma(target) -> bool:
+    from tvmfuse.kernels.wgmma.config import supports
+
+    return supports(target)
+
+
+class FlashTemplate(KernelTemplate):
+    """FlashAttention-2 on tensor cores for the planner's attention kernels, written whole from a tile config; the
+    attention class's sketch (the planner's scalar schedule) samples its configs on CUDA."""
+
+    name = "flash"
+    targets = ("cuda",)
+    kernel_classes = ("attention",)
+    sketch_name = "attention"
+    searched_in = "attention"
+    candidates_key = CANDIDATES
+    config_field = "flash_config"
+    config_words = ("the flash template with tiles {config} (warps, 16-row query tiles per warp, keys per step, K/V "
+                    "stages)")
+    knobs = ("threads", "unroll", *(f"flash_{k}" for k in ("warps", "m_tiles", "block_n", "stages", "wgmma",
+                                                           "overlap")))
+
+    def fits(self, func, target) -> str | None:
+        from tvmfuse.plan.attention import tiled_gpu_misfit
+
+        if target.kind.name not in self.targets:
+            return super().fits(func, target)
+        # the planner forms attention on CUDA only where the template fits; a module planned elsewhere may not
+        spec = spec_of(func)
+        return "not the planner's attention kernel" if spec is None else tiled_gpu_misfit(spec)
+
+    def configs(self, func, target, space=None) -> list:
+        if self.fits(func, target) is not None:
+            return []
+        return configs(spec_of(func), wgmma=(False, True) if _wgmma(target) else (False,),
+                       overlap=(False, True) if _wgmma(target) else (False,))
+
+    def default_config(self, func, target):
+        return None if self.fits(func, target) is not None else default_config(spec_of(func), wgmma=_wgmma(target))
+
+    def default_kernel(self, func, target, space=None):
+        if self.fits(func, target) is not None:
+            return None
+        return flash_kernel(func, wgmma=_wgmma(target))
+
+    def config_of(self, func) -> str | None:
+        cfg = annotated_config(func)
+        return None if cfg is None else cfg.name
+
+    def schedule(self, sch, space, info: dict) -> list:
+        return template_attention(sch, space, info)
+
+    def expand(self, mod):
+        return expand(mod)

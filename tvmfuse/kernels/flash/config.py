@@ -1,0 +1,130 @@
+"""The flash template's tile configs: the knobs as data, which fit an attention spec, the default per shape,
+and the annotations a tuned sketch records them under."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvmfuse.kernels.annotations import chosen, root_annotations
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
+
+# On the planner's attention PrimFunc's root block: the candidate configs (names, ";"-joined: a constant of the
+# trace, so a record keeps the list it was sampled from) and the sampled index into them.
+ANNOTATION = "tvmfuse.flash_config"
+CANDIDATES = "tvmfuse.flash_candidates"
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    warps: int = 4        # warps per block
+    block_n: int = 64     # keys per step
+    stages: int = 1       # 1: one K/V buffer, plain loads; 2: two buffers filled by cp.async
+    m_tiles: int = 1      # 16-row tiles per warp: 1 keeps Q in registers; 2 stages Q in shared memory and
+    #                       uses each K/V fragment for both tiles (half the shared-memory reads per mma)
+    wgmma: bool = False   # Hopper (sm_90a): each warpgroup's 64 rows by wgmma from 128-byte-swizzled shared tiles
+    #                       (Q, K and V by cp.async), P fed to the PV wgmma from registers (m_tiles 1)
+    overlap: bool = False  # (wgmma, 2 stages) the next step's Q·Kᵀ runs on the tensor cores during this step's
+    #                        softmax, and this step's P·V during the next step's loads and waits
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.warps * self.m_tiles
+
+    @property
+    def name(self) -> str:
+        return (f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}"
+                + (" hp" if self.overlap else " h" if self.wgmma else ""))
+
+    def shared_bytes(self, spec: AttentionSpec) -> int:
+        if self.wgmma:   # unpadded (swizzled) tiles, Q staged too
+            return 2 * (self.stages * self.block_n * (spec.head_dim + spec.head_dim_v) + self.block_m * spec.head_dim)
+        k_tile = self.block_n * (spec.head_dim + 8) if spec.k_rows else spec.head_dim * (self.block_n + 8)
+        v_tile = self.block_n * (spec.head_dim_v + 8)
+        q_tile = self.block_m * (spec.head_dim + 8) if self.m_tiles > 1 else 0
+        return 2 * (self.stages * (k_tile + v_tile) + q_tile)
+
+
+def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
+            max_shared_bytes: int = 100 * 1024, wgmma=(False,), overlap=(False,)) -> list[FlashConfig]:
+    """The tile configs (from the given choices) that divide ``spec``'s sequences and fit its registers and
+    ``max_shared_bytes`` of (dynamic) shared memory. 100 KB leaves room for two blocks on an H200 SM (228 KB).
+    """
+    out = []
+    for m in m_tiles if False in tuple(wgmma) else ():
+        for w in warps:
+            for n in block_n:
+                for st in stages:
+                    c = FlashConfig(int(w), int(n), int(st), int(m))
+                    # one thread's scores, P and O (and Q, in registers with one tile) within ~200 of its 255
+                    # registers; measured with ptxas: the configs kept here build without spills (164-251)
+                    regs = c.m_tiles * (c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2)
+                    regs += spec.head_dim // 4 if c.m_tiles == 1 else 4 * c.m_tiles
+                    if (spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0 and regs <= 200
+                            and c.shared_bytes(spec) <= max_shared_bytes):
+                        out.append(c)
+    if True in tuple(wgmma) and spec.head_dim % 64 == 0 and spec.head_dim_v % 64 == 0 and spec.head_dim_v <= 256:
+        for w in warps:
+            for n in block_n:
+                for st in stages:
+                    c = FlashConfig(int(w), int(n), int(st), 1, True)
+                    # scores (n / 2), P packed (n / 4) and O (dv / 2) fp32 registers per thread
+                    regs = c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2
+                    if (c.warps in (4, 8) and c.block_n in (64, 128) and regs <= 160
+                            and spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0
+                            and c.shared_bytes(spec) <= max_shared_bytes):
+                        out.append(c)
+        # overlapped: two score accumulators (n registers), two K/V stages, key steps taken in pairs
+        if True in tuple(overlap):
+            for w in warps:
+                for n in block_n:
+                    c = FlashConfig(int(w), int(n), 2, 1, True, True)
+                    regs = c.block_n + c.block_n // 4 + spec.head_dim_v // 2
+                    if (c.warps in (4, 8) and c.block_n in (64, 128) and regs <= 160
+                            and spec.seq_q % c.block_m == 0 and spec.seq_k % (2 * c.block_n) == 0
+                            and c.shared_bytes(spec) <= max_shared_bytes):
+                        out.append(c)
+    return out
+
+
+def parse_config(name: str) -> FlashConfig:
+    """The config :attr:`FlashConfig.name` names (``"w4 m2 n32 s1"``)."""
+    parts = name.split()
+    fields = dict((part[0], int(part[1:])) for part in parts if part not in ("h", "hp"))
+    return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"],
+                       wgmma="h" in parts or "hp" in parts, overlap="hp" in parts)
+
+
+def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
+    """The config an untuned build uses: the fastest measured at the anchor size, where it fits (``wgmma``: on
+    Hopper, ``sm_90a``, the wgmma configs first).
+
+    H200, B4 H32 S4096 D128 (BENCHMARKS.md): wgmma w4 m1 n64 s1 2236 us, w8 m1 n64 s2 2295 us;
+    mma.sync w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
+    """
+    if wgmma:
+        options = configs(spec, wgmma=(True,))
+        for want in (FlashConfig(4, 64, 1, 1, True), FlashConfig(8, 64, 2, 1, True)):
+            if want in options:
+                return want
+    options = configs(spec)
+    for want in (FlashConfig(4, 32, 1, 2), FlashConfig(8, 128, 1, 1)):
+        if want in options:
+            return want
+    return options[0]
+
+
+def annotated_config(func) -> FlashConfig | None:
+    """The config a tuned schedule annotated on ``func``'s root block (None: not a flash schedule)."""
+    notes = root_annotations(func, ANNOTATION, CANDIDATES)
+    return None if notes is None else config_at(str(notes[CANDIDATES]), int(notes[ANNOTATION]))
+
+
+def config_at(candidates: str, index: int) -> FlashConfig:
+    """Config ``index`` of the ``;``-joined candidate names a record carries."""
+    return parse_config(chosen(candidates, index, "flash"))
+
+
+def spec_of(func) -> AttentionSpec | None:
+    attrs = func.attrs
+    if attrs is None or SPEC_ATTR not in attrs:
+        return None
+    return AttentionSpec.from_json(str(attrs[SPEC_ATTR]))

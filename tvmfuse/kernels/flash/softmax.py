@@ -1,0 +1,88 @@
+"""What every flash kernel shares: the online softmax on the score registers, the scaled and masked score, the
+normalized store, and TVMScript text helpers."""
+from __future__ import annotations
+
+import math
+
+from tvmfuse.plan.attention import AttentionSpec
+
+_LOG2E = 1.4426950408889634
+
+
+def _flat(shape: tuple[int, ...], idx: list[str]) -> str:
+    """Row-major flattened offset of ``idx`` (expressions) into a buffer of ``shape``."""
+    terms = []
+    for k, e in enumerate(idx):
+        stride = math.prod(shape[k + 1:])
+        terms.append(f"({e}) * {stride}" if stride != 1 else f"({e})")
+    return " + ".join(terms)
+
+
+def _indent(text: str, n: int) -> str:
+    return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
+
+
+_SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
+
+
+def _online_softmax(M: int, SB: int, OB: int, score: str, acc: str) -> str:
+    """One key step of the online softmax on the score accumulators ``acc`` (an element expression of ``mt`` and
+    ``i``; ``score`` its scaled, masked value): the running row max and sum, P in ``pf`` (fp16), O rescaled."""
+    return f"""# online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
+for h in T.unroll({2 * M}):
+    red[h] = T.float32(-1e30)
+for mt in T.unroll({M}):
+    for i in T.unroll({SB}):
+        {acc} = {score}
+        red[mt * 2 + i % 4 // 2] = T.max(red[mt * 2 + i % 4 // 2], {acc})
+for h in T.unroll({2 * M}):
+    red[h] = T.max(red[h], {_SHFL.format(v="red[h]", m=1)})
+    red[h] = T.max(red[h], {_SHFL.format(v="red[h]", m=2)})
+    red[h] = T.max(mrow[h], red[h])
+    alpha[h] = T.exp2(mrow[h] - red[h])
+    mrow[h] = red[h]
+    lrow[h] = lrow[h] * alpha[h]
+for mt in T.unroll({M}):
+    for i in T.unroll({SB}):
+        {acc} = T.exp2({acc} - mrow[mt * 2 + i % 4 // 2])
+        lrow[mt * 2 + i % 4 // 2] = lrow[mt * 2 + i % 4 // 2] + {acc}
+        pf[mt * {SB} + i] = T.Cast("float16", {acc})
+    for i in T.unroll({OB}):
+        oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]
+"""
+
+
+def _normalize_and_store(M: int, OB: int, out_at: str) -> str:
+    """The rows' sums across their four lanes, and O / sum stored (``out_at``: the output element of ``mt``, ``i``)."""
+    return f"""for h in T.unroll({2 * M}):
+    lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=1)}
+    lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=2)}
+    lrow[h] = T.float32(1) / lrow[h]
+for mt in T.unroll({M}):
+    for i in T.unroll({OB}):
+        {out_at} = T.Cast("float16", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])
+"""
+
+
+def _score(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -> str:
+    """The score of accumulator element ``acc`` (query ``row``, key ``col``) in base 2: log2(e) * (scale * s +
+    mask), or log2(e) * scale * (s + mask) when the mask comes first."""
+    mask = None
+    if spec.mask_shape is not None:
+        nb = len(spec.batch)
+        full, full_ext = [*bidx, row, col], [*spec.batch, spec.seq_q, spec.seq_k]
+        off = nb + 2 - len(spec.mask_shape)
+        mask = "mask[" + ", ".join("0" if d == 1 and full_ext[off + i] != 1 else full[off + i]
+                                   for i, d in enumerate(spec.mask_shape)) + "]"
+        if spec.mask_dtype != "float32":
+            mask = f"T.Cast('float32', {mask})"
+    scale = 1.0 if spec.scale is None else float(spec.scale)
+    if mask is None:
+        return f"{acc} * T.float32({scale * _LOG2E!r})"
+    if spec.scale_first:
+        score = f"({acc} * T.float32({scale!r}) + {mask}) * T.float32({_LOG2E!r})"
+    else:
+        score = f"({acc} + {mask}) * T.float32({scale * _LOG2E!r})"
+    # a mask of float32's lowest value (-3.4e38) overflows to -inf in base 2: clamp to the running max's
+    # start, so a row masked everywhere gets softmax's uniform weights, as the reference does, not 0 / 0
+    return f"T.max({score}, T.float32(-1e30))"

@@ -1,0 +1,194 @@
+"""The flash kernel as TVMScript for a spec and a config (``mma.sync``, or on Hopper ``wgmma``), and its swap for a
+tuned sketch's annotation."""
+from __future__ import annotations
+
+import math
+
+from tvmfuse.kernels.annotations import swap_kernels
+from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
+from tvmfuse.kernels.flash.softmax import _flat, _indent, _normalize_and_store, _online_softmax, _score
+from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
+from tvmfuse.plan.attention import AttentionSpec
+
+
+def expand(mod):
+    """``mod`` with every flash-annotated attention PrimFunc replaced by the flash kernel it selects."""
+    def flash(gv, func):
+        cfg = annotated_config(func)
+        return flash_kernel(func, cfg) if cfg is not None and spec_of(func) is not None else None
+
+    return swap_kernels(mod, flash)
+
+
+def flash_kernel(func, cfg: FlashConfig | None = None, wgmma: bool = False):
+    """The flash kernel for the planner's attention PrimFunc ``func`` (its global symbol kept); without ``cfg``,
+    the default tiles (``wgmma``: Hopper's where they fit)."""
+    spec = spec_of(func)
+    kernel = flash_primfunc(spec, cfg or default_config(spec, wgmma))
+    symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+    return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
+
+
+def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
+    """TVMScript of the flash kernel for ``spec`` with tiles ``cfg``."""
+    D, DV, BN, BM, NT = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m, 32 * cfg.warps
+    nb, stages = len(spec.batch), cfg.stages
+    # blockIdx.y walks the flattened batch dims; these are its per-dim indices
+    bidx, rest = [], "by"
+    for k in range(nb):
+        inner = math.prod(spec.batch[k + 1:])
+        bidx.append(f"({rest}) // {inner}" if inner > 1 else rest)
+        rest = f"({rest}) % {inner}" if inner > 1 else rest
+    warp, lane = "(tx // 32)", "(tx % 32)"
+    g, tig = f"({lane} // 4)", f"({lane} % 4)"
+    q_shape = (*spec.batch, spec.seq_q, D)
+    k_shape = (*spec.batch, spec.seq_k, D) if spec.k_rows else (*spec.batch, D, spec.seq_k)
+    v_shape = (*spec.batch, spec.seq_k, DV)
+    o_shape = (*spec.batch, spec.seq_q, DV)
+    buf = lambda name, shp, dt="float16": f"{name}: T.Buffer({tuple(shp)!r}, '{dt}')"  # noqa: E731
+    params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
+    M, SB, OB = cfg.m_tiles, BN // 2, DV // 2   # per m-tile: score and output accumulator elements per thread
+    row = f"bx * {BM} + {warp} * {16 * M} + mt * 16 + {g} + i % 4 // 2 * 8"   # query row of element i of tile mt
+    if spec.mask_shape is not None:
+        params.append(buf("mask", spec.mask_shape, spec.mask_dtype))
+    params.append(buf("out", o_shape))
+    score = _score(spec, bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[mt * {SB} + i]")
+
+    # shared tiles (rows padded by 8 halves = 16 bytes); with 2 stages, two of each
+    k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
+    k_tile, v_tile = k_rows * (k_cols + 8), BN * (DV + 8)
+
+    def loads(step: str, slot: str) -> str:
+        """Copy step ``step``'s K and V tiles into shared slot ``slot`` (16-byte vectors)."""
+        out = ""
+        for dst, src, shp, rows, cols, tile, key_axis in (("ks", "k", k_shape, k_rows, k_cols, k_tile,
+                                                           0 if spec.k_rows else 1),
+                                                          ("vs", "v", v_shape, BN, DV, v_tile, 0)):
+            vec = cols // 8
+            n = rows * vec
+            # a tile of n 16-byte vectors over NT threads; where they do not split evenly (a 32x48 tile is 192
+            # vectors for 128 threads) the last round is guarded
+            rounds, guard = -(-n // NT), n % NT != 0
+            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * 8"
+            src_rc = [r, c]
+            src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
+            sh = f"{slot} * {tile} + ({r}) * {cols + 8} + {c}"
+            if stages == 1:
+                body = (f"for e in T.vectorized(8):\n"
+                        f"    {dst}[{sh} + e] = {src}[{', '.join([*bidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
+            else:
+                body = (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
+                        f"{_flat(shp, [*bidx, *src_rc])}, 16))\n")
+            if guard:
+                body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
+            out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
+        return out
+
+    kslot, vslot = (f"j % 2 * {k_tile} + ", f"j % 2 * {v_tile} + ") if stages > 1 else ("", "")
+    if spec.k_rows:   # ks[key, d]: the B operand's columns are its rows: plain ldmatrix
+        k_ld = (f"T.ptx_legacy.ldmatrix(False, 4, '.b16', kf.data, 0, ks.access_ptr('r'), {kslot}"
+                f"(np * 16 + {lane} % 8 + {lane} // 16 * 8) * {D + 8} + kk * 16 + {lane} // 8 % 2 * 8, "
+                f"dtype='float16')")
+    else:             # ks[d, key]: transposed ldmatrix
+        k_ld = (f"T.ptx_legacy.ldmatrix(True, 4, '.b16', kf.data, 0, ks.access_ptr('r'), {kslot}"
+                f"(kk * 16 + {lane} % 8 + {lane} // 8 % 2 * 8) * {BN + 8} + np * 16 + {lane} // 16 * 8, "
+                f"dtype='float16')")
+    v_ld = (f"T.ptx_legacy.ldmatrix(True, 4, '.b16', vf.data, 0, vs.access_ptr('r'), {vslot}"
+            f"(kv * 16 + {lane} % 8 + {lane} // 8 % 2 * 8) * {DV + 8} + dp * 16 + {lane} // 16 * 8, "
+            f"dtype='float16')")
+    mma = ("T.ptx_legacy.mma('m16n8k16', 'row', 'col', 'fp16', 'fp16', 'fp32', {a}.data, {ao}, {b}.data, {bo}, "
+           "{c}.data, {co}, False, dtype='float32')")
+    nsteps = spec.seq_k // BN
+    q_col = f"kk * 16 + i // 4 * 8 + {tig} * 2 + i % 2"
+    # every step ends with a barrier (drain): nobody overwrites a tile another warp still reads
+    sync = "T.tvm_storage_sync('shared')\n"
+    drain = sync
+    if stages == 1:
+        prologue, fill = "", loads("j", "0") + sync
+    else:   # the next step's tiles are in flight while this step computes
+        prologue = loads("0", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+        fill = (f"if j + 1 < {nsteps}:\n" + _indent(loads("j + 1", "(j + 1) % 2"), 4)
+                + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + sync)
+    if M == 1:   # this warp's 16 query rows as A fragments, straight from global memory, kept in registers
+        q_init = (f"for kk in T.unroll({D // 16}):\n"
+                  f"    for i in T.unroll(8):\n"
+                  f"        qf[kk * 8 + i] = q[{', '.join([*bidx, row.replace('mt * 16 + ', ''), q_col])}]\n")
+        q_frag = ""
+        q_off = "kk * 8"
+    else:        # the block's Q tile in shared memory; each step's A fragments reloaded by ldmatrix
+        vec = D // 8
+        q_init = (f"for it in T.unroll({BM * vec // NT}):\n"
+                  f"    for e in T.vectorized(8):\n"
+                  f"        qs[(it * {NT} + tx) // {vec} * {D + 8} + (it * {NT} + tx) % {vec} * 8 + e] = "
+                  f"q[{', '.join([*bidx, f'bx * {BM} + (it * {NT} + tx) // {vec}', f'(it * {NT} + tx) % {vec} * 8 + e'])}]\n"
+                  f"T.tvm_storage_sync('shared')\n")
+        q_frag = (f"for mt in T.unroll({M}):\n"
+                  f"    T.evaluate(T.ptx_legacy.ldmatrix(False, 4, '.b16', qf.data, mt * 8, qs.access_ptr('r'), "
+                  f"({warp} * {16 * M} + mt * 16 + {lane} % 16) * {D + 8} + kk * 16 + {lane} // 16 * 8, "
+                  f"dtype='float16'))\n")
+        q_off = "mt * 8"
+    allocs = f"""ks = T.alloc_buffer(({stages * k_tile},), "float16", scope="shared.dyn", align=16)
+vs = T.alloc_buffer(({stages * v_tile},), "float16", scope="shared.dyn", align=16)
+{f'qs = T.alloc_buffer(({BM * (D + 8)},), "float16", scope="shared.dyn", align=16)' if M > 1 else ''}
+qf = T.alloc_buffer(({D // 2 if M == 1 else 8 * M},), "float16", scope="local")
+kf = T.alloc_buffer((8,), "float16", scope="local")
+vf = T.alloc_buffer((8,), "float16", scope="local")
+pf = T.alloc_buffer(({M * SB},), "float16", scope="local")
+"""
+    s_block = f"""for kk in T.unroll({D // 16}):
+{_indent(q_frag, 4)}    for np in T.unroll({BN // 16}):
+        T.evaluate({k_ld})
+        for mt in T.unroll({M}):
+            T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=0, c="sacc", co=f"mt * {SB} + np * 8")})
+            T.evaluate({mma.format(a="qf", ao=q_off, b="kf", bo=4, c="sacc", co=f"mt * {SB} + np * 8 + 4")})
+"""
+    pv_block = f"""# P (an m16n8 accumulator pair has the A operand's layout) times V
+for kv in T.unroll({BN // 16}):
+    for dp in T.unroll({DV // 16}):
+        T.evaluate({v_ld})
+        for mt in T.unroll({M}):
+            T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=0, c="oacc", co=f"mt * {OB} + dp * 8")})
+            T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=4, c="oacc", co=f"mt * {OB} + dp * 8 + 4")})
+"""
+    out_at = f"out[{', '.join([*bidx, row, f'i // 4 * 8 + {tig} * 2 + i % 2'])}]"
+    if cfg.overlap:
+        return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
+    if cfg.wgmma:
+        allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
+    body = f"""
+{allocs}sacc = T.alloc_buffer(({M * SB},), "float32", scope="local")
+oacc = T.alloc_buffer(({M * OB},), "float32", scope="local")
+mrow = T.alloc_buffer(({2 * M},), "float32", scope="local")
+lrow = T.alloc_buffer(({2 * M},), "float32", scope="local")
+red = T.alloc_buffer(({2 * M},), "float32", scope="local")
+alpha = T.alloc_buffer(({2 * M},), "float32", scope="local")
+{q_init}for i in T.unroll({M * OB}):
+    oacc[i] = T.float32(0)
+for h in T.unroll({2 * M}):
+    mrow[h] = T.float32(-1e30)
+    lrow[h] = T.float32(0)
+{prologue}for j in T.serial({nsteps}):
+{_indent(fill, 4)}    for i in T.unroll({M * SB}):
+        sacc[i] = T.float32(0)
+{_indent(s_block, 4)}{_indent(_online_softmax(M, SB, OB, score, f'sacc[mt * {SB} + i]'), 4)}{_indent(pv_block, 4)}{_indent(drain, 4)}{_normalize_and_store(M, OB, out_at)}"""
+    return _kernel(spec, cfg, params, body)
+
+
+def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str) -> str:
+    return f"""
+@T.prim_func(private=True, s_tir=True)
+def flash_attention({', '.join(params)}):
+    T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "tvmfuse.kernel": "attention_flash"}})
+    for by in T.thread_binding({math.prod(spec.batch)}, thread="blockIdx.y"):
+        for bx in T.thread_binding({spec.seq_q // cfg.block_m}, thread="blockIdx.x"):
+            for tx in T.thread_binding({32 * cfg.warps}, thread="threadIdx.x"):
+{_indent(body, 16)}"""
+
+
+def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):
+    from tvm.script import tirx as T  # noqa: F401  (the template's T)
+
+    from tvmfuse.plan.attention import _parse
+
+    return _parse(flash_source(spec, cfg), {"T": T})

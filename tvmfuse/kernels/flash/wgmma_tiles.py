@@ -1,0 +1,173 @@
+"""The Hopper flash kernels' pieces: Q, K and V in 128-byte-swizzled shared tiles, S = QKᵀ and O += PV by
+``wgmma``, and the overlapped variant that keeps the tensor cores busy across the softmax."""
+from __future__ import annotations
+
+from tvmfuse.kernels.flash.config import FlashConfig
+from tvmfuse.kernels.flash.softmax import _flat, _indent, _normalize_and_store, _online_softmax, _score
+from tvmfuse.kernels.wgmma.layout import desc, tile_layout
+from tvmfuse.kernels.wgmma.ptx import wgmma_issue
+from tvmfuse.plan.attention import AttentionSpec
+
+
+class _WgmmaTiles:
+    """The Hopper kernels' shared tiles: one buffer ``hs`` holding Q (``block_m x d``) at 0, then ``slots`` K tiles
+    and ``slots`` V tiles (each a multiple of 1024 bytes, the swizzle atom), all in wgmma's 128-byte swizzled
+    layouts (:func:`tvmfuse.kernels.wgmma.layout.tile_layout`) and filled by 16-byte ``cp.async`` copies. One buffer
+    because TVM's shared-memory planner does not see the wgmma descriptors' reads: as separate buffers it merged them and
+    let K overwrite Q."""
+
+    def __init__(self, spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], slots: int):
+        self.spec, self.cfg, self.bidx = spec, cfg, bidx
+        D, DV, BN, BM = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m
+        self.q_tile, self.k_tile, self.v_tile = BM * D, BN * D, BN * DV
+        self.q_chunk, self.q_desc = tile_layout(128, True, BM, D)
+        # K as stored: rows of keys (K-major for S = Q·Kᵀ) or [d, key] (N-major, read transposed)
+        self.k_chunk, self.k_desc = tile_layout(128, spec.k_rows, BN, D)
+        self.v_chunk, self.v_desc = tile_layout(128, False, DV, BN)
+        self.q_base, self.k_base = 0, self.q_tile
+        self.v_base = self.q_tile + slots * self.k_tile
+        self.elems = self.q_tile + slots * (self.k_tile + self.v_tile)
+        self.shapes = ((*spec.batch, spec.seq_q, D),
+                       (*spec.batch, spec.seq_k, D) if spec.k_rows else (*spec.batch, D, spec.seq_k),
+                       (*spec.batch, spec.seq_k, DV))
+
+    def _copy(self, base: int, src: str, shape, tile_elems: int, chunk, index, slot: str) -> str:
+        nt = 32 * self.cfg.warps
+        o, kx, off = chunk(f"(it * {nt} + tx)")
+        return (f"for it in T.unroll({tile_elems // 8 // nt}):\n"
+                f"    T.evaluate(T.s_tir.cp_async_raw('float16', hs.data, {base} + ({slot}) * {tile_elems} + {off}, "
+                f"{src}.data, {_flat(shape, [*self.bidx, *index(o, kx)])}, 16))\n")
+
+    def q_copy(self) -> str:
+        return self._copy(self.q_base, "q", self.shapes[0], self.q_tile, self.q_chunk,
+                          lambda o, kx: [f"bx * {self.cfg.block_m} + {o}", kx], "0")
+
+    def k_copy(self, step: str, slot: str) -> str:
+        BN = self.cfg.block_n
+        index = ((lambda o, kx: [f"({step}) * {BN} + {o}", kx]) if self.spec.k_rows
+                 else (lambda o, kx: [kx, f"({step}) * {BN} + {o}"]))
+        return self._copy(self.k_base, "k", self.shapes[1], self.k_tile, self.k_chunk, index, slot)
+
+    def v_copy(self, step: str, slot: str) -> str:
+        BN = self.cfg.block_n
+        return self._copy(self.v_base, "v", self.shapes[2], self.v_tile, self.v_chunk,
+                          lambda o, kx: [f"({step}) * {BN} + {kx}", o], slot)
+
+    def s_wgmma(self, acc: str, slot: str, offset: str = "") -> str:
+        """``acc[offset + (0 .. block_n / 2)] += Q·K(slot)ᵀ`` for this warpgroup's 64 rows, committed as one wgmma
+        group (``offset``: an expression followed by `` + ``, or nothing)."""
+        BN, SB = self.cfg.block_n, self.cfg.block_n // 2
+        accs = ", ".join(f"{acc}[{offset}{i}]" for i in range(SB))
+        out = "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n"
+        for kk in range(self.spec.head_dim // 16):
+            q_off, q_lbo, q_sbo = self.q_desc(kk)
+            k_off, k_lbo, k_sbo = self.k_desc(kk)
+            out += wgmma_issue(BN, accs,
+                               desc("hs", f"{self.q_base} + (tx // 128) * {64 * 64} + {q_off}", q_lbo, q_sbo, 128),
+                               desc("hs", f"{self.k_base} + ({slot}) * {self.k_tile} + {k_off}", k_lbo, k_sbo, 128),
+                               f"1, 1, 0, {0 if self.spec.k_rows else 1}")
+        return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
+
+    def pv_wgmma(self, pf: str, slot: str) -> str:
+        """P (``pf``, fp16, packed into ``pu`` as the register A operand) times V(slot) into ``oacc``, committed
+        as one wgmma group."""
+        BN, DV, SB = self.cfg.block_n, self.spec.head_dim_v, self.cfg.block_n // 2
+        half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', " + pf + "[{i}]))"
+        out = (f"for u in T.unroll({SB // 2}):\n"
+               f"    pu[u] = {half.format(i='u * 2')} | ({half.format(i='u * 2 + 1')} << T.uint32(16))\n"
+               "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n")
+        oaccs = ", ".join(f"oacc[{i}]" for i in range(DV // 2))
+        for kv in range(BN // 16):
+            v_off, v_lbo, v_sbo = self.v_desc(kv)
+            out += wgmma_issue(DV, oaccs, ", ".join(f"pu[{kv * 4 + r}]" for r in range(4)),
+                               desc("hs", f"{self.v_base} + ({slot}) * {self.v_tile} + {v_off}", v_lbo, v_sbo, 128),
+                               "1, 1, 1")
+        return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
+
+
+def _wgmma_parts(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], q_shape, k_shape, v_shape):
+    """The parts of :func:`flash_source` that differ on Hopper (``cfg.wgmma``, not ``cfg.overlap``): shared tiles
+    in wgmma's 128-byte swizzled layouts filled by ``cp.async`` (:class:`_WgmmaTiles`); ``S = Q·Kᵀ`` as one
+    warpgroup's ``wgmma.mma_async.m64n{block_n}k16`` per 16-deep slice of the head dim (Q and K from shared
+    memory); P packed to fp16 pairs in registers, the A operand of ``O += P·V`` (``wgmma`` with A from registers, V
+    read N-major from shared memory). Each warp's accumulators have the m16n8 layout the softmax code expects."""
+    S = cfg.stages
+    tiles = _WgmmaTiles(spec, cfg, bidx, S)
+
+    def loads(step: str, slot: str) -> str:
+        return tiles.k_copy(step, slot) + tiles.v_copy(step, slot)
+
+    ready = ("T.evaluate(T.ptx.fence.proxy.async_.shared__cta())\n"   # cp.async writes, seen by wgmma's async proxy
+             "T.tvm_storage_sync('shared')\n")
+    allocs = f"""hs = T.alloc_buffer(({tiles.elems},), "float16", scope="shared.dyn", align=1024)
+pf = T.alloc_buffer(({cfg.block_n // 2},), "float16", scope="local")
+pu = T.alloc_buffer(({cfg.block_n // 4},), "uint32", scope="local")
+"""
+    q_init = tiles.q_copy() + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+    nsteps = spec.seq_k // cfg.block_n
+    if S == 1:
+        prologue = ""
+        fill = (loads("j", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(0))\n" + ready)
+    else:
+        prologue = loads("0", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+        fill = (f"if j + 1 < {nsteps}:\n" + _indent(loads("j + 1", "(j + 1) % 2"), 4)
+                + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + ready)
+    slot = "0" if S == 1 else "j % 2"
+    wait = "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n"
+    return allocs, q_init, prologue, fill, tiles.s_wgmma("sacc", slot) + wait, tiles.pv_wgmma("pf", slot) + wait
+
+
+def _overlap_body(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], row: str, tig: str, out_at: str) -> str:
+    """The Hopper kernel with the tensor cores kept busy across the softmax (``cfg.overlap``; FlashAttention-3's
+    intra-warpgroup pipelining). Key steps go in pairs so the two score accumulators ``sacc[0:n/2]`` and
+    ``sacc[n/2:n]`` take turns with static register indices. Step ``j`` (``par = j % 2``):
+
+    1. wait for this warpgroup's wgmmas (``S_j`` and ``P_{j-1}·V_{j-1}``), then a barrier: every warpgroup is done
+       with ``K_j`` and ``V_{j-1}``;
+    2. copy ``K_{j+2}`` into ``K_j``'s slot and ``V_{j+1}`` into ``V_{j-1}``'s (one cp.async group), wait for the
+       previous group (``K_{j+1}``, ``V_j``) and make it visible to the async proxy;
+    3. issue ``S_{j+1} = Q·K_{j+1}ᵀ`` into the other accumulator; it runs while
+    4. the softmax of ``S_j`` makes P and rescales O (O is not in flight: step 1 waited for it);
+    5. issue ``O += P·V_j``, which runs during the next step's copies and waits.
+    """
+    BN, SB, OB = cfg.block_n, cfg.block_n // 2, spec.head_dim_v // 2
+    nsteps = spec.seq_k // BN
+    tiles = _WgmmaTiles(spec, cfg, bidx, 2)
+    j = "(jj * 2 + par)"
+    score = _score(spec, bidx, row, f"{j} * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[par * {SB} + i]")
+    visible = ("T.evaluate(T.ptx.fence.proxy.async_.shared__cta())\n"   # cp.async writes, seen by wgmma's async proxy
+               "T.tvm_storage_sync('shared')\n")
+    commit = "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+    step = ("T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n"
+            "T.tvm_storage_sync('shared')\n"
+            f"if {j} + 2 < {nsteps}:\n" + _indent(tiles.k_copy(f"{j} + 2", "par"), 4)
+            + f"if {j} + 1 < {nsteps}:\n" + _indent(tiles.v_copy(f"{j} + 1", "1 - par"), 4)
+            + commit + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + visible
+            + f"if {j} + 1 < {nsteps}:\n"
+            + _indent(f"for i in T.unroll({SB}):\n    sacc[(1 - par) * {SB} + i] = T.float32(0)\n"
+                      + tiles.s_wgmma("sacc", "1 - par", offset=f"(1 - par) * {SB} + "), 4)
+            + _online_softmax(1, SB, OB, score, f"sacc[par * {SB} + i]")
+            + tiles.pv_wgmma("pf", "par"))
+    return f"""hs = T.alloc_buffer(({tiles.elems},), "float16", scope="shared.dyn", align=1024)
+sacc = T.alloc_buffer(({2 * SB},), "float32", scope="local")
+pf = T.alloc_buffer(({SB},), "float16", scope="local")
+pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
+oacc = T.alloc_buffer(({OB},), "float32", scope="local")
+mrow = T.alloc_buffer((2,), "float32", scope="local")
+lrow = T.alloc_buffer((2,), "float32", scope="local")
+red = T.alloc_buffer((2,), "float32", scope="local")
+alpha = T.alloc_buffer((2,), "float32", scope="local")
+{tiles.q_copy()}{tiles.k_copy("0", "0")}{tiles.v_copy("0", "0")}{commit}{tiles.k_copy("1", "1")}{commit}for i in T.unroll({OB}):
+    oacc[i] = T.float32(0)
+for h in T.unroll(2):
+    mrow[h] = T.float32(-1e30)
+    lrow[h] = T.float32(0)
+for i in T.unroll({SB}):
+    sacc[i] = T.float32(0)
+T.evaluate(T.ptx.cp.async_.wait_group(1))
+{visible}{tiles.s_wgmma("sacc", "0")}for jj in T.serial({nsteps // 2}):
+    for par in T.unroll(2):
+{_indent(step, 8)}T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+{_normalize_and_store(1, OB, out_at)}"""

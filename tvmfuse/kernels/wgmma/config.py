@@ -1,0 +1,161 @@
+"""The wgmma template's tile configs: the knobs as data, which of them fit a kernel, the default per shape, and
+the annotations a tuned sketch records them under."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+ANNOTATION = "tvmfuse.wgmma_config"
+SMS = 132   # streaming multiprocessors of an H100 / H200 SXM: a persistent kernel's blocks
+CANDIDATES = "tvmfuse.wgmma_candidates"
+SPEC = "tvmfuse.wgmma_spec"
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    warpgroups: int = 2   # warpgroups per block (128 threads each)
+    m_tiles: int = 1      # 64-row wgmma tiles per warpgroup
+    block_n: int = 128    # columns per block (wgmma's N)
+    block_k: int = 64     # K per stage
+    stages: int = 4       # shared-memory buffers (cp.async runs stages - 1 tiles ahead)
+    raster: int = 8       # tile rows launched together (B tiles reused from L2)
+    swizzle: int = 128    # shared tiles in wgmma's 128-byte swizzled layout (needs block_k 64), or 0: no swizzle
+    inflight: int = 1     # wgmma batches left running at the end of a K step (1: the next step's issue overlaps)
+    tma: int = 0          # 1: tiles loaded by TMA from a producer warpgroup, stages handed over by mbarriers
+    persistent: int = 0   # 1 (TMA only): one block per SM walks the tiles; the next tile's loads run during the
+    #                       epilogue of this one
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.m_tiles * self.warpgroups
+
+    @property
+    def threads(self) -> int:
+        """Threads per block: the computing warpgroups, plus the producer warpgroup of a TMA kernel."""
+        return 128 * (self.warpgroups + (1 if self.tma else 0))
+
+    @property
+    def name(self) -> str:
+        return (f"g{self.warpgroups} m{self.m_tiles} n{self.block_n} k{self.block_k} s{self.stages} "
+                f"r{self.raster} z{self.swizzle} f{self.inflight}" + (" t1" if self.tma else "")
+                + (" p1" if self.persistent else ""))
+
+    def shared_bytes(self) -> int:
+        """The tiles' stages, and a TMA kernel's two mbarriers (8 bytes each) per stage."""
+        return 2 * self.stages * self.block_k * (self.block_m + self.block_n) + (16 * self.stages if self.tma else 0)
+
+
+def parse_config(name: str) -> WgmmaConfig:
+    """The config :attr:`WgmmaConfig.name` names (``"g2 m1 n128 k64 s4 r8 z128 f1"``)."""
+    f = dict((part[0], int(part[1:])) for part in name.split())
+    return WgmmaConfig(warpgroups=f["g"], m_tiles=f["m"], block_n=f["n"], block_k=f["k"], stages=f["s"],
+                       raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1), tma=f.get("t", 0),
+                       persistent=f.get("p", 0))
+
+
+def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
+            stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,), persistent=(0,),
+            max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
+    """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
+    partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only with 128-byte swizzled tiles,
+    TMA's layout, and for a conv only where its output pixels tile well (:func:`pixel_tile`)."""
+    out = []
+    for g in warpgroups:
+        for mt in m_tiles:
+            for n in block_n:
+                for kb in block_k:
+                    for st in stages:
+                        for r, z, f, t, p in [(r, z, f, t, p) for r in raster for z in swizzle for f in inflight
+                                              for t in tma for p in persistent]:
+                            c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f),
+                                            int(t), int(p))
+                            if c.tma and spec.conv is not None and pixel_tile(spec) is None:
+                                continue
+                            tiles_m = _tiles_m(spec, c)   # a partial last tile row is predicated
+                            if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
+                                    and (spec.conv is None or spec.conv.c % c.block_k == 0)
+                                    and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
+                                    and tiles_m % c.raster == 0
+                                    # cp.async: a batch in flight holds a stage: at 3 stages that left two and
+                                    # ran 1.24x slower on the H200; at 4 it matched or beat f0.
+                                    # TMA: the producer refills a stage as soon as it is released; a batch
+                                    # in flight gave wrong results (rel. err. 1-2e-2 on every shape but one,
+                                    # H200, cause not found), so TMA kernels wait for their batch
+                                    and (c.stages - c.inflight >= 2 + c.inflight if not c.tma
+                                         else c.inflight == 0)
+                                    and (not c.tma or c.swizzle == 128)
+                                    and (c.tma or not c.persistent)
+                                    and (c.swizzle == 0 or c.block_k == 64)
+                                    and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
+                                    and c.shared_bytes() <= max_shared_bytes):
+                                out.append(c)
+    return out
+
+
+def _a_predicated(spec: GemmSpec, cfg: WgmmaConfig) -> bool:
+    """Whether A's copies zero-fill (a padded conv window, rows past the last whole tile)."""
+    return (spec.conv is not None and spec.conv.padded) or spec.rows % cfg.block_m != 0
+
+
+def pixel_tile(spec: GemmSpec) -> tuple[int, int] | None:
+    """A conv's TMA patch: ``(bh, bw)`` output rows and columns of one image, 64 pixels (one wgmma m-tile; a block
+    takes ``block_m / 64`` consecutive patches, numbered image by image, row by row). The shape that covers the
+    fewest pixels past the output (ties: the wider); None where the conv is strided (a strided box needs TMA's
+    traversal strides, not built), its channels are no multiple of 64, or the patches cover more than 15% more
+    pixels than the output has (56 x 56: 8 x 8 patches, none idle; 28 x 28: 4 x 16, 14% idle; 14 x 14: none)."""
+    g = spec.conv
+    if g is None or g.stride != (1, 1) or g.c % 64:
+        return None
+    best = None
+    for bw in (64, 32, 16, 8, 4, 2, 1):
+        bh = 64 // bw
+        covered = -(-g.oh // bh) * bh * -(-g.ow // bw) * bw
+        if best is None or covered < best[0]:
+            best = (covered, bh, bw)
+    if best[0] * 20 > g.oh * g.ow * 23:
+        return None
+    return best[1], best[2]
+
+
+def _patches(spec: GemmSpec) -> int:
+    """A TMA conv's patches (:func:`pixel_tile`), all images."""
+    g = spec.conv
+    bh, bw = pixel_tile(spec)
+    return g.n * -(-g.oh // bh) * -(-g.ow // bw)
+
+
+def _tiles_m(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+    """Tile rows: of ``block_m / 64`` patches of output pixels for a TMA conv (the last tile's past the output read
+    zeros and store nothing), else of ``block_m`` GEMM rows (the last one partial where they do not divide)."""
+    if cfg.tma and spec.conv is not None:
+        return -(-_patches(spec) // (cfg.block_m // 64))
+    return -(-spec.rows // cfg.block_m)
+
+
+def default_config(spec: GemmSpec) -> WgmmaConfig:
+    """The fastest measured where it fits (H200, BENCHMARKS.md): 128x256 tiles by TMA, 4 stages (8192^3 GEMM 1623-1758
+    us, 0.95-0.99x cuBLAS; the 3x3 conv 362 us, 0.86x cuDNN), then 256x128 (1757 / 371 us), then
+    128x128 (410 us, the conv); else by cp.async: 128x256 tiles, 3 stages (the GEMM 1996-2025 us, the conv 482-490),
+    then 256x128, then 128x128."""
+    # (an untuned build runs unchecked, so a conv takes the TMA kernel only as run and checked on the H200: stride
+    # 1, no dilation, 8 x 8 and partial 2 x 32 patches)
+    tma = (0, 1) if spec.conv is None or spec.conv.dilation == (1, 1) else (0,)
+    options = configs(spec, tma=tma)
+    whole = [c for c in options if spec.rows % c.block_m == 0]   # tiles without a predicated last row first
+    options = whole + [c for c in options if c not in whole]
+    # (warpgroups, m_tiles, block_n, tma, stages) in order, TMA only at the tile shapes run on the H200; each at the
+    # deepest pipeline that fits the K steps and the widest raster group that divides the tile rows
+    for g, mt, n, t, stages in ((2, 1, 256, 1, (4, 3)), (2, 2, 128, 1, (4, 3)), (2, 1, 128, 1, (4, 3)),
+                                (2, 1, 256, 0, (3,)), (2, 2, 128, 0, (3,)), (2, 1, 128, 0, (3,))):
+        for st in stages:
+            for raster in (8, 4, 1):
+                cfg = WgmmaConfig(g, mt, n, 64, st, raster, 128, 0, t)
+                if cfg in options:
+                    return cfg
+    return options[0]
+
+
+def supports(target) -> bool:
+    """wgmma needs an arch-specific Hopper target (``sm_90a``)."""
+    return target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a"

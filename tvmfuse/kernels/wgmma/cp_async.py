@@ -1,0 +1,98 @@
+"""The wgmma kernel whose tiles every thread copies by ``cp.async`` (and the entry point that picks the TMA
+kernel for a TMA config)."""
+from __future__ import annotations
+
+from tvmfuse.kernels.wgmma.config import WgmmaConfig, _a_predicated
+from tvmfuse.kernels.wgmma.layout import _a_read, _batch_offsets, _tile_coords, tile_layout
+from tvmfuse.kernels.wgmma.mma import _mma_and_store
+from tvmfuse.kernels.wgmma.ptx import _ZFILL_SOURCE, ZFILL, _indent
+from tvmfuse.kernels.wgmma.spec import GemmSpec
+from tvmfuse.kernels.wgmma.tma import tma_source
+
+
+def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
+                store: str) -> str:
+    """TVMScript of the kernel: ``params`` the function's parameter declarations, ``a`` / ``b`` the names of the
+    A and B buffers among them, ``store`` the store of one accumulator, a format string with the fields
+    ``{bz}`` (flattened batch index), ``{row}``, ``{col}`` (output row within the batch and column) and
+    ``{acc}`` (the fp32 accumulator)."""
+    if cfg.tma:
+        return tma_source(spec, cfg, params, a, b, store)
+    BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
+    M, N, K = spec.rows, spec.n, spec.k
+    tiles_m, tiles_n, kt = -(-M // BM), N // BN, K // BK
+    tail = M % BM != 0   # the last tile row reads zeros past row M and stores nothing there
+    F = cfg.inflight
+    pid_m, pid_n = _tile_coords(spec, cfg)
+    a_tile, b_tile = BM * BK, BN * BK
+    _, b_batch = _batch_offsets(spec)
+    a_chunk, _ = tile_layout(cfg.swizzle, True, BM, BK)
+    b_chunk, _ = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
+    zfill = bool(F) and _a_predicated(spec, cfg)   # A's predicated copies in the main loop: branch-free
+    # One shared allocation: A's stages at 0, B's at sb_at. (With two, TVM's shared-memory planner sees no use of
+    # A's tiles in the main loop when its only accesses there are the zero-filling copies and the descriptors, and
+    # lays B's tiles over A's: wrong results at 3 stages with a batch in flight on the H200.)
+    sb_at = S * a_tile
+
+    def copies(slot: str, step: str, branch: bool = False) -> str:
+        out = ""
+        for dst, src, tile, chunk, glob in (
+                (0, a, a_tile, a_chunk, lambda o, k: _a_read(spec, f"({pid_m} * {BM} + {o})", f"{step} * {BK}", k,
+                                                                tail)),
+                (sb_at, b, b_tile, b_chunk,
+                 (lambda o, k: (None, f"{b_batch} + ({pid_n} * {BN} + {o}) * {K} + {step} * {BK} + {k}"))
+                 if spec.b_kmajor else
+                 (lambda o, k: (None, f"{b_batch} + ({step} * {BK} + {k}) * {N} + {pid_n} * {BN} + {o}")))):
+            o, k, off = chunk(f"(it * {NT} + tx)")
+            pred, at = glob(o, k)
+            at_smem = f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
+            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', smem.data, {at_smem}, {src}.data, {at}, 16))"
+            if pred is not None and zfill and not branch:
+                # 16 zero bytes where the element is not read, without a branch (with a batch in flight ptxas
+                # serializes the wgmmas around one, C7514); the source offset is 0 there
+                copy = (f"T.evaluate(T.cuda.func_call({ZFILL!r}, smem_base + T.uint32(({at_smem}) * 2), "
+                        f"{src}.data, T.Select({pred}, {at}, 0), T.Cast('int32', {pred}), "
+                        f"source_code={_ZFILL_SOURCE!r}))")
+            elif pred is not None:   # 16 zero bytes where the element is not read (a conv's padding, rows past M)
+                copy = (f"if {pred}:\n    {copy}\nelse:\n    for v in T.vectorized(8):\n"
+                        f"        smem[{at_smem} + v] = T.float16(0)")
+            out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
+        return out
+
+    wgmmas, stored = _mma_and_store(spec, cfg, store, pid_m, pid_n, sb_at)
+    # Loads run L = S - 1 - F tiles ahead: a stage is refilled once the wgmma batches that read it are done
+    # (with F batches left in flight at a step's end, the stage read F + 1 steps ago; the barrier at the top
+    # of each step orders every warpgroup's wait before anyone's refill). One cp.async group per tile.
+    L = S - 1 - F
+    # (with fewer K steps than that, the missing tiles' groups are committed empty, so the waits keep counting)
+    # (The prologue keeps the branches: outside the loop they serialize nothing, and TVM's shared-memory planner
+    # needs a cp.async into sa that it recognizes, or it leaves sa out of the merged allocation.)
+    prologue = "".join((copies(str(s_), str(s_), branch=True) if s_ < kt else "")
+                       + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
+    base = 'smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n' if zfill else ""
+    if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
+        #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
+        refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")
+    else:
+        refill = f"if ko + {L} < {kt}:\n" + _indent(copies(f"(ko + {L}) % {S}", f"(ko + {L})"), 4)
+    return f"""
+@T.prim_func(s_tir=True)
+def main({", ".join(params)}):
+    T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True}})
+    for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):
+        for bx in T.thread_binding({tiles_m * tiles_n}, thread="blockIdx.x"):
+            for tx in T.thread_binding({NT}, thread="threadIdx.x"):
+                smem = T.alloc_buffer(({S * (a_tile + b_tile)},), "float16", scope="shared.dyn", align=1024)
+                acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")
+{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
+                    acc[i] = T.float32(0)
+{_indent(prologue, 16)}                for ko in T.serial({kt}):
+                    T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))
+                    T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
+                    T.tvm_storage_sync("shared")
+                    T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+{_indent(wgmmas, 20)}                    T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
+{_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
+                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
+                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+{_indent(stored, 16)}"""

@@ -1,0 +1,51 @@
+"""One K step's wgmmas and the store of the accumulators: the part the cp.async and the TMA kernels share."""
+from __future__ import annotations
+
+from tvmfuse.kernels.wgmma.config import WgmmaConfig, _patches, pixel_tile
+from tvmfuse.kernels.wgmma.layout import _all, _pixel_origin, desc, tile_layout
+from tvmfuse.kernels.wgmma.ptx import _indent, wgmma_issue
+from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+
+def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str,
+                   sb_at: int, step: str = "ko") -> tuple[str, str]:
+    """TVMScript of one K step's wgmmas (stage ``step % stages``; A's stages at element 0 of ``smem``, B's at
+    ``sb_at``) and of the stores of the accumulators (rows past the last predicated)."""
+    BM, BN, BK, S, MT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles
+    a_tile, b_tile = BM * BK, BN * BK
+    _, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
+    _, b_desc = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
+    wg = "(tx // 128)"
+    wgmmas = ""
+    for kk in range(BK // 16):
+        for t in range(MT):
+            accs = ", ".join(f"acc[{t * BN // 2 + i}]" for i in range(BN // 2))
+            a_off, a_lbo, a_sbo = a_desc(kk)
+            b_off, b_lbo, b_sbo = b_desc(kk)
+            # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
+            da = desc("smem", f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
+                       cfg.swizzle)
+            db = desc("smem", f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
+            wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}")
+
+    # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
+    lane, warp = "(tx % 32)", "(tx % 128 // 32)"
+    within = f"{warp} * 16 + {lane} // 4 + p % 2 * 8"   # row within the warpgroup's m-tile t
+    col = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 + v"
+    if cfg.tma and spec.conv is not None:   # m-tile t is one bh x bw patch of output pixels
+        n, oh, ow = _pixel_origin(spec, f"({pid_m} * {BM // 64} + {wg} * {MT} + t)")
+        bh, bw = pixel_tile(spec)
+        g = spec.conv
+        y, x = f"({oh} + ({within}) // {bw})", f"({ow} + ({within}) % {bw})"
+        row = f"({n} * {g.oh} + {y}) * {g.ow} + {x}"
+        pred = _all(([f"{n} < {g.n}"] if _patches(spec) % (BM // 64) else [])
+                    + ([f"{y} < {g.oh}"] if g.oh % bh else []) + ([f"{x} < {g.ow}"] if g.ow % bw else []))
+    else:
+        row = f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {within}"
+        pred = f"{row} < {spec.rows}" if spec.rows % BM else None
+    stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + p * 2 + v]")
+    if pred is not None:
+        stored = f"if {pred}:\n    {stored}"
+    stores = (f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n        for v in T.vectorized(2):\n"
+              + _indent(stored, 12))
+    return wgmmas, stores

@@ -1,0 +1,104 @@
+"""The PTX the wgmma kernels need beyond TVM's ops, as device functions of our own (``T.cuda.func_call`` with
+their source), the ``wgmma.mma_async`` statement, and the parser that puts those sources in the TVMScript's scope."""
+from __future__ import annotations
+
+# A 16-byte cp.async to a shared address that reads nothing and writes 16 zero bytes where ``valid`` is 0
+# (PTX's src-size operand): a predicated copy without a branch. TVM 0.27's raw cp.async op takes no predicate
+# from TVMScript, so this is a function of our own (``T.cuda.func_call`` with its source; fp16 elements).
+ZFILL = "tvmfuse_cp_async_zfill"
+_ZFILL_SOURCE = f"""
+__forceinline__ __device__ void {ZFILL}(unsigned int dst, void* src, int src_off, int valid) {{
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(dst), "l"((const char*)src + (long long)src_off * 2), "r"(valid * 16));
+}}
+"""
+
+
+def _indent(text: str, n: int) -> str:
+    return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
+
+
+def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str) -> str:
+    """One ``wgmma.mma_async.m64n{n}k16`` (fp16 in, fp32 accumulate) statement: ``accs`` the accumulators, ``a``
+    a descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates."""
+    return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16({accs}, {a}, {b}, "
+            f"T.ptx.pred(1), {flags}))\n")
+
+
+# The TMA kernel's PTX, as device functions of our own (``T.cuda.func_call`` with this source): mbarriers in
+# shared memory (32-bit shared addresses), a wait that spins on try_wait inside the asm (its labels are local to
+# the braces), an arrive predicated without a branch, and the 3-D and 4-D tiled TMA loads that complete on an
+# mbarrier. The wait and the arrive, which run between wgmmas, take no "memory" clobber (volatile asm statements
+# keep their order among themselves, wgmmas included; a clobber tells the compiler the asm may read the
+# accumulator array). Dropping it was tried against the wrong results of TMA kernels with a batch in flight (H200)
+# and did not change them; those kernels are not offered (:func:`configs`).
+_TMA_SOURCE = {
+    "tvmfuse_mbar_init": r"""
+__forceinline__ __device__ void tvmfuse_mbar_init(unsigned int bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+""",
+    "tvmfuse_mbar_init_fence": r"""
+__forceinline__ __device__ void tvmfuse_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+""",
+    "tvmfuse_mbar_expect_tx": r"""
+__forceinline__ __device__ void tvmfuse_mbar_expect_tx(unsigned int bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+""",
+    "tvmfuse_mbar_arrive_if": r"""
+__forceinline__ __device__ void tvmfuse_mbar_arrive_if(unsigned int bar, int pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}"
+               :: "r"(bar), "r"(pred));
+}
+""",
+    "tvmfuse_mbar_wait": r"""
+__forceinline__ __device__ void tvmfuse_mbar_wait(unsigned int bar, int parity) {
+  asm volatile("{\n.reg .pred p;\nTVMFUSE_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra.uni TVMFUSE_WAIT;\n}" :: "r"(bar), "r"(parity));
+}
+""",
+    # Hopper's warpgroup register reallocation: the producer gives registers back, the computing warpgroups take
+    # them (two computing warpgroups: 2 x 128 x 232 + 128 x 40 = 64512 of the SM's 65536)
+    "tvmfuse_regs_take": r"""
+__forceinline__ __device__ void tvmfuse_regs_take() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+}
+""",
+    "tvmfuse_regs_give": r"""
+__forceinline__ __device__ void tvmfuse_regs_give() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+}
+""",
+    "tvmfuse_tma_load_4d": r"""
+__forceinline__ __device__ void tvmfuse_tma_load_4d(unsigned int dst, unsigned long long map, int c0, int c1, int c2,
+                                                    int c3, unsigned int bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+""",
+    "tvmfuse_tma_load_3d": r"""
+__forceinline__ __device__ void tvmfuse_tma_load_3d(unsigned int dst, unsigned long long map, int c0, int c1, int c2,
+                                                    unsigned int bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+""",
+}
+
+
+def _ptx(fn: str, *args: str) -> str:
+    """A statement calling one of :data:`_TMA_SOURCE`'s functions (TVM emits a function's source once per name)."""
+    return f"T.evaluate(T.cuda.func_call({', '.join([repr(fn), *args])}, source_code=_TMA_SOURCE[{fn!r}]))\n"
+
+
+def parse(source: str):
+    from tvmfuse._tvm import tvm
+    from tvm.script import tirx as T
+
+    return tvm.script.parse(source, extra_vars={"T": T, "_TMA_SOURCE": _TMA_SOURCE})
