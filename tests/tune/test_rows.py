@@ -15,6 +15,7 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))   # test_flash's _cuda_source
 
 from cuda_checks import _at_every_value, _cuda_index_env, assert_ptxas_without_spills, build_with_record  # noqa: E402
 from tvmfuse._tvm import build_context, ms, tvm  # noqa: E402

@@ -11,7 +11,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from cuda_checks import assert_ptxas_without_spills, assert_shared_vectors_aligned
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))   # test_flash's _cuda_source
+from cuda_checks import assert_ptxas_without_spills, assert_shared_vectors_aligned  # noqa: E402
 from tvmfuse._tvm import build_context, tvm
 from tvmfuse.bench.cases import CASES, SMALL
 from tvmfuse.frontend import import_model, load_model

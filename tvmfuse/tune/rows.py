@@ -435,6 +435,34 @@ def _indent(text: str, n: int) -> str:
     return "".join(" " * n + ln + "\n" if ln.strip() else "\n" for ln in text.splitlines())
 
 
+class _Reciprocals:
+    """The float32 reciprocals of a row's per-row divisors, each computed once per thread: a float division by a
+    value the same along the row becomes a multiplication. ``take()`` hands over the code computing those first
+    asked for since the last call, to be emitted before the code that uses them; ``allocs`` their registers."""
+
+    def __init__(self, prog: RowProgram, *, row: str, sc: str, wide: frozenset, per: int, scope: str, threads):
+        self.prog, self.row, self.sc, self.wide, self.per, self.scope, self.threads = (
+            prog, row, sc, wide, per, scope, threads)
+        self.names: dict = {}   # a divisor's float32 text -> the register holding its reciprocal
+        self.allocs: list = []
+        self._code = ""
+
+    def __call__(self, b, roles) -> str:
+        if type(b).__name__ in ("BufferLoad", "TensorLoad") and _buf(b).name in self.wide:
+            text = f"{_buf(b).name}_s[{self.sc}]"
+        else:
+            text = f"T.Cast('float32', {_expr(b, self.prog, roles, row=self.row, scalar=self.sc, wide=self.wide)})"
+        if text not in self.names:
+            self.names[text] = name = f"inv_{len(self.names)}"
+            self.allocs.append(f"{name} = T.alloc_buffer(({self.per},), 'float32'{self.scope})\n")
+            self._code += self.threads(f"{name}[{self.sc}] = T.float32(1) / {text}\n")
+        return f"{self.names[text]}[{self.sc}]"
+
+    def take(self) -> str:
+        code, self._code = self._code, ""
+        return code
+
+
 def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -> str:
     """TVMScript of the program under ``cfg``. ``emulate``: the same program with its threads as serial loops
     (each thread's registers a slice of an array, the warp shuffles as the butterfly they compute, the shared
@@ -489,28 +517,14 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     loads = "".join(steps(f"{name}_r[{elem}] = {name}_f[{row} * {N} + {col}]\n", vec) for name in reads_full)
     loads += "".join(steps(f"{name}_c[{elem}] = {name}_f[{col}]\n", vec) for name in sorted(prog.by_col))
     code = threads(loads)
-    inverses: dict = {}   # a per-row divisor's float32 text -> the register holding its reciprocal
-    body_allocs: list = []   # those registers
-
-    def divisor(b, roles) -> str:
-        """The register holding ``1 / b`` (``b`` the same along the row), computed once per thread."""
-        nonlocal code
-        if type(b).__name__ in ("BufferLoad", "TensorLoad") and _buf(b).name in wide:
-            text = f"{_buf(b).name}_s[{sc}]"
-        else:
-            text = f"T.Cast('float32', {_expr(b, prog, roles, row=row, scalar=sc, wide=wide)})"
-        if text not in inverses:
-            inverses[text] = f"inv_{len(inverses)}"
-            body_allocs.append(f"{inverses[text]} = T.alloc_buffer(({per},), 'float32'{scope})\n")
-            code += threads(f"{inverses[text]}[{sc}] = T.float32(1) / {text}\n")
-        return f"{inverses[text]}[{sc}]"
+    divisor = _Reciprocals(prog, row=row, sc=sc, wide=wide, per=per, scope=scope, threads=threads)
 
     for n, s in enumerate(prog.steps):
         name = s.buffer.name
         if s.kind == "elementwise":
             val = _expr(s.value, prog, s.roles, elem=elem, col=col, row=row, scalar=sc, wide=wide,
                         divisor=lambda b, roles=s.roles: divisor(b, roles))
-            code += threads(steps(f"{name}_r[{elem}] = {val}\n"))
+            code += divisor.take() + threads(steps(f"{name}_r[{elem}] = {val}\n"))
             continue
         val = _expr(s.value, prog, s.roles, elem=elem, col=col, row=row, scalar=sc, wide=wide)
         if s.kind == "row":
@@ -522,7 +536,7 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
             init, val = f"T.Cast('float32', {init})", f"T.Cast('float32', {val})"
         code += threads(f"{acc} = {init}\n" + steps(f"{acc} = {comb.format(a=acc, b=val)}\n"))
         code += _across_threads(name, n, comb, T_, emulate, unroll, threads)
-    body += "".join(body_allocs) + code
+    body += "".join(divisor.allocs) + code
     stores = [(o.name, o.name) for o in prog.outputs] + [(o.name, src) for o, src in prog.reshaped]
     body += threads("".join(steps(f"{o}_f[{row} * {N} + {col}] = {src}_r[{elem}]\n", vec) for o, src in stores))
     return _kernel(prog, R // RPB, RPB, T_, views, body, emulate)
@@ -614,20 +628,8 @@ def _stream_source(prog: RowProgram, cfg: RowConfig, emulate: bool) -> str:
         return _expr(st.value, prog, st.roles, elem=ev, col=col, row=row, scalar=sc, wide=wide, whole=whole,
                      bcast=lambda b: f"{b.name}_f[{col}]", divisor=lambda b, roles=st.roles: divisor(b, roles))
 
-    inverses: dict = {}
+    divisor = _Reciprocals(prog, row=row, sc=sc, wide=wide, per=per, scope=scope, threads=threads)
     allocs, code = [], ""
-
-    def divisor(b, roles) -> str:
-        nonlocal code
-        if type(b).__name__ in ("BufferLoad", "TensorLoad") and _buf(b).name in wide:
-            text = f"{_buf(b).name}_s[{sc}]"
-        else:
-            text = f"T.Cast('float32', {_expr(b, prog, roles, row=row, scalar=sc, wide=wide)})"
-        if text not in inverses:
-            inverses[text] = f"inv_{len(inverses)}"
-            allocs.append(f"{inverses[text]} = T.alloc_buffer(({per},), 'float32'{scope})\n")
-            code += threads(f"{inverses[text]}[{sc}] = T.float32(1) / {text}\n")
-        return f"{inverses[text]}[{sc}]"
 
     def stream(compute: str, stores=()) -> str:
         """A pass over the thread's part of the row: the inputs ``compute`` reads loaded, ``compute`` lane by
@@ -678,8 +680,8 @@ def _stream_source(prog: RowProgram, cfg: RowConfig, emulate: bool) -> str:
             continue
         allocs.append(f"{name}_s = T.alloc_buffer(({per},), '{acc_t}'{scope})\n")
         if st.kind == "row":
-            val = render(st)   # (first: it may emit a divisor's reciprocal)
-            code += threads(f"{name}_s[{sc}] = {val}\n")
+            val = render(st)
+            code += divisor.take() + threads(f"{name}_s[{sc}] = {val}\n")
             continue
         if emulate:
             allocs.append(f"{name}_x = T.alloc_buffer(({per},), '{acc_t}')\n")
@@ -689,7 +691,7 @@ def _stream_source(prog: RowProgram, cfg: RowConfig, emulate: bool) -> str:
         val, init = render(st), _expr(st.init, prog, st.roles, row=row, scalar=sc, wide=wide)
         if name in wide:
             init, val = f"T.Cast('float32', {init})", f"T.Cast('float32', {val})"
-        code += threads(f"{acc} = {init}\n")
+        code += divisor.take() + threads(f"{acc} = {init}\n")
         code += stream(f"{acc} = {comb.format(a=acc, b=val)}\n")
         code += _across_threads(name, n, comb, T_, emulate, unroll, threads)
     stores = [(o, o) for o in prog.outputs] + list(prog.reshaped)
@@ -697,11 +699,11 @@ def _stream_source(prog: RowProgram, cfg: RowConfig, emulate: bool) -> str:
     for o, src in stores:
         allocs.append(f"{o.name}_o = T.alloc_buffer(({per * L},), '{o.dtype}'{scope})\n")
         compute += f"{o.name}_o[{ev}] = {whole(src if not isinstance(src, str) else _named(prog, src))}\n"
-    code += stream(compute, [o.name for o, _ in stores])
+    code += divisor.take() + stream(compute, [o.name for o, _ in stores])
     # an unaligned row: the elements before its first whole vector, its whole vectors, the elements after
     lets = (f"off = T.truncmod({L} - T.truncmod(bx * {N}, {L}), {L})\nnb = ({N} - off) // {L}\n"
             f"tl = {N} - off - nb * {L}\n") if unaligned else ""
-    body = "".join(dict.fromkeys(allocs)) + lets + code
+    body = "".join(dict.fromkeys(allocs + divisor.allocs)) + lets + code
     return _kernel(prog, R, 1, T_, _flat_views(prog), body, emulate)
 
 
