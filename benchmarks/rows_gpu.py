@@ -1,4 +1,4 @@
-"""The row program (tvmfuse/tune/rows.py) on the GPU: each config built, checked and timed beside the copy ceiling.
+"""The row program (tvmfuse/kernels/rows/) on the GPU: each config built, checked and timed beside the copy ceiling.
 
 For the ANCHORS.md row cases (softmax 65536 x 2048, add+LayerNorm 16384 x 8192, fp16) it takes the planner's
 row kernel, builds the row program under each config (``--configs``, default: every config that fits), checks it
@@ -87,7 +87,7 @@ def _reference(func):
 
 
 def run_case(case: str, func, configs, build_only: bool) -> dict:
-    import tvmfuse.tune.rows as rows
+    import tvmfuse.kernels.rows as rows
     prog = rows.analyze(func)
     out = {"case": case, "shape": [prog.rows, prog.cols], "configs": []}
     if not build_only:
@@ -163,7 +163,7 @@ def main() -> int:
     ap.add_argument("--default-only", action="store_true")
     a = ap.parse_args()
 
-    import tvmfuse.tune.rows as rows
+    import tvmfuse.kernels.rows as rows
     runs = []
     for case in a.cases.split(",") if not a.shapes else []:
         if case not in SIZES:

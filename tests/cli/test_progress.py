@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tvmfuse.cli.main import TABLE_ORDER, _RichProgress, _table_order, _TrialCount
+from tvmfuse.cli.main import TABLE_ORDER, _table_order
+from tvmfuse.cli.progress import RichProgress, TrialCount
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "tvmfuse" / "data" / "example.onnx"
 
@@ -28,7 +29,7 @@ class _Clock:
 
 def test_trial_count_counts_searched_trials_only_and_estimates_the_time_left():
     clock = _Clock()
-    count = _TrialCount(clock=clock)
+    count = TrialCount(clock=clock)
     count.start(3, [16, 8, 8])  # what the tuner passes: searched trials only, summing to --trials (32)
     assert (count.total, count.done, count.eta()) == (32, 0, None)  # nothing measured: no estimate yet
     count.default(0)  # kernel 0's default schedule: measured, but not a trial
@@ -51,7 +52,7 @@ def test_trial_count_counts_searched_trials_only_and_estimates_the_time_left():
 
 def test_trial_count_eta_never_exceeds_the_time_budget():
     clock = _Clock()
-    count = _TrialCount(time_budget_s=60, clock=clock)
+    count = TrialCount(time_budget_s=60, clock=clock)
     count.start(2, [10, 10])
     assert count.eta() == 60  # before any trial: the budget is all that is known
     clock.t += 20
@@ -62,7 +63,7 @@ def test_trial_count_eta_never_exceeds_the_time_budget():
 
 
 def test_piped_progress_is_one_line_per_finished_kernel(capsys):
-    progress = _RichProgress(enabled=True, live=False)
+    progress = RichProgress(enabled=True, live=False)
     kernels = [SimpleNamespace(name="fused_a"), SimpleNamespace(name="fused_b")]
     with progress:
         progress.on_start(kernels, [2, 0])
@@ -78,7 +79,7 @@ def test_piped_progress_is_one_line_per_finished_kernel(capsys):
 
 
 def test_piped_progress_says_how_a_long_kernel_goes_when_no_line_came_for_a_while(capsys):
-    progress = _RichProgress(enabled=True, live=False)
+    progress = RichProgress(enabled=True, live=False)
     clock = progress.count.clock = _Clock()
     progress.on_start([SimpleNamespace(name="fused_slow")], [64])
     progress.on_batch(0, 8, 2e-3)  # too soon after the first line: nothing

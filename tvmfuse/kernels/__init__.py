@@ -21,7 +21,7 @@ def registry() -> tuple[KernelTemplate, ...]:
     from tvmfuse.kernels.flash import FlashTemplate
     from tvmfuse.kernels.pointwise import PointwiseTemplate
     from tvmfuse.kernels.row_reduction import RowReductionTemplate
-    from tvmfuse.kernels.rows_template import RowsTemplate
+    from tvmfuse.kernels.rows import RowsTemplate
     from tvmfuse.kernels.tensorcore import TensorCoreTemplate
     from tvmfuse.kernels.wgmma import WgmmaTemplate
 

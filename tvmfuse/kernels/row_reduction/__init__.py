@@ -1,6 +1,6 @@
 """The row-reduction template: reductions over the last axis with their prologue and epilogue (add+LayerNorm,
 RMSNorm, softmax), each row reduced by its own threads; its row staged in shared memory, in registers, or re-read
-by every pass, one sketch each, and the row program's sketch (``tvmfuse.kernels.rows_template``) beside them.
+by every pass, one sketch each, and the row program's sketch (``tvmfuse.kernels.rows``) beside them.
 
 It has no untuned kernel of its own: an untuned build runs the row program's default where it fits.
 """

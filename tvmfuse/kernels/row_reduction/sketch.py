@@ -3,7 +3,7 @@ row staged in shared memory, in registers, or re-read by every pass; and the row
 from __future__ import annotations
 
 from tvmfuse.kernels.knobs import Knob, sample
-from tvmfuse.kernels.rows_template import program_sketch
+from tvmfuse.kernels.rows import program_sketch
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
 from tvmfuse.kernels.staging import dtype_bytes, fuse_leading, stage_through_registers, vector_knob
 

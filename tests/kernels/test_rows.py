@@ -1,4 +1,4 @@
-"""The row program (tvmfuse/tune/rows.py): which kernels it takes, that its serial twin computes the planner's
+"""The row program (tvmfuse/kernels/rows/): which kernels it takes, that its serial twin computes the planner's
 kernel on the CPU, that its CUDA kernels read each input row once in coalesced 16-byte vectors, write each
 output element once, keep the row in registers without spills, and that a tuning record selecting it builds
 through ``compile``. (Built here, not run: the H200 checks its numerics in the tuner's kernel check.)"""
@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))   # test_flash's _cuda_source
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 from cuda_checks import _at_every_value, _cuda_index_env, assert_ptxas_without_spills, build_with_record  # noqa: E402
 from tvmfuse._tvm import build_context, ms, tvm  # noqa: E402
@@ -24,7 +24,8 @@ from tvmfuse.bench.cases import CASES  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
-from tvmfuse.tune import extract_kernels, rows  # noqa: E402
+from tvmfuse.kernels import rows  # noqa: E402
+from tvmfuse.tune import extract_kernels  # noqa: E402
 from tvmfuse.kernels.sketch import root_blocks as _blocks_of  # noqa: E402
 from tvmfuse.tune.spaces import classify, select_space  # noqa: E402
 
