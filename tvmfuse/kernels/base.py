@@ -39,6 +39,7 @@ class KernelTemplate:
     searched_in : the sketch whose samples choose this template's configs or knobs (its own, or the sketch of
         another template that offers this one's kernels among its sketches)
     candidates_key : the root-block annotation holding the config names a tuned sketch chose among
+    index_key : the root-block annotation holding the sampled index into them
     config_field : the key under which ``tvmfuse inspect`` shows the config a kernel's best record selects
     config_words : how ``tvmfuse inspect`` says a kernel runs a config: ``{config}`` is its name
     knobs : the knobs of its class's block in the space file that it reads
@@ -52,6 +53,7 @@ class KernelTemplate:
     sketch_name: str | None = None
     searched_in: str | None = None
     candidates_key: str | None = None
+    index_key: str | None = None
     config_field: str | None = None
     config_words: str = "the {name} template's config {config}"
     knobs: tuple[str, ...] = ()

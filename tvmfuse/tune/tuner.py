@@ -7,6 +7,7 @@ per kernel; within a kernel MetaSchedule's evolutionary search and XGBoost cost 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -456,9 +457,9 @@ XGB_WARMUP_SAMPLES = 16
 
 def make_cost_model(name: str):
     """The cost model one tuning run shares across its kernels: ``xgb`` (MetaSchedule's XGBoost model over its
-    per-store features) or ``random``. Each kernel's measurements train the same model, so the later kernels of a
-    run are searched with what the earlier ones taught it. Raises TvmfuseError (exit 2) when the model cannot be
-    made: tuning never falls back to another model silently."""
+    per-store features and the template configs' knobs, ``tvmfuse.tune.features``) or ``random``. Each kernel's
+    measurements train the same model, so the later kernels of a run are searched with what the earlier ones
+    taught it. Raises TvmfuseError (exit 2) when the model cannot be made: never another model silently."""
     if name not in COST_MODELS:
         raise TvmfuseError(f"unknown cost model '{name}'", hint="choose from " + ", ".join(COST_MODELS))
     if name == "random":
@@ -468,12 +469,12 @@ def make_cost_model(name: str):
     except ImportError as err:
         raise TvmfuseError(f"the xgb cost model needs xgboost, which does not import here ({err})",
                            hint="pip install xgboost, or --cost-model random") from None
-    return ms.cost_model.XGBModel(num_warmup_samples=XGB_WARMUP_SAMPLES)
+    from tvmfuse.tune.features import TemplateFeatures
+
+    return ms.cost_model.XGBModel(extractor=TemplateFeatures(), num_warmup_samples=XGB_WARMUP_SAMPLES)
 
 
 def _cores(target: TargetInfo) -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 

@@ -59,7 +59,7 @@ class FlashTemplate(KernelTemplate):
     kernel_classes = ("attention",)
     sketch_name = "attention"
     searched_in = "attention"
-    candidates_key = CANDIDATES
+    candidates_key, index_key = CANDIDATES, ANNOTATION
     config_field = "flash_config"
     config_words = ("the flash template with tiles {config} (warps, 16-row query tiles per warp, keys per step, K/V "
                     "stages)")

@@ -128,7 +128,7 @@ class RowsTemplate(KernelTemplate):
                     "streamed through shared memory / L2)")
     knobs = ("threads", "rows_per_block", "row_register_elements")
 
-    candidates_key = CANDIDATES
+    candidates_key, index_key = CANDIDATES, ANNOTATION
 
     def fits(self, func, target) -> str | None:
         if target.kind.name not in self.targets:

@@ -63,7 +63,7 @@ class WgmmaTemplate(KernelTemplate):
     targets = ("cuda",)
     kernel_classes = ("gemm", "conv")
     searched_in = "gemm_tensorcore"
-    candidates_key = CANDIDATES
+    candidates_key, index_key = CANDIDATES, ANNOTATION
     config_field = "wgmma_config"
     config_words = ("the wgmma GEMM template with tiles {config} (warpgroups, 64-row tiles each, N, K step, stages, "
                     "raster, swizzle, batches in flight)")
