@@ -63,3 +63,31 @@ def test_cost_model_is_replaceable(llvm):
                                config=PlannerConfig(cost_model=NeverFuse()))
     assert plan.totals["kernels_fused"] == 3  # conv, bias add (folded BN), relu
     assert all(r.reason == "this model never fuses" for r in plan.rejected)
+
+
+def test_a_gemm_kernel_stores_one_result(llvm):
+    """y = x @ W + r, an output, and the mean of y² (LLaMA's residual sum and its RMSNorm's statistics): the GEMM's
+    kernel stores y only and y² is computed in the reduction's kernel, because the GEMM templates store one result
+    (a second one sent LLaMA fp16's GEMMs to dlight). The plan says why, and the model still matches onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvmfuse._tvm import PrimFunc
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((64, 64)).astype("float32") * 0.1, "w")
+    axes = numpy_helper.from_array(np.array([-1], dtype="int64"), "axes")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "r"], ["y"]),
+         helper.make_node("Mul", ["y", "y"], ["sq"]), helper.make_node("ReduceMean", ["sq", "axes"], ["ms"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [32, 64]) for n in ("x", "r")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 64]),
+         helper.make_tensor_value_info("ms", TensorProto.FLOAT, [32, 1])], [w, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    fused, plan = plan_tvmfuse(import_proto(model), llvm)
+    assert any("would store 2 results" in r.reason for r in plan.rejected), [r.reason for r in plan.rejected]
+    gemm = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "matmul" in gv.name_hint]
+    assert len(gemm) == 1 and "multiply" not in gemm[0], gemm
+    ins = [rng.standard_normal((32, 64)).astype("float32") for _ in range(2)]
+    got, want = build_and_run(fused, llvm, ins), ort_run(model, ins)
+    assert all(rel_err(g, w_) < 1e-5 for g, w_ in zip(got, want))
