@@ -91,3 +91,32 @@ def test_a_gemm_kernel_stores_one_result(llvm):
     ins = [rng.standard_normal((32, 64)).astype("float32") for _ in range(2)]
     got, want = build_and_run(fused, llvm, ins), ort_run(model, ins)
     assert all(rel_err(g, w_) < 1e-5 for g, w_ in zip(got, want))
+
+
+def test_a_gemm_kernel_left_with_two_results_is_split_after_grouping(llvm):
+    """The same GEMM with y read by a sigmoid (an output) and by the reduction of y²: grouping takes y² into the GEMM's
+    kernel expecting the sigmoid to join too, which it then cannot (the kernel would store three results); the
+    kernel left storing y and y² is split after grouping, so the GEMM's kernel stores y alone (T5's fp16 clamp
+    chain ended this way). The model still matches onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvmfuse._tvm import PrimFunc
+
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((64, 64)).astype("float32") * 0.1, "w")
+    axes = numpy_helper.from_array(np.array([-1], dtype="int64"), "axes")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "r"], ["y"]),
+         helper.make_node("Mul", ["y", "y"], ["sq"]), helper.make_node("ReduceMean", ["sq", "axes"], ["ms"]),
+         helper.make_node("Sigmoid", ["y"], ["gate"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [32, 64]) for n in ("x", "r")],
+        [helper.make_tensor_value_info("gate", TensorProto.FLOAT, [32, 64]),
+         helper.make_tensor_value_info("ms", TensorProto.FLOAT, [32, 1])], [w, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    fused, plan = plan_tvmfuse(import_proto(model), llvm)
+    gemm = [gv.name_hint for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "matmul" in gv.name_hint]
+    assert gemm == ["fused_matmul_add"], gemm
+    ins = [rng.standard_normal((32, 64)).astype("float32") for _ in range(2)]
+    got, want = build_and_run(fused, llvm, ins), ort_run(model, ins)
+    assert all(rel_err(g, w_) < 1e-5 for g, w_ in zip(got, want))

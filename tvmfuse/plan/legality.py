@@ -79,11 +79,12 @@ def _epilogue_ok(n: Node) -> bool:
     return False
 
 
-def _results_stored(graph: Graph, a: Cluster, b: Cluster) -> list[Node]:
+def results_stored(graph: Graph, a: Cluster, b: Cluster, *, final: bool = False) -> list[Node]:
     """The members of ``a`` and ``b`` merged whose results the merged kernel must store: outputs of the graph, or
     read by an op outside it that cannot join it later: one no epilogue takes, or a pointwise one that also reads
     a value computed from the merged kernel's results elsewhere (joining would make a cycle: T5's clamp reads the
-    residual sum and whether any of it is infinite, a reduction of it)."""
+    residual sum and whether any of it is infinite, a reduction of it). ``final``: the grouping is done, and every
+    reader outside the kernel reads from memory."""
     members = a.members + b.members
     merged = a.ids() | b.ids()
     below: set[int] = set()   # ops outside the merged kernel that depend on it
@@ -97,7 +98,7 @@ def _results_stored(graph: Graph, a: Cluster, b: Cluster) -> list[Node]:
     def stays_out(u: Node) -> bool:
         if id(u) in merged:
             return False
-        if not _epilogue_ok(u):
+        if final or not _epilogue_ok(u):
             return True
         producers = (graph.producer.get(v) for v in u.inputs)
         return any(p is not None and id(p) in below for p in producers)
@@ -120,7 +121,7 @@ def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
     if anchors and (REDUCE in producer.kinds or REDUCE in consumer.kinds):
         return _no(f"a reduction and {anchors[0].op} in one kernel are not emitted")
     if anchors and anchors[0].kind in (GEMM, CONV):
-        stored = _results_stored(graph, producer, consumer)
+        stored = results_stored(graph, producer, consumer)
         if len(stored) > 1:
             # the GEMM / conv templates store one result: a second one (LLaMA fp16's residual sum and its square
             # for the RMSNorm) left such a kernel to dlight. Pairwise merging cannot see every later merge: a

@@ -18,8 +18,8 @@ from tvmfuse._tvm import PrimFunc, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
-from tvmfuse.plan.graph import NOT_KERNEL, Graph, build_graph, kernel_bytes
-from tvmfuse.plan.legality import can_fuse
+from tvmfuse.plan.graph import CONV, GEMM, NOT_KERNEL, Graph, build_graph, kernel_bytes
+from tvmfuse.plan.legality import results_stored, can_fuse
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify
 from tvmfuse.plan.report import Group, Plan, Rejection
@@ -110,8 +110,33 @@ def group_nodes(graph: Graph, cost_model) -> Grouping:
         c = cluster_of.get(id(n))
         if c is not None and id(c) not in seen:
             seen.add(id(c))
-            clusters.append(c)
+            clusters.extend(_one_result(graph, c, reject))
     return Grouping(clusters=clusters, rejected=rejected, scores=scores)
+
+
+def _one_result(graph: Graph, cluster: Cluster, reject) -> list[Cluster]:
+    """``cluster``, or where a GEMM / conv kernel ended up storing more than one result (a pointwise reader that
+    ``can_fuse`` let it expect to take in stayed out), the kernel of its first result and, apart, the members that
+    result does not need (they read it from memory)."""
+    anchors = cluster.anchors
+    if not anchors or anchors[0].kind not in (GEMM, CONV):
+        return [cluster]
+    stored = results_stored(graph, cluster, Cluster([]), final=True)
+    if len(stored) < 2:
+        return [cluster]
+    first = min(stored, key=lambda n: n.index)
+    keep, todo = {id(first)}, [first]
+    by_var = {id(n.var): n for n in cluster.members}
+    while todo:   # the members ``first`` depends on
+        for v in todo.pop().inputs:
+            p = graph.producer.get(v)
+            if p is not None and id(p.var) in by_var and id(p) not in keep:
+                keep.add(id(p))
+                todo.append(p)
+    kept = Cluster([n for n in cluster.members if id(n) in keep])
+    rest = Cluster([n for n in cluster.members if id(n) not in keep])
+    reject(kept, rest, f"{anchors[0].op}'s kernel would store {len(stored)} results: its templates store one")
+    return [kept, rest]
 
 
 def _group_name(ops: tuple[str, ...], used: set[str]) -> str:
