@@ -71,7 +71,7 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             best = database.best_run_secs(workload)
             statuses.append(KernelStatus(name, "tuned", None if best is None else best * 1e3))
         elif (found := untuned_kernel(func, target)) is not None:
-            # untuned, and a tvmfuse template takes it: the template's default config (see tune/templates.py)
+            # untuned, and a tvmfuse template takes it: the template's default config (see tvmfuse/kernels/)
             source, kernel = found
             updates[gv] = kernel.with_attr("global_symbol", name)
             statuses.append(KernelStatus(name, source))
