@@ -185,7 +185,11 @@ def main() -> int:
     for case, size in runs:
         func = row_kernel(case, size)
         prog = rows.analyze(func)
-        fits = [rows.default_config(prog)] if a.default_only else rows.configs(prog)
+        default = rows.default_config(prog)
+        if a.default_only and default is None:
+            print(f"{case} {size}: no untuned row-program config (the untuned build keeps dlight's schedule)")
+            continue
+        fits = [default] if a.default_only else rows.configs(prog)
         configs = [rows.parse_config(c) for c in a.configs] if a.configs else fits
         results.append(run_case(case, func, configs, a.build_only))
     if a.json:

@@ -186,6 +186,7 @@ def check_model(path: Path, *, tune_seconds: float, db_path: Path | None, precis
             db.close()
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
+    _WEIGHTS.clear()   # (this model's builds are done: their weights leave the device)
     return rows
 
 

@@ -4,6 +4,7 @@ Everything else imports TVM names from here, so the next rename is a one-file ch
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -300,6 +301,7 @@ class UnpaddedMatmul(dlight.gpu.Matmul):
         return sch
 
 
+@functools.lru_cache(maxsize=64)   # (the three reduction rules ask it of one kernel in turn)
 def _guarded_epilogue(func) -> bool:
     """Whether a kernel's blocks after its last reduction write through a condition on their index (an im2col
     epilogue padding a 10-channel GEMV result to the next GEMM's 64 columns): dlight's GEMV rule wrote such a

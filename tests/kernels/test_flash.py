@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
-from cuda_checks import (assert_copy_sources_disjoint, assert_ptxas_without_spills,  # noqa: E402
+from cuda_checks import (assert_copy_sources_disjoint, cuda_source, assert_ptxas_without_spills,  # noqa: E402
                          assert_shared_offsets_aligned, build_with_record)
 from tvmfuse._tvm import tvm  # noqa: E402
 from tvmfuse.tune.builder import fast_build
@@ -70,26 +70,12 @@ def test_gpu_plans_leave_attention_unfused_where_it_does_not_fit(tmp_path, cuda,
     assert not _attention_funcs(fused)
 
 
-def _cuda_source(exe) -> str:
-    mods = [exe.mod] if hasattr(exe, "mod") else []
-    seen, out = set(), []
-    while mods:
-        m = mods.pop()
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        if m.kind == "cuda":
-            out.append(m.inspect_source())
-        mods.extend(m.imports)
-    return "\n".join(out)
-
-
 def test_untuned_gpu_build_runs_the_default_flash_kernel(tmp_path, cuda):
     fused, _ = partition(_fp16_attention(tmp_path, seq=128, dim=32), target=cuda)
     result = build(fused, target=cuda)
     assert [k.schedule for k in result.kernels] == ["flash-default"]
     assert result.untuned == [result.kernels[0].name]  # untuned is reported as untuned
-    src = _cuda_source(result.executable)
+    src = cuda_source(result.executable)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src and "ldmatrix" in src
     assert "__shfl_xor_sync" in src
     # no buffer anywhere holds a 128 x 128 score tile: the biggest shared array is a K/V/Q tile
@@ -141,7 +127,7 @@ def test_a_tuned_record_selects_the_flash_kernel_a_build_runs(tmp_path, cuda):
     assert cfg != flash.default_config(spec)  # so the build below cannot pass on the default
     result = build_with_record(tmp_path / "t.db", cuda, fused, kernel, sch.trace)
     assert [k.schedule for k in result.kernels] == ["tuned"]
-    src = _cuda_source(result.executable)
+    src = cuda_source(result.executable)
     assert f"__launch_bounds__({32 * cfg.warps})" in src and "mma.sync" in src
     # and `tvmfuse inspect` names the tiles the record selects
     from tvmfuse.inspect import InspectConfig, inspect_database
@@ -249,7 +235,7 @@ def test_untuned_hopper_build_runs_the_wgmma_flash_kernel(tmp_path, cuda):
     fused, _ = partition(_fp16_attention(tmp_path, seq=128, dim=64), target=cuda)
     result = build(fused, target=cuda)
     assert [k.schedule for k in result.kernels] == ["flash-default"]
-    src = _cuda_source(result.executable)
+    src = cuda_source(result.executable)
     assert "wgmma.mma_async" in src and "cp.async" in src
 
 

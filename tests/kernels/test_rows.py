@@ -17,7 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
-from cuda_checks import _at_every_value, _cuda_index_env, assert_ptxas_without_spills, build_with_record  # noqa: E402
+from cuda_checks import (_at_every_value, _cuda_index_env, assert_ptxas_without_spills,  # noqa: E402
+                         build_with_record, cuda_source)
 from tvmfuse._tvm import build_context, ms, tvm  # noqa: E402
 from tvmfuse.tune.builder import fast_build
 from tvmfuse.bench.cases import CASES  # noqa: E402
@@ -304,9 +305,7 @@ def test_a_record_that_selects_the_program_builds_it(tmp_path, cuda):
     assert len(programs) == 1
     built = build_with_record(tmp_path / "r.db", cuda, fused, k, programs[0].trace)
     assert [kk.schedule for kk in built.kernels] == ["tuned"] and built.untuned == []
-    from test_flash import _cuda_source
-
-    src = _cuda_source(built.executable)
+    src = cuda_source(built.executable)
     assert "x_r_ptr" in src and "__shfl_xor_sync" in src
     from tvmfuse.inspect import InspectConfig, inspect_database
 
@@ -332,8 +331,6 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_default_row_progr
     softmax 65536x2048 at 269 us on the H200, the program at 129-132 us), reported as untuned; the tuner's
     baseline, the schedule it measures first and keeps, is the sketch at that config. The default is a row a
     warp where the slices fit, up to 128 threads a block, else the fewest threads."""
-    from test_flash import _cuda_source
-
     from tvmfuse.compile.build import build
     from tvmfuse.tune.defaults import default_template_schedule
 
@@ -342,7 +339,7 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_default_row_progr
     assert rows.default_config(prog) == rows.RowConfig(32, 4)
     result = build(fused, target=cuda)
     assert [s.schedule for s in result.kernels] == ["rows-default"] and result.untuned == [k.name]
-    src = _cuda_source(result.executable)
+    src = cuda_source(result.executable)
     assert "x_r_ptr" in src and "__shfl_xor_sync" in src and "__launch_bounds__(128)" in src
     sch = default_template_schedule(k.mod, cuda.target)
     assert rows.annotated(sch.mod["main"])[1] == rows.RowConfig(32, 4)

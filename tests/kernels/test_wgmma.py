@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
-from cuda_checks import (assert_copy_sources_disjoint, assert_ptxas_without_spills,  # noqa: E402
+from cuda_checks import (assert_copy_sources_disjoint, cuda_source, assert_ptxas_without_spills,  # noqa: E402
                          assert_shared_offsets_aligned, build_with_record, commit_record)
 from tvmfuse._tvm import ms, tvm  # noqa: E402
 from tvmfuse.tune.builder import fast_build
@@ -289,9 +289,7 @@ def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
     cfg = hopper.parse_config(names[pick])
     result = build_with_record(tmp_path / "t.db", cuda, fused, kernel, trace)
     assert [k.schedule for k in result.kernels] == ["tuned"]
-    from test_flash import _cuda_source
-
-    src = _cuda_source(result.executable)
+    src = cuda_source(result.executable)
     assert f"__launch_bounds__({cfg.threads})" in src and f"m64n{cfg.block_n}k16" in src
     report = inspect_database(InspectConfig(db=tmp_path / "t.db", target="cuda"))
     assert [k["wgmma_config"] for k in report["kernels"]] == [cfg.name]
@@ -302,8 +300,6 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
     has no tensor cores), and the tuner's baseline, the record that keeps a build from being slower than the
     untuned one, is that same kernel. Since the H200 ran and checked them (2026-11-30), convs, partial row
     tiles and head-splitting epilogues take it too."""
-    from test_flash import _cuda_source
-
     from tvmfuse.compile.build import build
     from tvmfuse.tune.defaults import default_template_schedule
 
@@ -315,7 +311,7 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
     want = hopper.default_config(spec)
     result = build(fused, target=cuda)
     assert [k.schedule for k in result.kernels] == ["wgmma-default"]
-    src = _cuda_source(result.executable)
+    src = cuda_source(result.executable)
     assert f"__launch_bounds__({want.threads})" in src and f"m64n{want.block_n}k16" in src
     sch = default_template_schedule(kernel.mod, cuda.target)
     assert hopper.annotated(sch.mod["main"])[2] == want

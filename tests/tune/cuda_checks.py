@@ -229,3 +229,18 @@ def assert_shared_vectors_aligned(src: str) -> int:
         assert (index % lanes == 0).all(), f"{vec} access to {buf} not {_VECTOR_BYTES[vec]}-byte aligned: {expr}"
         checked += 1
     return checked
+
+
+def cuda_source(exe) -> str:
+    """The CUDA source of a built executable (every CUDA module it imports)."""
+    mods = [exe.mod] if hasattr(exe, "mod") else []
+    seen, out = set(), []
+    while mods:
+        m = mods.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m.kind == "cuda":
+            out.append(m.inspect_source())
+        mods.extend(m.imports)
+    return "\n".join(out)

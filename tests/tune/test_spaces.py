@@ -11,8 +11,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))   # test_flash's _cuda_source
-from cuda_checks import assert_ptxas_without_spills, assert_shared_vectors_aligned  # noqa: E402
+from cuda_checks import assert_ptxas_without_spills, assert_shared_vectors_aligned, cuda_source  # noqa: E402
 from tvmfuse._tvm import build_context, tvm
 from tvmfuse.bench.cases import CASES, SMALL
 from tvmfuse.frontend import import_model, load_model
@@ -491,8 +490,6 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_pointwise_default
     2026-11-30, where dlight's schedule took 2.6x as long), reported as untuned; the tuner's baseline is that
     schedule, post-processed. A transpose keeps dlight (its fast sketch is the tiled one), as does a kernel whose
     space has no `untuned` entry."""
-    from test_flash import _cuda_source
-
     from tvmfuse.compile.build import build
     from tvmfuse.tune.defaults import default_template_schedule, template_default_schedule
 
@@ -503,7 +500,7 @@ def test_an_untuned_cuda_build_and_the_tuners_baseline_run_the_pointwise_default
     (kernel,) = extract_kernels(fused, target=cuda)
     result = build(fused, target=cuda)
     assert [k.schedule for k in result.kernels] == ["pointwise-default"] and result.untuned == [kernel.name]
-    src = _cuda_source(result.executable)
+    src = cuda_source(result.executable)
     body = src[src.index('extern "C" __global__'):]   # (TVM's prelude defines hexp)
     assert "__launch_bounds__(128)" in body and "*(uint4*)(a_ptr" in body and "exp2f" in body and "hexp" not in body
     sch = default_template_schedule(kernel.mod, cuda.target)
