@@ -106,8 +106,9 @@ def torch_case(name: str, size: dict, model=None) -> dict:
                 by_layout[layout] = _eager_and_compiled(build_fn(model, dev, channels_last=cl), (xi,))
             best = min(by_layout, key=lambda k: by_layout[k][0]["compile_s"])
             r, call = by_layout[best]
+            # copies: the kept layout's record is one of them, and may not hold itself
             r.update(layout=f"{best} (the faster under torch.compile), cudnn.benchmark; the ONNX graph as a module",
-                     by_layout={k: v[0] for k, v in by_layout.items()})
+                     by_layout={k: dict(v[0]) for k, v in by_layout.items()})
             KEEP.setdefault(name, {})["compile_s"] = call
             return r
         f, args = build_fn(model, dev), (x,)

@@ -80,7 +80,7 @@ class TargetInfo:
         if self.foreign:
             return False
         if self.is_gpu:
-            dev = _cuda_device()
+            dev = cuda_device()
             return dev is not None and cuda_spec(dev)["arch"] == str(self.target.attrs.get("arch", ""))
         mcpu = json.loads(self.canonical).get("mcpu")
         return mcpu is None or mcpu == _host_cpu().get("mcpu")
@@ -102,7 +102,7 @@ def _system_triple() -> str:
 
 
 @lru_cache(maxsize=1)
-def _cuda_device():
+def cuda_device():
     try:
         dev = tvm.cuda(0)
         return dev if dev.exist else None
@@ -111,7 +111,7 @@ def _cuda_device():
 
 
 def cuda_available() -> bool:
-    return _cuda_device() is not None
+    return cuda_device() is not None
 
 
 def _cpu_model() -> str:
@@ -173,7 +173,7 @@ def cuda_spec(dev) -> dict:
 
 
 def _cuda_json() -> dict:
-    dev = _cuda_device()
+    dev = cuda_device()
     return dict(H200_CUDA) if dev is None else cuda_spec(dev)
 
 
@@ -196,7 +196,7 @@ def host_cpu_description() -> dict:
 
 def _device_identity(kind: str, spec: dict) -> str:
     if kind == "cuda":
-        dev = _cuda_device()
+        dev = cuda_device()
         return cuda_identity(str(dev.device_name) if dev is not None else "unknown-gpu", spec)
     triple = spec.get("mtriple")
     if is_foreign_triple(triple):

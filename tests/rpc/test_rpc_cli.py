@@ -102,3 +102,28 @@ def test_a_tracker_bound_beyond_loopback_warns_that_rpc_runs_any_code():
         _, err = proc.communicate(timeout=30)
     assert "warning: TVM RPC has no authentication" in err and "run any code" in err, err
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_a_tvmfuse_server_and_a_plain_tvm_server_are_each_described(tracker):
+    """A tvmfuse server describes its own CPU and GPU in the session (no GPU here: ``cuda`` None, not an error); a
+    plain TVM server is asked attribute by attribute and keyed by its LLVM CPU name."""
+    from tvmfuse.rpc import rpc_options
+    from tvmfuse.rpc.device import probe
+    from tvmfuse.target import host_cpu_description
+
+    ours = start("rpc", "server", "--tracker", tracker, "--key", "ours", "--port", str(free_port()), "--json")
+    port = free_port()
+    plain = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key", "plain",
+                              "--port", str(port), "--port-end", str(port + 1)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        ready(ours)
+        dev, servers = probe(rpc_options(tracker, "ours"))
+        assert dev.described_by == "tvmfuse" and dev.cuda is None and len(servers) == 1
+        assert dev.cpu == host_cpu_description()["cpu_model"]
+        dev, _ = probe(rpc_options(tracker, "plain"))
+        assert dev.described_by == "tvm" and dev.cuda is None and dev.cores >= 1
+    finally:
+        stop(ours)
+        stop(plain)

@@ -21,12 +21,30 @@ from tvmfuse.target import TargetInfo, cpu_identity, cuda_identity, cuda_spec, h
 DESCRIBE_FUNC = "tvmfuse.rpc.describe_device"
 
 
+def local_cuda_description() -> dict | None:
+    """This machine's GPU 0 as target JSON plus ``name``, read through the local CUDA runtime, or None without one.
+
+    A tvmfuse server answers it inside its session, so the client never depends on TVM marshalling each device
+    attribute across the connection."""
+    from tvmfuse.target import cuda_device
+
+    dev = cuda_device()
+    return None if dev is None else {**cuda_spec(dev), "name": str(dev.device_name)}
+
+
 def register_describe() -> None:
-    """Make this process (an RPC server, whose sessions fork from it) answer DESCRIBE_FUNC."""
+    """Make this process (an RPC server, whose sessions fork from it) answer DESCRIBE_FUNC. The description is read
+    when a session asks, in the session's process: the server itself never touches the GPU, so a CUDA context is
+    never inherited across the fork."""
     import tvm_ffi
 
     def describe() -> str:
-        return json.dumps(host_cpu_description())
+        info = host_cpu_description()
+        try:
+            info["cuda"] = local_cuda_description()
+        except Exception as err:  # noqa: BLE001 - told to the client, which refuses the server with it
+            info["cuda_error"] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1][:200]}"
+        return json.dumps(info)
 
     tvm_ffi.register_global_func(DESCRIBE_FUNC, describe, override=True)
 
@@ -116,28 +134,36 @@ def _remote_func(session, name: str):
         return None
 
 
-def describe(session, server: str) -> RemoteDevice:
-    """Ask one session what its server's device is."""
-    cuda, has_gpu = None, False
+def _session_cuda(session, server: str) -> dict | None:
+    """GPU 0 of a plain TVM server, asked attribute by attribute through the session; None without one."""
+    has_gpu = False
     try:
         dev = session.cuda(0)
         has_gpu = bool(dev.exist)
-        if has_gpu:
-            cuda = {**cuda_spec(dev), "name": str(dev.device_name)}
+        return {**cuda_spec(dev), "name": str(dev.device_name)} if has_gpu else None
     except Exception as err:  # noqa: BLE001 - a server without the CUDA runtime is a CPU server; one whose GPU
         #                       answers but cannot be described must not pass for a CPU server
         if has_gpu:
             last = (str(err).strip().splitlines() or [""])[-1][:200]
             raise RPCError(f"the RPC server {server} has a CUDA GPU, but reading its properties failed "
                            f"({type(err).__name__}: {last})") from None
-        cuda = None
+        return None
+
+
+def describe(session, server: str) -> RemoteDevice:
+    """Ask one session what its server's device is: a tvmfuse server describes itself (CPU and GPU, read on its
+    side); a plain TVM server is asked attribute by attribute through the session."""
     told = _remote_func(session, DESCRIBE_FUNC)
     if told is not None:
         info = json.loads(str(told()))
+        if info.get("cuda_error"):
+            raise RPCError(f"the RPC server {server} has a CUDA GPU, but reading its properties failed there "
+                           f"({info['cuda_error']})")
         triple = str(info["triple"])
         return RemoteDevice(server=server, triple=triple, arch=triple_arch(triple), cpu=str(info["cpu_model"]),
-                            cores=int(info["cores"]), mcpu=info.get("mcpu") or None, cuda=cuda,
+                            cores=int(info["cores"]), mcpu=info.get("mcpu") or None, cuda=info.get("cuda"),
                             described_by="tvmfuse")
+    cuda = _session_cuda(session, server)
     triple_f = _remote_func(session, "target.llvm_get_system_triple")
     cpu_f = _remote_func(session, "target.llvm_get_system_cpu")
     count_f = _remote_func(session, "s_tir.meta_schedule.cpu_count")
