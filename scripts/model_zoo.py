@@ -31,13 +31,20 @@ import numpy as np
 IMG = 64
 SEQ = 16
 VISION = ["resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "squeezenet1_0"]
-TEXT = ["bert", "gpt2", "vit", "t5_encoder", "llama"]
+TEXT = ["bert", "gpt2", "vit", "t5_encoder", "llama", "whisper_encoder"]
+# --size: "tiny" the test fixtures; "small" hidden 64, 2 layers (minutes on 2 CPU cores); "full" the published
+# architectures (bert-base, gpt2, vit-base/16 at 224, t5-small's encoder, a TinyLlama-1.1B-shaped decoder with
+# grouped K/V heads, whisper-base's encoder, torchvision's CNNs at 224), random weights: the shapes users bring
+SIZES = ("tiny", "small", "full")
 TOL = {"float32": 1e-4, "float16": 1e-2}
 
 
 # ----------------------------------------------------------------------------------------------- export
-def _build(name: str, tiny: bool, seq: int | None = None, batch: int = 1):
+def _build(name: str, size: str, seq: int | None = None, batch: int = 1, layers: int | None = None):
     import torch
+
+    tiny, full = size == "tiny", size == "full"
+    img = 224 if full else IMG
 
     torch.manual_seed(0)
     if name == "tinycnn":  # test fixture: conv-bn-relu, a residual block, depthwise conv, pool, linear
@@ -70,16 +77,25 @@ def _build(name: str, tiny: bool, seq: int | None = None, batch: int = 1):
         model.train()
         with torch.no_grad():
             for _ in range(2):
-                model(torch.randn(4, 3, IMG, IMG))
+                model(torch.randn(4, 3, img, img))
         model.eval()
-        return model, (torch.randn(batch, 3, IMG, IMG),), ["image"]
+        return model, (torch.randn(batch, 3, img, img),), ["image"]
     import transformers as tf
 
+    if full:
+        return _build_full(tf, name, seq or 128, batch, layers)
     small = dict(hidden_size=32 if tiny else 64, num_attention_heads=2 if tiny else 4,
                  intermediate_size=64 if tiny else 128)
-    layers = 1 if tiny else 2
+    layers = layers or (1 if tiny else 2)
     vocab = 64 if tiny else 1000
     ids = torch.randint(0, vocab, (batch, seq or (8 if tiny else SEQ)))
+    if name == "whisper_encoder":  # log-mel frames in, two convs (the second stride 2), then the encoder layers
+        frames = 2 * (seq or (8 if tiny else SEQ))
+        cfg = tf.WhisperConfig(d_model=small["hidden_size"], encoder_layers=layers, decoder_layers=1,
+                               encoder_attention_heads=small["num_attention_heads"], decoder_attention_heads=2,
+                               encoder_ffn_dim=small["intermediate_size"], decoder_ffn_dim=64, num_mel_bins=80,
+                               max_source_positions=frames // 2)
+        return tf.WhisperModel(cfg).encoder, (torch.randn(batch, 80, frames),), ["input_features"]
     if name == "bert":
         cfg = tf.BertConfig(vocab_size=vocab, num_hidden_layers=layers, max_position_embeddings=max(64, seq or 0), **small)
         return tf.BertModel(cfg, add_pooling_layer=False), (ids,), ["input_ids"]
@@ -98,6 +114,42 @@ def _build(name: str, tiny: bool, seq: int | None = None, batch: int = 1):
         cfg = tf.LlamaConfig(vocab_size=vocab, num_hidden_layers=layers, num_key_value_heads=small["num_attention_heads"],
                              max_position_embeddings=max(64, seq or 0), use_cache=False, **small)
         return tf.LlamaModel(cfg), (ids,), ["input_ids"]
+    raise ValueError(name)
+
+
+def _build_full(tf, name: str, seq: int, batch: int, layers: int | None):
+    """The published architecture of ``name`` with random weights (``layers`` overrides its depth)."""
+    import torch
+
+    def depth(cfg, attr):
+        if layers:
+            setattr(cfg, attr, layers)
+        return cfg
+
+    ids = lambda vocab: torch.randint(0, vocab, (batch, seq))  # noqa: E731
+    if name == "bert":  # bert-base-uncased
+        cfg = depth(tf.BertConfig(max_position_embeddings=max(512, seq)), "num_hidden_layers")
+        return tf.BertModel(cfg, add_pooling_layer=False), (ids(cfg.vocab_size),), ["input_ids"]
+    if name == "gpt2":  # gpt2 (124M)
+        cfg = depth(tf.GPT2Config(n_positions=max(1024, seq), use_cache=False), "n_layer")
+        return tf.GPT2Model(cfg), (ids(cfg.vocab_size),), ["input_ids"]
+    if name == "vit":  # vit-base-patch16-224
+        cfg = depth(tf.ViTConfig(), "num_hidden_layers")
+        return tf.ViTModel(cfg, add_pooling_layer=False), (torch.randn(batch, 3, 224, 224),), ["pixel_values"]
+    if name == "t5_encoder":  # t5-small's encoder
+        cfg = depth(tf.T5Config(d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, use_cache=False),
+                    "num_layers")
+        return tf.T5EncoderModel(cfg), (ids(cfg.vocab_size),), ["input_ids"]
+    if name == "llama":  # TinyLlama-1.1B's shape: RMSNorm, SwiGLU, rotary embeddings, 32 query / 4 K/V heads
+        cfg = depth(tf.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                                   num_attention_heads=32, num_key_value_heads=4,
+                                   max_position_embeddings=max(2048, seq), use_cache=False), "num_hidden_layers")
+        return tf.LlamaModel(cfg), (ids(cfg.vocab_size),), ["input_ids"]
+    if name == "whisper_encoder":  # whisper-base's encoder: 30 s of audio, 3000 log-mel frames
+        cfg = depth(tf.WhisperConfig(d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048,
+                                     decoder_layers=6, decoder_attention_heads=8, decoder_ffn_dim=2048,
+                                     num_mel_bins=80, max_source_positions=1500), "encoder_layers")
+        return tf.WhisperModel(cfg).encoder, (torch.randn(batch, 80, 3000),), ["input_features"]
     raise ValueError(name)
 
 
@@ -121,22 +173,28 @@ class _FirstOutput:
         return Wrapped(model)
 
 
-def export(out: Path, names: list[str], tiny: bool, seq: int | None = None, batch: int = 1) -> None:
+def export(out: Path, names: list[str], size: str = "small", seq: int | None = None, batch: int = 1,
+           dtypes: tuple[str, ...] = ("float32", "float16"), layers: int | None = None) -> list[Path]:
+    """Export each model in ``names`` as ``<stem>.<dtype>.onnx`` plus ``<stem>.inputs.npz``; the paths written."""
     import torch
 
+    tiny = size == "tiny"
+    written = []
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        model, args, input_names = _build(name, tiny, seq, batch)
+        model, args, input_names = _build(name, size, seq, batch, layers)
         if name in TEXT and hasattr(model, "config"):
             model.config._attn_implementation = "eager"
         model = _FirstOutput(model).eval()
         stem = f"tiny_{name}" if tiny else name
+        if size == "full":
+            stem += "_full" + (f"_l{layers}" if layers else "")
         if name in VISION and batch != 1:
             stem += f"_b{batch}"
         elif seq or batch != 1:
             stem += f"_b{batch}s{seq or SEQ}"
         np.savez(out / f"{stem}.inputs.npz", **{n: a.numpy() for n, a in zip(input_names, args)})
-        for dtype in ("float32", "float16"):
+        for dtype in dtypes:
             m = model.half() if dtype == "float16" else model.float()
             a = tuple(x.half() if x.is_floating_point() and dtype == "float16" else x for x in args)
             path = out / f"{stem}.{dtype}.onnx"
@@ -153,6 +211,8 @@ def export(out: Path, names: list[str], tiny: bool, seq: int | None = None, batc
                                       dynamo=False, opset_version=17)
                 how = "torchscript"
             print(f"exported {path.name} ({how}, {time.time() - t0:.1f}s)", flush=True)
+            written.append(path)
+    return written
 
 
 # ----------------------------------------------------------------------------------------------- verify
@@ -294,7 +354,11 @@ def main() -> int:
     e = sub.add_parser("export")
     e.add_argument("--out", type=Path, default=Path("/work/zoo"))
     e.add_argument("--models", nargs="*", default=VISION + TEXT)
-    e.add_argument("--tiny", action="store_true", help="tiny configs for tests/fixtures")
+    e.add_argument("--tiny", action="store_true", help="tiny configs for tests/fixtures (--size tiny)")
+    e.add_argument("--size", choices=SIZES, default="small", help="tiny (fixtures), small (hidden 64, 2 layers; "
+                   "the default) or full (the published architectures, random weights)")
+    e.add_argument("--layers", type=int, default=None, help="override the text models' depth")
+    e.add_argument("--dtypes", default="float32,float16")
     e.add_argument("--seq", type=int, default=None, help="tokens per sequence of the text models (default %d)" % SEQ)
     e.add_argument("--batch", type=int, default=1, help="batch of the text models' inputs")
     v = sub.add_parser("verify")
@@ -303,7 +367,8 @@ def main() -> int:
     v.add_argument("--benchmarks", type=Path, default=None)
     args = ap.parse_args()
     if args.cmd == "export":
-        export(args.out, args.models, args.tiny, args.seq, args.batch)
+        export(args.out, args.models, "tiny" if args.tiny else args.size, args.seq, args.batch,
+               tuple(d for d in args.dtypes.split(",") if d), args.layers)
         return 0
     return verify(args.zoo, args.models, args.benchmarks)
 

@@ -19,7 +19,7 @@ from tvmfuse.bench.models import MODELS, SMALL_MODELS
 torch = pytest.importorskip("torch")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-TRANSFORMERS = ["tiny_bert", "tiny_gpt2", "tiny_vit", "tiny_t5_encoder", "tiny_llama"]
+TRANSFORMERS = ["tiny_bert", "tiny_gpt2", "tiny_vit", "tiny_t5_encoder", "tiny_llama", "tiny_whisper_encoder"]
 
 
 @pytest.mark.parametrize("name", ["resnet50", "bert_base"])

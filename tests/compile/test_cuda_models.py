@@ -12,7 +12,7 @@ from tvmfuse.frontend import import_model, load_model
 from tvmfuse.plan import partition
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-ZOO = ["bert", "gpt2", "vit", "t5_encoder", "llama", "tinycnn"]
+ZOO = ["bert", "gpt2", "vit", "t5_encoder", "llama", "whisper_encoder", "tinycnn"]
 
 
 def _cuda_sources(executable) -> str:

@@ -373,12 +373,13 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
                 shape = tuple(x[0].shape[axis:])
                 y = F.layer_norm(x[0], shape, x[1], x[2] if len(x) > 2 else None, eps=a.get("epsilon", 1e-5))
             elif op == "Conv":
-                pads = a.get("pads", [0, 0, 0, 0])
-                k = len(pads) // 2
+                k = x[1].dim() - 2  # spatial dims: Conv1d (Whisper's front end), Conv2d, Conv3d
+                pads = a.get("pads", [0] * (2 * k))
                 if list(pads[:k]) != list(pads[k:]):
                     raise Unsupported("asymmetric Conv padding")
-                y = F.conv2d(x[0], x[1], x[2] if len(x) > 2 else None, stride=tuple(a.get("strides", [1, 1])),
-                             padding=tuple(pads[:k]), dilation=tuple(a.get("dilations", [1, 1])), groups=a.get("group", 1))
+                conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[k]
+                y = conv(x[0], x[1], x[2] if len(x) > 2 else None, stride=tuple(a.get("strides", [1] * k)),
+                         padding=tuple(pads[:k]), dilation=tuple(a.get("dilations", [1] * k)), groups=a.get("group", 1))
             elif op == "BatchNormalization":
                 y = F.batch_norm(x[0], x[3], x[4], x[1], x[2], training=False, eps=a.get("epsilon", 1e-5))
             elif op == "Transpose":

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""The model zoo on a GPU machine, one table: export, tune within a time budget, bench beside PyTorch (issue 19).
+
+Each row is one (model, precision, batch) and runs where PyTorch, torchvision and transformers are installed (the
+H200 machine has them; this one has no torchvision):
+1. ``scripts/model_zoo.py``'s export (``--size small|full``, random weights) into a scratch folder;
+2. ``tvmfuse tune MODEL --target cuda --time-budget B --precision P --keep-going`` into one database (``--db``,
+   carried between calls: a row whose kernels were all tuned is not tuned again);
+3. ``tvmfuse bench MODEL --against torch-eager,torch-compile,torch-compile-ro,torch-compile-max``, which checks every
+   backend's outputs against onnxruntime and times them in one process.
+Rows already in ``--results`` (the JSON this script writes, carried back in) are skipped, so a long sweep continues
+across calls of at most 10 minutes; ``--deadline-s`` stops starting rows after that many seconds.
+
+    python benchmarks/zoo_gpu.py --models resnet50,gpt2 --precisions fp32,fp16 --batches 1,32 --budget 120
+Writes ``$OUT/zoo_gpu.json`` and ``$OUT/zoo.db``; prints the table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="zoo_gpu-"))
+OUT.mkdir(parents=True, exist_ok=True)
+T0 = time.time()
+BASELINES = "torch-eager,torch-compile,torch-compile-ro,torch-compile-max"
+
+
+def log(msg: str) -> None:
+    print(f"[zoo_gpu {time.time() - T0:6.0f}s] {msg}", flush=True)
+
+
+def _cli(*args: str, timeout: float) -> tuple[int, dict | None, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    try:
+        p = subprocess.run([sys.executable, "-m", "tvmfuse.cli.main", *args, "--json"], capture_output=True, text=True,
+                           env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, None, f"timed out after {timeout:.0f} s"
+    try:
+        return p.returncode, json.loads(p.stdout), p.stderr[-400:]
+    except json.JSONDecodeError:
+        return p.returncode, None, (p.stderr or p.stdout).strip()[-400:]
+
+
+def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
+    return f"{model}/{size}/{precision}/b{batch}" + ("" if model in ("resnet50", "mobilenet_v2", "efficientnet_b0",
+                                                                      "convnext_tiny", "squeezenet1_0") else f"s{seq}")
+
+
+def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path) -> dict:
+    from model_zoo import VISION, export
+
+    row: dict = {"model": model, "size": size, "precision": precision, "batch": batch,
+                 "seq": None if model in VISION else seq}
+    t0 = time.time()
+    # the fp32 export, converted by --precision fp16 where asked: the form users have their models in
+    paths = export(work, [model], size, seq if model not in VISION else None, batch, ("float32",))
+    row["export_s"] = time.time() - t0
+    onnx_path = str(paths[0])
+    t0 = time.time()
+    rc, rep, err = _cli("tune", onnx_path, "--target", "cuda", "--db", str(db), "--time-budget", str(budget),
+                        "--precision", precision, "--keep-going", "--trials-per-kernel", "16",
+                        timeout=budget + 240)
+    row["tune_s"] = time.time() - t0
+    row["tune_rc"] = rc
+    if rep is None:
+        row["error"] = f"tune: {err}"
+        return row
+    kernels = rep.get("kernels", [])
+    row["kernels"] = len(kernels)
+    row["status"] = {s: sum(1 for k in kernels if k["status"] == s) for s in {k["status"] for k in kernels}}
+    row["cost_model"] = rep.get("cost_model")
+    rc, rep, err = _cli("bench", onnx_path, "--target", "cuda", "--db", str(db), "--precision", precision,
+                        "--against", BASELINES, "--repeat", "20", "--number", "5", timeout=420)
+    row["bench_rc"] = rc
+    if rep is None:
+        row["error"] = f"bench: {err}"
+        return row
+    row["bench"] = rep
+    return row
+
+
+def _summary(row: dict) -> dict:
+    res = {r["backend"]: r for r in row.get("bench", {}).get("results", [])}
+    tf = res.get("tvmfuse", {})
+    torch_ms = {k: v.get("median_ms") for k, v in res.items() if k.startswith("torch") and v.get("median_ms")}
+    best = min((k for k in torch_ms if k != "torch-eager"), key=lambda k: torch_ms[k], default=None)
+    ok = tf.get("verification", {}).get("ok") if isinstance(tf.get("verification"), dict) else tf.get("ok")
+    return {"tvmfuse_ms": tf.get("median_ms"), "eager_ms": torch_ms.get("torch-eager"), "best_compile": best,
+            "best_compile_ms": torch_ms.get(best) if best else None, "verify": ok,
+            "rel_error": tf.get("rel_error") or tf.get("max_rel_error"), "untuned": tf.get("untuned_kernels")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,mobilenet_v2,efficientnet_b0,convnext_tiny,bert,gpt2,vit,"
+                                        "t5_encoder,llama,whisper_encoder")
+    ap.add_argument("--size", default="small", choices=("small", "full"))
+    ap.add_argument("--precisions", default="fp32,fp16")
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--budget", type=float, default=120.0, help="tune --time-budget per row, seconds")
+    ap.add_argument("--db", type=Path, default=None, help="a database carried in (copied to $OUT/zoo.db)")
+    ap.add_argument("--results", type=Path, default=None, help="an earlier zoo_gpu.json carried in: its rows are kept")
+    ap.add_argument("--deadline-s", type=float, default=540.0)
+    a = ap.parse_args()
+
+    db = OUT / "zoo.db"
+    if a.db and a.db.exists() and a.db.resolve() != db.resolve():
+        shutil.copy(a.db, db)
+    rows: dict = json.loads(a.results.read_text()).get("rows", {}) if a.results and a.results.exists() else {}
+    work = Path(tempfile.mkdtemp(prefix="zoo-"))
+    for model in a.models.split(","):
+        for precision in a.precisions.split(","):
+            for batch in (int(b) for b in a.batches.split(",")):
+                key = row_key(model, a.size, precision, batch, a.seq)
+                if key in rows and "error" not in rows[key]:
+                    continue
+                if time.time() - T0 > a.deadline_s - a.budget:
+                    log(f"{key}: left for the next call (deadline)")
+                    continue
+                log(f"{key}: export, tune ({a.budget:.0f} s), bench")
+                try:
+                    rows[key] = run_row(model, a.size, precision, batch, a.seq, a.budget, db, work)
+                except Exception as err:  # noqa: BLE001 - one row's failure is that row's entry
+                    rows[key] = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"}
+                rows[key]["summary"] = _summary(rows[key])
+                log(f"{key}: {rows[key]['summary']} {rows[key].get('error', '')}")
+                (OUT / "zoo_gpu.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
+    (OUT / "zoo_gpu.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
+    print()
+    print(f"{'row':34} {'verify':>7} {'kernels':>8} {'status':30} {'tvmfuse ms':>10} {'eager':>8} "
+          f"{'best compile':>22} {'ratio':>6}")
+    for key, r in rows.items():
+        s = r.get("summary") or _summary(r)
+        best = f"{s['best_compile_ms']:.3f} {s['best_compile']}" if s.get("best_compile_ms") else "-"
+        ratio = (f"{s['tvmfuse_ms'] / s['best_compile_ms']:.2f}" if s.get("tvmfuse_ms") and s.get("best_compile_ms")
+                 else "-")
+        tf = f"{s['tvmfuse_ms']:.3f}" if s.get("tvmfuse_ms") else "-"
+        eager = f"{s['eager_ms']:.3f}" if s.get("eager_ms") else "-"
+        print(f"{key:34} {str(s.get('verify')):>7} {r.get('kernels', '-')!s:>8} {json.dumps(r.get('status', {}))[:30]:30} "
+              f"{tf:>10} {eager:>8} {best:>22} {ratio:>6}  {r.get('error', '')[:60]}")
+    print("(ratio = tvmfuse time / best torch.compile time: below 1, tvmfuse is faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
