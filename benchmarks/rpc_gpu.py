@@ -51,8 +51,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+def start(args: list[str], extra_env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           **(extra_env or {})}
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env=env)
 
@@ -132,8 +133,11 @@ def main() -> int:
                         "--key", "h200", "--port", str(sport), "--json"])
         procs.append(server)
         result["server"] = ready(server)
+        # a plain TVM server needs the same environment as tvmfuse's (README: its forked sessions use CUDA)
+        from tvmfuse.rpc.service import CUDA_FREE_ENV
+
         plain = start([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{tport}",
-                       "--key", "h200plain", "--port", str(pport), "--port-end", str(pport + 1)])
+                       "--key", "h200plain", "--port", str(pport), "--port-end", str(pport + 1)], CUDA_FREE_ENV)
         procs.append(plain)
         time.sleep(3)
         result["describe"] = describe_all(tport, ["h200", "h200plain"])

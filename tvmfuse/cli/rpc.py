@@ -96,6 +96,9 @@ def server_command(
 ):
     """Run TVM's RPC server until Ctrl-C, registered at the tracker under KEY: it measures what `tune` sends it
     on this machine's device (CUDA_VISIBLE_DEVICES picks the GPU: run one server per GPU)."""
+    from tvmfuse.rpc.service import keep_cuda_out_of_this_process
+
+    keep_cuda_out_of_this_process()  # before TVM is imported: the sessions it forks must be able to use CUDA
     _import_services()
     with handle_errors(verbose):
         from tvmfuse.rpc import RPCError, is_loopback, parse_address

@@ -79,12 +79,37 @@ def _survive_crashed_sessions(tvm_server) -> None:
     tvm_server._serving = serving
 
 
+# The server forks a process per session, and CUDA cannot be used in a child forked from a process that had
+# initialized it (cudaErrorInitializationError). Importing TVM does that where PyTorch is installed: tvm_ffi asks
+# ``torch.cuda.is_available()`` for its DLPack bridge, which creates the CUDA driver's state. These variables turn
+# that bridge off (the server never exchanges tensors with torch) and make torch's check use NVML.
+CUDA_FREE_ENV = {"TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
+def keep_cuda_out_of_this_process() -> None:
+    """Set :data:`CUDA_FREE_ENV` for this process: call it before TVM is first imported, in a process that will
+    run an RPC server (``tvmfuse rpc server`` does)."""
+    for k, v in CUDA_FREE_ENV.items():
+        os.environ.setdefault(k, v)
+
+
 def start_server(tracker: tuple[str, int], key: str, *, host: str = "127.0.0.1", port: int = 9090,
                  port_end: int | None = None, wait_s: float = 15.0, verbose: bool = False) -> Running:
     """Start TVM's RPC server on the first free port of ``[port, port_end)``, registered at ``tracker`` under
     ``key``, answering tvmfuse's device question (``tvmfuse.rpc.device``); returns once the tracker lists it.
 
     The tracker is asked first: a wrong address is one line (RPCError), not TVM's 60 s of retries in a thread."""
+    import sys
+
+    if "tvm_ffi" not in sys.modules:
+        keep_cuda_out_of_this_process()
+    elif (any(os.environ.get(k) != v for k, v in CUDA_FREE_ENV.items()) and "torch" in sys.modules
+          and os.path.exists("/dev/nvidiactl")):
+        # TVM was imported beside torch before the variables were set: its sessions could not use this GPU
+        raise RPCError("an RPC server must start in a process that has not imported TVM beside PyTorch "
+                       "(its forked sessions could not use CUDA)",
+                       hint="run `tvmfuse rpc server`, or call tvmfuse.rpc.service.keep_cuda_out_of_this_process() "
+                            "before importing tvm")
     from tvm.rpc import server as tvm_server
 
     from tvmfuse.rpc.device import register_describe
