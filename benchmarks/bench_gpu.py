@@ -145,6 +145,12 @@ def torch_case(name: str, size: dict, model=None) -> dict:
         f, args = (lambda A: torch.relu(A @ W + bg)), (A,)
         extra["cublas_gemm_alone_s"] = _bench_torch(lambda: A @ W)
         KEEP.setdefault(name, {})["cublas_gemm_alone_s"] = lambda: A @ W
+    elif name == "llama_mlp":
+        M, H_, I_ = size.get("M", 2048), size.get("H", 4096), size.get("I", 11008)
+        x = torch.randn(M, H_, device=dev, dtype=h)
+        Wg, Wu = (torch.randn(H_, I_, device=dev, dtype=h) * 0.02 for _ in range(2))
+        Wd = torch.randn(I_, H_, device=dev, dtype=h) * 0.02
+        f, args = (lambda x: (F.silu(x @ Wg) * (x @ Wu)) @ Wd), (x,)
     elif name == "conv_bn_relu":
         B, C, H, W_ = size.get("B", 64), size.get("C", 256), size.get("H", 56), size.get("W", 56)
         xc = torch.randn(B, C, H, W_, device=dev, dtype=h).to(memory_format=torch.channels_last)

@@ -90,6 +90,20 @@ def gemm_bias_relu(M=8192, K=8192, N=8192, seed=0):
             (M * K + K * N + M * N) * 2, 2 * M * N * K)
 
 
+def llama_mlp(M=2048, H=4096, I=11008, seed=0):
+    """y = (silu(x @ Wg) * (x @ Wu)) @ Wd, a LLaMA MLP as exporters write it (MatMul, Sigmoid, Mul, Mul, MatMul):
+    the planner's horizontal fusion makes the two up projections one GEMM over [Wg | Wu] with silu(g) * u applied
+    to its accumulators; the down projection is a second GEMM."""
+    rng = np.random.default_rng(seed)
+    wg, wu = (_const(n, (rng.standard_normal((H, I)) * 0.02).astype("float16")) for n in ("Wg", "Wu"))
+    wd = _const("Wd", (rng.standard_normal((I, H)) * 0.02).astype("float16"))
+    nodes = [helper.make_node("MatMul", ["x", "Wg"], ["g"]), helper.make_node("MatMul", ["x", "Wu"], ["u"]),
+             helper.make_node("Sigmoid", ["g"], ["sg"]), helper.make_node("Mul", ["g", "sg"], ["silu"]),
+             helper.make_node("Mul", ["silu", "u"], ["h"]), helper.make_node("MatMul", ["h", "Wd"], ["y"])]
+    return (_model(nodes, "llama_mlp", [_vi("x", (M, H))], [_vi("y", (M, H))], [wg, wu, wd]),
+            (2 * M * H + 3 * H * I) * 2, 2 * M * H * I * 3)
+
+
 def conv_bn_relu(B=64, C=256, H=56, W=56, seed=0, layout="NHWC"):
     """conv3x3 (pad 1) -> BatchNormalization -> Relu on ``layout`` tensors.
 
@@ -130,13 +144,14 @@ def attention(B=4, H=32, S=4096, D=128, seed=0):
 CASES = {
     "pointwise": pointwise, "add_layernorm": add_layernorm, "swiglu": swiglu, "softmax": softmax,
     "layernorm": layernorm, "rmsnorm": rmsnorm, "gemm_bias_relu": gemm_bias_relu, "conv_bn_relu": conv_bn_relu, "attention": attention,
+    "llama_mlp": llama_mlp,
 }
 
 # tiny sizes for CPU tests (same graphs)
 SMALL = {
     "pointwise": dict(M=64, N=256), "add_layernorm": dict(M=64, N=256), "swiglu": dict(M=64, N=256),
     "softmax": dict(M=64, N=256), "layernorm": dict(M=64, N=256), "rmsnorm": dict(M=64, N=256), "gemm_bias_relu": dict(M=64, K=64, N=64), "conv_bn_relu": dict(B=1, C=16, H=8, W=8),
-    "attention": dict(B=1, H=2, S=64, D=32),
+    "attention": dict(B=1, H=2, S=64, D=32), "llama_mlp": dict(M=128, H=64, I=96),
 }
 
 
