@@ -33,6 +33,12 @@ class AttentionSpec:
     # K/V head h // kv_group (the repeat_kv head order), so K/V are never repeated in memory
     kv_group: int = 1
 
+    def __post_init__(self):
+        if self.kv_group < 1 or (self.kv_group > 1 and (not self.batch or self.batch[-1] % self.kv_group)):
+            raise ValueError(f"kv_group {self.kv_group} does not divide the {self.batch[-1:]} query heads")
+        if self.causal and self.causal_offset < 0:
+            raise ValueError(f"causal offset {self.causal_offset}: rows that see no key")
+
     @property
     def kv_batch(self) -> tuple[int, ...]:
         """K's and V's leading dims: ``batch`` with the last (head) axis divided by ``kv_group``."""

@@ -6,7 +6,8 @@ import math
 
 from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
-from tvmfuse.kernels.flash.softmax import _flat, _indent, _normalize_and_store, _online_softmax, _score
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, key_steps,
+                                           kv_index)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -42,8 +43,10 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     warp, lane = "(tx // 32)", "(tx % 32)"
     g, tig = f"({lane} // 4)", f"({lane} % 4)"
     q_shape = (*spec.batch, spec.seq_q, D)
-    k_shape = (*spec.batch, spec.seq_k, D) if spec.k_rows else (*spec.batch, D, spec.seq_k)
-    v_shape = (*spec.batch, spec.seq_k, DV)
+    kvb = spec.kv_batch   # GQA: fewer K/V heads, each read by its group of query heads
+    kvidx = kv_index(spec, bidx)
+    k_shape = (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k)
+    v_shape = (*kvb, spec.seq_k, DV)
     o_shape = (*spec.batch, spec.seq_q, DV)
     buf = lambda name, shp, dt="float16": f"{name}: T.Buffer({tuple(shp)!r}, '{dt}')"  # noqa: E731
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
@@ -75,10 +78,10 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
             sh = f"{slot} * {tile} + ({r}) * {cols + 8} + {c}"
             if stages == 1:
                 body = (f"for e in T.vectorized(8):\n"
-                        f"    {dst}[{sh} + e] = {src}[{', '.join([*bidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
+                        f"    {dst}[{sh} + e] = {src}[{', '.join([*kvidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
             else:
                 body = (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
-                        f"{_flat(shp, [*bidx, *src_rc])}, 16))\n")
+                        f"{_flat(shp, [*kvidx, *src_rc])}, 16))\n")
             if guard:
                 body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
             out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
@@ -98,7 +101,7 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
             f"dtype='float16')")
     mma = ("T.ptx_legacy.mma('m16n8k16', 'row', 'col', 'fp16', 'fp16', 'fp32', {a}.data, {ao}, {b}.data, {bo}, "
            "{c}.data, {co}, False, dtype='float32')")
-    nsteps = spec.seq_k // BN
+    nsteps = key_steps(spec, BM, BN)
     q_col = f"kk * 16 + i // 4 * 8 + {tig} * 2 + i % 2"
     # every step ends with a barrier (drain): nobody overwrites a tile another warp still reads
     sync = "T.tvm_storage_sync('shared')\n"
@@ -176,14 +179,24 @@ for h in T.unroll({2 * M}):
 
 
 def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str) -> str:
+    tiles, heads = spec.seq_q // cfg.block_m, math.prod(spec.batch)
+    if spec.causal:
+        # a causal tile's work grows with its index: the heaviest launch first (blockIdx.y is the slower launch
+        # order) so the last wave holds the light ones; blockIdx.x walks the heads, so the heads sharing a K/V head
+        # (GQA) run side by side and meet in L2
+        grid = (f"for byr in T.thread_binding({tiles}, thread=\"blockIdx.y\"):\n"
+                f"    for by in T.thread_binding({heads}, thread=\"blockIdx.x\"):\n"
+                f"        for tx in T.thread_binding({32 * cfg.warps}, thread=\"threadIdx.x\"):\n"
+                f"            bx: T.int32 = {tiles - 1} - byr\n")
+    else:
+        grid = (f"for by in T.thread_binding({heads}, thread=\"blockIdx.y\"):\n"
+                f"    for bx in T.thread_binding({tiles}, thread=\"blockIdx.x\"):\n"
+                f"        for tx in T.thread_binding({32 * cfg.warps}, thread=\"threadIdx.x\"):\n")
     return f"""
 @T.prim_func(private=True, s_tir=True)
 def flash_attention({', '.join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "tvmfuse.kernel": "attention_flash"}})
-    for by in T.thread_binding({math.prod(spec.batch)}, thread="blockIdx.y"):
-        for bx in T.thread_binding({spec.seq_q // cfg.block_m}, thread="blockIdx.x"):
-            for tx in T.thread_binding({32 * cfg.warps}, thread="threadIdx.x"):
-{_indent(body, 16)}"""
+{_indent(grid, 4)}{_indent(body, 16)}"""
 
 
 def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):
