@@ -21,7 +21,7 @@ from tvmfuse._tvm import tvm  # noqa: E402
 from tvmfuse.compile.build import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.kernels import flash  # noqa: E402
-from tvmfuse.kernels.flash.softmax import key_steps  # noqa: E402
+from tvmfuse.kernels.flash.softmax import full_steps, key_steps  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
@@ -40,6 +40,13 @@ def _steps(spec, cfg, bx: int) -> int:
     return int(eval(key_steps(spec, cfg.block_m, cfg.block_n, multiple).replace("T.min", "min"), {"bx": bx}))
 
 
+def _full(spec, cfg, bx: int) -> int:
+    """The steps a tile takes unmasked (the overlapped kernels mask every step)."""
+    if cfg.overlap:
+        return 0
+    return int(eval(full_steps(spec, cfg.block_m, cfg.block_n).replace("T.min", "min"), {"bx": bx}))
+
+
 def _all_configs(spec):
     return flash.configs(spec, wgmma=(False, True), overlap=(False, True), max_shared_bytes=227 * 1024)
 
@@ -56,6 +63,10 @@ def test_a_causal_tile_walks_every_key_it_sees_and_no_tile_past_its_diagonal(off
             visible = min(spec.seq_k, last_row + offset + 1)      # keys the tile's last row sees
             assert n * cfg.block_n >= visible, (cfg.name, bx)    # none missed
             assert n <= full
+            unmasked = _full(spec, cfg, bx)
+            assert unmasked <= n and unmasked * cfg.block_n <= bx * cfg.block_m + offset + 1   # all seen by row 0
+            if not cfg.overlap:   # and the first masked step does hide a key from some row
+                assert unmasked == n or (unmasked + 1) * cfg.block_n - 1 > bx * cfg.block_m + offset
             if cfg.overlap:
                 assert n % 2 == 0 and n - 2 < -(-visible // cfg.block_n)   # whole pairs, at most one padding step
             else:
@@ -64,9 +75,9 @@ def test_a_causal_tile_walks_every_key_it_sees_and_no_tile_past_its_diagonal(off
 
 
 def _emulate(spec: AttentionSpec, cfg, q, k, v):
-    """The flash kernel's algorithm in numpy at tile granularity: per query tile ``bx``, ``key_steps`` key blocks,
-    scores masked to -inf past the diagonal before the running max (which starts at -1e30), base-2 online softmax,
-    K/V head ``h // kv_group``."""
+    """The flash kernel's algorithm in numpy at tile granularity: per query tile ``bx``, ``key_steps`` key blocks, the
+    first ``full_steps`` unmasked and the rest with scores past the diagonal at -inf before the running max (which
+    starts at -1e30), base-2 online softmax, K/V head ``h // kv_group``."""
     out = np.zeros(q.shape, np.float64)
     log2e = 1.4426950408889634
     for h in range(q.shape[0]):
@@ -79,7 +90,8 @@ def _emulate(spec: AttentionSpec, cfg, q, k, v):
             for j in range(_steps(spec, cfg, bx)):
                 cols = np.arange(j * cfg.block_n, (j + 1) * cfg.block_n)
                 s = q[h, rows] @ kh[cols].T * (spec.scale * log2e)
-                s = np.where(cols[None, :] > rows[:, None] + spec.causal_offset, -np.inf, s)
+                if j >= _full(spec, cfg, bx):
+                    s = np.where(cols[None, :] > rows[:, None] + spec.causal_offset, -np.inf, s)
                 red = np.maximum(m, s.max(axis=1))
                 alpha = np.exp2(m - red)
                 m = red
@@ -118,6 +130,9 @@ def test_the_kernel_reads_no_mask_and_kv_heads_by_group_and_launches_the_heavies
     assert "// 4" in src   # K/V head h // 4
     assert 'for byr in T.thread_binding(4, thread="blockIdx.y")' in src and "bx: T.int32 = 3 - byr" in src
     assert "T.min(4, (bx * 64 + 127) // 64)" in src
+    # two key loops: the steps every row sees whole without the mask, then the diagonal ones with it
+    plain_loop, masked_loop = src.split("for j in T.serial(T.min(4, (bx * 64 + 1) // 64), ")
+    assert "T.Select" not in plain_loop and "T.Select" in masked_loop
     plain = flash.flash_source(_spec(causal=False), flash.parse_config("w4 m1 n64 s1"))
     assert "for j in T.serial(4)" in plain and "T.Select" not in plain
 

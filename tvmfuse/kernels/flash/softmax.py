@@ -77,6 +77,12 @@ def key_steps(spec: AttentionSpec, block_m: int, block_n: int, multiple: int = 1
     return f"T.min({nsteps}, {upto})"
 
 
+def full_steps(spec: AttentionSpec, block_m: int, block_n: int) -> str:
+    """(causal) The key steps of query tile ``bx`` that every row of it sees whole, as an expression: those before
+    the first step holding a key past its first row's diagonal. They need no mask."""
+    return f"T.min({spec.seq_k // block_n}, (bx * {block_m} + {spec.causal_offset + 1}) // {block_n})"
+
+
 def kv_index(spec: AttentionSpec, bidx: list[str]) -> list[str]:
     """K's and V's batch indices for query batch indices ``bidx``: query head h reads K/V head h // kv_group."""
     return bidx if spec.kv_group == 1 else [*bidx[:-1], f"({bidx[-1]}) // {spec.kv_group}"]

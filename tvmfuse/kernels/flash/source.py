@@ -3,11 +3,12 @@ tuned sketch's annotation."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
-from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, key_steps,
-                                           kv_index)
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, full_steps,
+                                           key_steps, kv_index)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -159,6 +160,21 @@ for kv in T.unroll({BN // 16}):
         return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
     if cfg.wgmma:
         allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
+    def step(sc: str) -> str:
+        """One key step's body with the score expression ``sc``."""
+        return (f"{_indent(fill, 4)}    for i in T.unroll({M * SB}):\n        sacc[i] = T.float32(0)\n"
+                + _indent(s_block, 4) + _indent(_online_softmax(M, SB, OB, sc, f"sacc[mt * {SB} + i]"), 4)
+                + _indent(pv_block, 4) + _indent(drain, 4))
+
+    if spec.causal:
+        # the steps whose keys every row of the tile sees skip the mask; only the diagonal ones apply it
+        plain = _score(replace(spec, causal=False), bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2",
+                       f"sacc[mt * {SB} + i]")
+        full = full_steps(spec, BM, BN)
+        key_loop = (f"for j in T.serial({full}):\n{step(plain)}"
+                    f"for j in T.serial({full}, {nsteps}):\n{step(score)}")
+    else:
+        key_loop = f"for j in T.serial({nsteps}):\n{step(score)}"
     body = f"""
 {allocs}sacc = T.alloc_buffer(({M * SB},), "float32", scope="local")
 oacc = T.alloc_buffer(({M * OB},), "float32", scope="local")
@@ -171,10 +187,7 @@ alpha = T.alloc_buffer(({2 * M},), "float32", scope="local")
 for h in T.unroll({2 * M}):
     mrow[h] = T.float32(-1e30)
     lrow[h] = T.float32(0)
-{prologue}for j in T.serial({nsteps}):
-{_indent(fill, 4)}    for i in T.unroll({M * SB}):
-        sacc[i] = T.float32(0)
-{_indent(s_block, 4)}{_indent(_online_softmax(M, SB, OB, score, f'sacc[mt * {SB} + i]'), 4)}{_indent(pv_block, 4)}{_indent(drain, 4)}{_normalize_and_store(M, OB, out_at)}"""
+{prologue}{key_loop}{_normalize_and_store(M, OB, out_at)}"""
     return _kernel(spec, cfg, params, body)
 
 
