@@ -113,11 +113,24 @@ def attention_primfunc(spec: AttentionSpec):
     if mask_expr:
         score = f"({score}) + {mask_expr}" if spec.scale_first else (
             f"(s[0] + {mask_expr}) * T.float32({spec.scale!r})" if spec.scale is not None else f"s[0] + {mask_expr}")
-    # causal: row i walks only the keys it sees (the masked ones are never computed)
-    keys = f"T.min({spec.seq_k}, v_i + {spec.causal_offset + 1})" if spec.causal else str(spec.seq_k)
     loops = "".join(f"for {b} in T.serial({n}):\n" + "    " * (k + 2) for k, (b, n) in enumerate(zip(bvars, spec.batch)))
     ind = "    " * (nb + 2)
     out_idx = _idx(vb + ["v_i", "e"])
+    key_step = f"""{ind}        s[0] = T.float32(0)
+{ind}        for d in T.serial({spec.head_dim}):
+{ind}            s[0] = s[0] + {cast(f"q[{_idx(vb + ['v_i', 'd'])}]")} * {cast(f"kt[{_idx(kvb + (['j', 'd'] if spec.k_rows else ['d', 'j']))}]")}
+{ind}        s[0] = {score}
+{ind}        p[0] = T.max(m[0], s[0])
+{ind}        l[0] = l[0] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0])
+{ind}        for e in T.serial({spec.head_dim_v}):
+{ind}            acc[e] = acc[e] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0]) * {cast(f"v[{_idx(kvb + ['j', 'e'])}]")}
+{ind}        m[0] = p[0]
+"""
+    if spec.causal:
+        # row i computes only the keys it sees (a guard, not a shorter loop: MetaSchedule's llvm space and its
+        # features take only constant loop extents)
+        key_step = f"{ind}        if j <= v_i + {spec.causal_offset}:\n" + "".join(
+            "    " + ln + "\n" for ln in key_step.splitlines() if ln.strip())
     src = f"""
 @T.prim_func(private=True, s_tir=True)
 def attention({', '.join(params)}):
@@ -134,17 +147,8 @@ def attention({', '.join(params)}):
 {ind}    l[0] = T.float32(0)
 {ind}    for e in T.serial({spec.head_dim_v}):
 {ind}        acc[e] = T.float32(0)
-{ind}    for j in T.serial({keys}):
-{ind}        s[0] = T.float32(0)
-{ind}        for d in T.serial({spec.head_dim}):
-{ind}            s[0] = s[0] + {cast(f"q[{_idx(vb + ['v_i', 'd'])}]")} * {cast(f"kt[{_idx(kvb + (['j', 'd'] if spec.k_rows else ['d', 'j']))}]")}
-{ind}        s[0] = {score}
-{ind}        p[0] = T.max(m[0], s[0])
-{ind}        l[0] = l[0] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0])
-{ind}        for e in T.serial({spec.head_dim_v}):
-{ind}            acc[e] = acc[e] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0]) * {cast(f"v[{_idx(kvb + ['j', 'e'])}]")}
-{ind}        m[0] = p[0]
-{ind}    for e in T.serial({spec.head_dim_v}):
+{ind}    for j in T.serial({spec.seq_k}):
+{key_step}{ind}    for e in T.serial({spec.head_dim_v}):
 {ind}        out[{out_idx}] = {"acc[e] / l[0]" if spec.dtype == acc_t else f"T.Cast('{spec.dtype}', acc[e] / l[0])"}
 """
     from tvm.script import tirx as T  # noqa: F401  (the template's T)
