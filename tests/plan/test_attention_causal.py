@@ -124,3 +124,15 @@ def test_the_exported_transformers_masks_are_causal(llvm, name):
     fused, plan = partition(import_model(load_model(FIXTURES / f"{name}.onnx")), target=llvm)
     (spec,) = _specs(fused)
     assert spec.causal and spec.causal_offset == 0 and spec.mask_shape is None
+
+
+def test_the_causal_gqa_scalar_kernel_has_candidates_in_the_llvm_space(llvm):
+    """The llvm space (MetaSchedule's stock rules) must sample it: with a run-time loop extent (keys up to the
+    diagonal) it found no candidate at all and `tune` failed the kernel; the kernel guards the hidden keys instead."""
+    from tvmfuse.tune import extract_kernels
+    from tvmfuse.tune.spaces import sample_schedules, select_space
+
+    fused, _ = partition(import_proto(attention_onnx(heads=4, kv_heads=2)), target=llvm)
+    (kernel,) = [k for k in extract_kernels(fused, target=llvm) if SPEC_ATTR in k.mod["main"].attrs]
+    mods = sample_schedules(kernel.mod, llvm.target, select_space(kernel.mod, llvm.target), n=4, seed=1)
+    assert len(mods) >= 2
