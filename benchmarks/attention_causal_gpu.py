@@ -194,13 +194,15 @@ def _time_tvm(f, dev, args) -> float:
 
 
 def _configs(spec, n: int) -> list:
-    """The first ``n`` configs of the template's space (besides the default) for ``spec``, Hopper's first."""
-    from tvmfuse.kernels.flash import configs, default_config
+    """``n`` configs of the template's space besides the default for ``spec``: the mma.sync default, the overlapped
+    Hopper kernels, the runner-up Hopper tiles measured at the non-causal anchor, then the rest in space order."""
+    from tvmfuse.kernels.flash import configs, default_config, parse_config
 
     default = default_config(spec, wgmma=True)
     space = [c for c in configs(spec, wgmma=(True, False), overlap=(True, False)) if c != default]
-    space.sort(key=lambda c: not c.wgmma)
-    return space[:n]
+    first = [parse_config(x) for x in ("w4 m2 n32 s1", "w4 m1 n64 s2 hp", "w8 m1 n64 s2 hp", "w8 m1 n64 s2 h",
+                                       "w4 m1 n64 s2 h", "w8 m1 n128 s1")]
+    return ([c for c in first if c in space] + [c for c in space if c not in first])[:n]
 
 
 def run_gpu(name: str, args: dict, want, n_configs: int) -> list[dict]:

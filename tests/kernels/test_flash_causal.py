@@ -180,3 +180,18 @@ def test_a_causal_gqa_model_builds_for_cuda_with_the_default_flash_kernel(tmp_pa
     assert [k.schedule for k in result.kernels] == ["flash-default"]
     src = cuda_source(result.executable)
     assert "wgmma.mma_async" in src and "blockIdx.y" in src
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_gpu_scripts_dry_run_plans_recognises_and_builds_every_case():
+    """benchmarks/attention_causal_gpu.py --dry-run: each case at its H200 shape planned (mask and repeat recognised)
+    and built with its default flash kernel and one more config, without a GPU; --small runs them on llvm."""
+    from benchmarks.attention_causal_gpu import dry_run, small
+
+    rows = dry_run(1)
+    models = [r for r in rows if r["kernel"] == "model (untuned default)"]
+    assert [r["case"] for r in models] == ["a unmasked", "a causal", "b gqa causal"]
+    assert all(r["recognised"] == "yes" and r["schedules"] == ["flash-default"] for r in models)
+    assert len([r for r in rows if r["kernel"] == "built"]) == 6
+    assert all(r["ok"] and r["recognised"] == "yes" for r in small())
