@@ -160,6 +160,7 @@ for kv in T.unroll({BN // 16}):
         return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
     if cfg.wgmma:
         allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
+
     def step(sc: str) -> str:
         """One key step's body with the score expression ``sc``."""
         return (f"{_indent(fill, 4)}    for i in T.unroll({M * SB}):\n        sacc[i] = T.float32(0)\n"

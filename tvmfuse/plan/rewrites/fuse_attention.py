@@ -118,7 +118,6 @@ class FuseAttention:
             kv_dropped = reps[0][2] + reps[1][2]
             k_src, v = reps[0][0], reps[1][0]
             kv_extra = tensor_bytes(k_src.ty) + tensor_bytes(v.ty)   # unfused, the repeats read these
-
             ks = tensor_shape(k_src.ty)
             ks = (*ks[:-2], ks[-1], ks[-2]) if k_rows else ks
             vs = tensor_shape(v.ty)
