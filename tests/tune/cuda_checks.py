@@ -91,8 +91,8 @@ def assert_shared_offsets_aligned(func) -> int:
                 and "shared" in ast.unparse(node.value)):
             sizes[node.targets[0].id] = int(np.prod(ast.literal_eval(node.value.args[0])))
         elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call):
-            if all(isinstance(a, ast.Constant) for a in node.iter.args):
-                args = [ast.literal_eval(a) for a in node.iter.args]
+            args = [ast.literal_eval(a) for a in node.iter.args if isinstance(a, ast.Constant)]
+            if args:
                 loop = range(*args[:2]) if len(args) >= 2 else range(args[0])
             else:   # an extent of the loops around it (a causal tile's key steps): its largest value bounds it
                 loop = range(int(_at_every_value(_py(node.iter.args[-1]), ranges).max()))
@@ -110,9 +110,14 @@ def assert_shared_offsets_aligned(func) -> int:
         inner = dict(ranges)
         for child in ast.iter_child_nodes(node):
             visit(child, inner)
-            if isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name) and child.value is not None:
-                # a let (a causal kernel's reversed tile index): its values reach the statements after it
-                vals = _at_every_value(_py(child.value), inner)
+            if (isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name) and child.value is not None
+                    and "T." not in _py(child.value)):
+                # a let of plain arithmetic of the loops (a causal kernel's reversed tile index): its values reach
+                # the statements after it (a let of anything else is no address this check follows)
+                try:
+                    vals = _at_every_value(_py(child.value), inner)
+                except KeyError:
+                    continue
                 inner[child.target.id] = range(int(vals.min()), int(vals.max()) + 1)
 
     visit(ast.parse(func.script()), {})
