@@ -55,15 +55,22 @@ def build_with_record(db_path, target, fused, kernel, trace):
         db.close()
 
 
+def _py(node) -> str:
+    """A TIR expression's TVMScript AST as the Python that :func:`_at_every_value` evaluates."""
+    import ast
+
+    return ast.unparse(node).replace("T.min(", "minimum(").replace("T.max(", "maximum(")
+
+
 def _at_every_value(expr: str, ranges: dict):
     """The integer expression ``expr`` (Python syntax) at every combination of its variables' ``ranges``, as one
     broadcast array (a variable per axis)."""
     import numpy as np
 
-    names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", expr)) - {"minimum"})
+    names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", expr)) - {"minimum", "maximum"})
     env = {n: np.arange(ranges[n].start, ranges[n].stop).reshape([-1 if j == k else 1 for j in range(len(names))])
            for k, n in enumerate(names)}
-    return np.asarray(eval(expr, {"minimum": np.minimum}, env))
+    return np.asarray(eval(expr, {"minimum": np.minimum, "maximum": np.maximum}, env))
 
 
 def assert_shared_offsets_aligned(func) -> int:
@@ -85,7 +92,11 @@ def assert_shared_offsets_aligned(func) -> int:
             sizes[node.targets[0].id] = int(np.prod(ast.literal_eval(node.value.args[0])))
         elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, ast.Call):
             args = [ast.literal_eval(a) for a in node.iter.args if isinstance(a, ast.Constant)]
-            ranges = {**ranges, node.target.id: range(*args[:2]) if len(args) >= 2 else range(args[0])}
+            if args:
+                loop = range(*args[:2]) if len(args) >= 2 else range(args[0])
+            else:   # an extent of the loops around it (a causal tile's key steps): its largest value bounds it
+                loop = range(int(_at_every_value(_py(node.iter.args[-1]), ranges).max()))
+            ranges = {**ranges, node.target.id: loop}
         elif isinstance(node, ast.Call) and ast.unparse(node.func) == "T.s_tir.cp_async_raw":
             sites.append((ast.unparse(node.args[1]).removesuffix(".data"), node.args[2], ranges))
         elif (isinstance(node, ast.Call) and ast.unparse(node.func) == "T.address_of"
@@ -96,8 +107,18 @@ def assert_shared_offsets_aligned(func) -> int:
             # (the GEMM template's branch-free zero-filling copy: dst = sa_base + T.Cast("uint32", (offset) * 2))
             dst = node.args[1]
             sites.append((dst.left.id.removesuffix("_base"), dst.right.args[1].left, ranges))
+        inner = dict(ranges)
         for child in ast.iter_child_nodes(node):
-            visit(child, ranges)
+            visit(child, inner)
+            if (isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name) and child.value is not None
+                    and "T." not in _py(child.value)):
+                # a let of plain arithmetic of the loops (a causal kernel's reversed tile index): its values reach
+                # the statements after it (a let of anything else is no address this check follows)
+                try:
+                    vals = _at_every_value(_py(child.value), inner)
+                except KeyError:
+                    continue
+                inner[child.target.id] = range(int(vals.min()), int(vals.max()) + 1)
 
     visit(ast.parse(func.script()), {})
     checked = 0

@@ -25,6 +25,24 @@ class AttentionSpec:
     mask_dtype: str = "float32"
     scale_first: bool = True         # scale then mask (BERT) vs mask then scale
     k_rows: bool = False             # K given as [.., seq_k, head_dim] (its transpose absorbed), else Kᵀ
+    # a constant causal mask recognised (``tvmfuse.plan.causal``) and not read: query i sees key j iff
+    # j <= i + causal_offset (0: top-left aligned; seq_k - seq_q: bottom-right, as a KV cache gives)
+    causal: bool = False
+    causal_offset: int = 0
+    # query heads per K/V head (GQA / MQA): K and V have batch[-1] // kv_group heads and query head h reads
+    # K/V head h // kv_group (the repeat_kv head order), so K/V are never repeated in memory
+    kv_group: int = 1
+
+    def __post_init__(self):
+        if self.kv_group < 1 or (self.kv_group > 1 and (not self.batch or self.batch[-1] % self.kv_group)):
+            raise ValueError(f"kv_group {self.kv_group} does not divide the {self.batch[-1:]} query heads")
+        if self.causal and self.causal_offset < 0:
+            raise ValueError(f"causal offset {self.causal_offset}: rows that see no key")
+
+    @property
+    def kv_batch(self) -> tuple[int, ...]:
+        """K's and V's leading dims: ``batch`` with the last (head) axis divided by ``kv_group``."""
+        return self.batch if self.kv_group == 1 else (*self.batch[:-1], self.batch[-1] // self.kv_group)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -39,7 +57,8 @@ class AttentionSpec:
 
     def key(self) -> tuple:
         return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
-                self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows)
+                self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows, self.causal, self.causal_offset,
+                self.kv_group)
 
 
 def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
@@ -63,17 +82,22 @@ def _idx(names: list[str]) -> str:
 
 
 def attention_primfunc(spec: AttentionSpec):
-    """A TIR PrimFunc ``(q, kt, v[, mask], out)`` computing softmax(scale·q@kt + mask) @ v."""
+    """A TIR PrimFunc ``(q, kt, v[, mask], out)`` computing softmax(scale·q@kt + mask) @ v; with ``causal`` row i
+    walks keys 0 .. i + causal_offset only (there is no mask argument), and with ``kv_group`` > 1 K and V have
+    ``kv_batch`` heads and query head h reads head h // kv_group."""
     nb = len(spec.batch)
     bvars = [f"b{k}" for k in range(nb)]
     vb = [f"v_b{k}" for k in range(nb)]
     shape = lambda *tail: "(" + ", ".join(str(d) for d in (*spec.batch, *tail)) + ",)"  # noqa: E731
+    kv_shape = lambda *tail: "(" + ", ".join(str(d) for d in (*spec.kv_batch, *tail)) + ",)"  # noqa: E731
+    # K/V's batch indices: the query head's K/V head h // kv_group
+    kvb = vb if spec.kv_group == 1 else [*vb[:-1], f"{vb[-1]} // {spec.kv_group}"]
     acc_t = "float32"
     cast = (lambda e: e) if spec.dtype == acc_t else (lambda e: f"T.Cast('{acc_t}', {e})")
     params = [f"q: T.Buffer({shape(spec.seq_q, spec.head_dim)}, '{spec.dtype}')",
-              (f"kt: T.Buffer({shape(spec.seq_k, spec.head_dim)}, '{spec.dtype}')" if spec.k_rows else
-               f"kt: T.Buffer({shape(spec.head_dim, spec.seq_k)}, '{spec.dtype}')"),
-              f"v: T.Buffer({shape(spec.seq_k, spec.head_dim_v)}, '{spec.dtype}')"]
+              (f"kt: T.Buffer({kv_shape(spec.seq_k, spec.head_dim)}, '{spec.dtype}')" if spec.k_rows else
+               f"kt: T.Buffer({kv_shape(spec.head_dim, spec.seq_k)}, '{spec.dtype}')"),
+              f"v: T.Buffer({kv_shape(spec.seq_k, spec.head_dim_v)}, '{spec.dtype}')"]
     mask_expr = ""
     if spec.mask_shape is not None:
         full = list(spec.batch) + [spec.seq_q, spec.seq_k]
@@ -92,6 +116,21 @@ def attention_primfunc(spec: AttentionSpec):
     loops = "".join(f"for {b} in T.serial({n}):\n" + "    " * (k + 2) for k, (b, n) in enumerate(zip(bvars, spec.batch)))
     ind = "    " * (nb + 2)
     out_idx = _idx(vb + ["v_i", "e"])
+    key_step = f"""{ind}        s[0] = T.float32(0)
+{ind}        for d in T.serial({spec.head_dim}):
+{ind}            s[0] = s[0] + {cast(f"q[{_idx(vb + ['v_i', 'd'])}]")} * {cast(f"kt[{_idx(kvb + (['j', 'd'] if spec.k_rows else ['d', 'j']))}]")}
+{ind}        s[0] = {score}
+{ind}        p[0] = T.max(m[0], s[0])
+{ind}        l[0] = l[0] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0])
+{ind}        for e in T.serial({spec.head_dim_v}):
+{ind}            acc[e] = acc[e] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0]) * {cast(f"v[{_idx(kvb + ['j', 'e'])}]")}
+{ind}        m[0] = p[0]
+"""
+    if spec.causal:
+        # row i computes only the keys it sees (a guard, not a shorter loop: MetaSchedule's llvm space and its
+        # features take only constant loop extents)
+        key_step = f"{ind}        if j <= v_i + {spec.causal_offset}:\n" + "".join(
+            "    " + ln + "\n" for ln in key_step.splitlines() if ln.strip())
     src = f"""
 @T.prim_func(private=True, s_tir=True)
 def attention({', '.join(params)}):
@@ -109,16 +148,7 @@ def attention({', '.join(params)}):
 {ind}    for e in T.serial({spec.head_dim_v}):
 {ind}        acc[e] = T.float32(0)
 {ind}    for j in T.serial({spec.seq_k}):
-{ind}        s[0] = T.float32(0)
-{ind}        for d in T.serial({spec.head_dim}):
-{ind}            s[0] = s[0] + {cast(f"q[{_idx(vb + ['v_i', 'd'])}]")} * {cast(f"kt[{_idx(vb + (['j', 'd'] if spec.k_rows else ['d', 'j']))}]")}
-{ind}        s[0] = {score}
-{ind}        p[0] = T.max(m[0], s[0])
-{ind}        l[0] = l[0] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0])
-{ind}        for e in T.serial({spec.head_dim_v}):
-{ind}            acc[e] = acc[e] * T.exp(m[0] - p[0]) + T.exp(s[0] - p[0]) * {cast(f"v[{_idx(vb + ['j', 'e'])}]")}
-{ind}        m[0] = p[0]
-{ind}    for e in T.serial({spec.head_dim_v}):
+{key_step}{ind}    for e in T.serial({spec.head_dim_v}):
 {ind}        out[{out_idx}] = {"acc[e] / l[0]" if spec.dtype == acc_t else f"T.Cast('{spec.dtype}', acc[e] / l[0])"}
 """
     from tvm.script import tirx as T  # noqa: F401  (the template's T)

@@ -22,6 +22,11 @@ On Hopper (``sm_90a``) a config may instead be a wgmma kernel (``FlashConfig.wgm
 each warpgroup computes ``S`` for 64 query rows with ``wgmma`` from 128-byte-swizzled Q and K tiles, and
 feeds ``P`` from its registers to the ``O += P·V`` wgmma; the softmax and the store are the same code.
 
+Causal attention (``AttentionSpec.causal``): query tile ``bx`` walks the key steps up to its diagonal only
+(:func:`tvmfuse.kernels.flash.softmax.key_steps`), its scores past the diagonal set to -inf before the running
+max, and the tiles launch heaviest first (``blockIdx.y`` reversed). GQA (``kv_group``): K and V are read at head
+``h // kv_group``, never repeated.
+
 The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. Rows and keys must
 be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`); the planner keeps other attention
 unfused on GPUs. Tuning picks a config among

@@ -64,9 +64,42 @@ for mt in T.unroll({M}):
 """
 
 
+def key_steps(spec: AttentionSpec, block_m: int, block_n: int, multiple: int = 1) -> str:
+    """The key steps query tile ``bx`` walks, as an expression: every ``seq_k / block_n`` of them, or with a causal
+    mask only those up to the tile's diagonal (its last row's last visible key), rounded up to ``multiple`` (the
+    overlapped kernel takes steps in pairs; a step past the diagonal is wholly masked and adds nothing)."""
+    nsteps = spec.seq_k // block_n
+    if not spec.causal:
+        return str(nsteps)
+    upto = f"(bx * {block_m} + {block_m + spec.causal_offset + block_n - 1}) // {block_n}"
+    if multiple > 1:
+        upto = f"({upto} + {multiple - 1}) // {multiple} * {multiple}"
+    return f"T.min({nsteps}, {upto})"
+
+
+def full_steps(spec: AttentionSpec, block_m: int, block_n: int) -> str:
+    """(causal) The key steps of query tile ``bx`` that every row of it sees whole, as an expression: those before
+    the first step holding a key past its first row's diagonal. They need no mask."""
+    return f"T.min({spec.seq_k // block_n}, (bx * {block_m} + {spec.causal_offset + 1}) // {block_n})"
+
+
+def kv_index(spec: AttentionSpec, bidx: list[str]) -> list[str]:
+    """K's and V's batch indices for query batch indices ``bidx``: query head h reads K/V head h // kv_group."""
+    return bidx if spec.kv_group == 1 else [*bidx[:-1], f"({bidx[-1]}) // {spec.kv_group}"]
+
+
 def _score(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -> str:
     """The score of accumulator element ``acc`` (query ``row``, key ``col``) in base 2: log2(e) * (scale * s +
     mask), or log2(e) * scale * (s + mask) when the mask comes first."""
+    score = _scaled_masked(spec, bidx, row, col, acc)
+    if spec.causal:
+        # keys past the diagonal are -inf before the running max: their exp2 is 0, and every row sees key 0 (in
+        # the first step, offset >= 0), so no row's max stays -inf and no 0 / 0 can come of it
+        score = f"T.Select(({col}) > ({row}) + {spec.causal_offset}, T.float32('-inf'), {score})"
+    return score
+
+
+def _scaled_masked(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -> str:
     mask = None
     if spec.mask_shape is not None:
         nb = len(spec.batch)

@@ -3,10 +3,12 @@ tuned sketch's annotation."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
-from tvmfuse.kernels.flash.softmax import _flat, _indent, _normalize_and_store, _online_softmax, _score
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, full_steps,
+                                           key_steps, kv_index)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -42,8 +44,10 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     warp, lane = "(tx // 32)", "(tx % 32)"
     g, tig = f"({lane} // 4)", f"({lane} % 4)"
     q_shape = (*spec.batch, spec.seq_q, D)
-    k_shape = (*spec.batch, spec.seq_k, D) if spec.k_rows else (*spec.batch, D, spec.seq_k)
-    v_shape = (*spec.batch, spec.seq_k, DV)
+    kvb = spec.kv_batch   # GQA: fewer K/V heads, each read by its group of query heads
+    kvidx = kv_index(spec, bidx)
+    k_shape = (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k)
+    v_shape = (*kvb, spec.seq_k, DV)
     o_shape = (*spec.batch, spec.seq_q, DV)
     buf = lambda name, shp, dt="float16": f"{name}: T.Buffer({tuple(shp)!r}, '{dt}')"  # noqa: E731
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
@@ -75,10 +79,10 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
             sh = f"{slot} * {tile} + ({r}) * {cols + 8} + {c}"
             if stages == 1:
                 body = (f"for e in T.vectorized(8):\n"
-                        f"    {dst}[{sh} + e] = {src}[{', '.join([*bidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
+                        f"    {dst}[{sh} + e] = {src}[{', '.join([*kvidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
             else:
                 body = (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
-                        f"{_flat(shp, [*bidx, *src_rc])}, 16))\n")
+                        f"{_flat(shp, [*kvidx, *src_rc])}, 16))\n")
             if guard:
                 body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
             out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
@@ -98,7 +102,7 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
             f"dtype='float16')")
     mma = ("T.ptx_legacy.mma('m16n8k16', 'row', 'col', 'fp16', 'fp16', 'fp32', {a}.data, {ao}, {b}.data, {bo}, "
            "{c}.data, {co}, False, dtype='float32')")
-    nsteps = spec.seq_k // BN
+    nsteps = key_steps(spec, BM, BN)
     q_col = f"kk * 16 + i // 4 * 8 + {tig} * 2 + i % 2"
     # every step ends with a barrier (drain): nobody overwrites a tile another warp still reads
     sync = "T.tvm_storage_sync('shared')\n"
@@ -156,6 +160,22 @@ for kv in T.unroll({BN // 16}):
         return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
     if cfg.wgmma:
         allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
+
+    def step(sc: str) -> str:
+        """One key step's body with the score expression ``sc``."""
+        return (f"{_indent(fill, 4)}    for i in T.unroll({M * SB}):\n        sacc[i] = T.float32(0)\n"
+                + _indent(s_block, 4) + _indent(_online_softmax(M, SB, OB, sc, f"sacc[mt * {SB} + i]"), 4)
+                + _indent(pv_block, 4) + _indent(drain, 4))
+
+    if spec.causal:
+        # the steps whose keys every row of the tile sees skip the mask; only the diagonal ones apply it
+        plain = _score(replace(spec, causal=False), bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2",
+                       f"sacc[mt * {SB} + i]")
+        full = full_steps(spec, BM, BN)
+        key_loop = (f"for j in T.serial({full}):\n{step(plain)}"
+                    f"for j in T.serial({full}, {nsteps}):\n{step(score)}")
+    else:
+        key_loop = f"for j in T.serial({nsteps}):\n{step(score)}"
     body = f"""
 {allocs}sacc = T.alloc_buffer(({M * SB},), "float32", scope="local")
 oacc = T.alloc_buffer(({M * OB},), "float32", scope="local")
@@ -168,22 +188,29 @@ alpha = T.alloc_buffer(({2 * M},), "float32", scope="local")
 for h in T.unroll({2 * M}):
     mrow[h] = T.float32(-1e30)
     lrow[h] = T.float32(0)
-{prologue}for j in T.serial({nsteps}):
-{_indent(fill, 4)}    for i in T.unroll({M * SB}):
-        sacc[i] = T.float32(0)
-{_indent(s_block, 4)}{_indent(_online_softmax(M, SB, OB, score, f'sacc[mt * {SB} + i]'), 4)}{_indent(pv_block, 4)}{_indent(drain, 4)}{_normalize_and_store(M, OB, out_at)}"""
+{prologue}{key_loop}{_normalize_and_store(M, OB, out_at)}"""
     return _kernel(spec, cfg, params, body)
 
 
 def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str) -> str:
+    tiles, heads = spec.seq_q // cfg.block_m, math.prod(spec.batch)
+    if spec.causal:
+        # a causal tile's work grows with its index: the heaviest launch first (blockIdx.y is the slower launch
+        # order) so the last wave holds the light ones; blockIdx.x walks the heads, so the heads sharing a K/V head
+        # (GQA) run side by side and meet in L2
+        grid = (f"for byr in T.thread_binding({tiles}, thread=\"blockIdx.y\"):\n"
+                f"    for by in T.thread_binding({heads}, thread=\"blockIdx.x\"):\n"
+                f"        for tx in T.thread_binding({32 * cfg.warps}, thread=\"threadIdx.x\"):\n"
+                f"            bx: T.int32 = {tiles - 1} - byr\n")
+    else:
+        grid = (f"for by in T.thread_binding({heads}, thread=\"blockIdx.y\"):\n"
+                f"    for bx in T.thread_binding({tiles}, thread=\"blockIdx.x\"):\n"
+                f"        for tx in T.thread_binding({32 * cfg.warps}, thread=\"threadIdx.x\"):\n")
     return f"""
 @T.prim_func(private=True, s_tir=True)
 def flash_attention({', '.join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "tvmfuse.kernel": "attention_flash"}})
-    for by in T.thread_binding({math.prod(spec.batch)}, thread="blockIdx.y"):
-        for bx in T.thread_binding({spec.seq_q // cfg.block_m}, thread="blockIdx.x"):
-            for tx in T.thread_binding({32 * cfg.warps}, thread="threadIdx.x"):
-{_indent(body, 16)}"""
+{_indent(grid, 4)}{_indent(body, 16)}"""
 
 
 def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):

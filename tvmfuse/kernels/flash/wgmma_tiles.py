@@ -2,8 +2,11 @@
 ``wgmma``, and the overlapped variant that keeps the tensor cores busy across the softmax."""
 from __future__ import annotations
 
+import re
+
 from tvmfuse.kernels.flash.config import FlashConfig
-from tvmfuse.kernels.flash.softmax import _flat, _indent, _normalize_and_store, _online_softmax, _score
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, key_steps,
+                                           kv_index)
 from tvmfuse.kernels.wgmma.layout import desc, tile_layout
 from tvmfuse.kernels.wgmma.ptx import wgmma_issue
 from tvmfuse.plan.attention import AttentionSpec
@@ -17,7 +20,7 @@ class _WgmmaTiles:
     let K overwrite Q."""
 
     def __init__(self, spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], slots: int):
-        self.spec, self.cfg, self.bidx = spec, cfg, bidx
+        self.spec, self.cfg, self.bidx, self.kvidx = spec, cfg, bidx, kv_index(spec, bidx)
         D, DV, BN, BM = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m
         self.q_tile, self.k_tile, self.v_tile = BM * D, BN * D, BN * DV
         self.q_chunk, self.q_desc = tile_layout(128, True, BM, D)
@@ -27,16 +30,18 @@ class _WgmmaTiles:
         self.q_base, self.k_base = 0, self.q_tile
         self.v_base = self.q_tile + slots * self.k_tile
         self.elems = self.q_tile + slots * (self.k_tile + self.v_tile)
+        kvb = spec.kv_batch
         self.shapes = ((*spec.batch, spec.seq_q, D),
-                       (*spec.batch, spec.seq_k, D) if spec.k_rows else (*spec.batch, D, spec.seq_k),
-                       (*spec.batch, spec.seq_k, DV))
+                       (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k),
+                       (*kvb, spec.seq_k, DV))
 
     def _copy(self, base: int, src: str, shape, tile_elems: int, chunk, index, slot: str) -> str:
+        batch = self.bidx if src == "q" else self.kvidx
         nt = 32 * self.cfg.warps
         o, kx, off = chunk(f"(it * {nt} + tx)")
         return (f"for it in T.unroll({tile_elems // 8 // nt}):\n"
                 f"    T.evaluate(T.s_tir.cp_async_raw('float16', hs.data, {base} + ({slot}) * {tile_elems} + {off}, "
-                f"{src}.data, {_flat(shape, [*self.bidx, *index(o, kx)])}, 16))\n")
+                f"{src}.data, {_flat(shape, [*batch, *index(o, kx)])}, 16))\n")
 
     def q_copy(self) -> str:
         return self._copy(self.q_base, "q", self.shapes[0], self.q_tile, self.q_chunk,
@@ -104,7 +109,7 @@ pf = T.alloc_buffer(({cfg.block_n // 2},), "float16", scope="local")
 pu = T.alloc_buffer(({cfg.block_n // 4},), "uint32", scope="local")
 """
     q_init = tiles.q_copy() + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
-    nsteps = spec.seq_k // cfg.block_n
+    nsteps = key_steps(spec, cfg.block_m, cfg.block_n)
     if S == 1:
         prologue = ""
         fill = (loads("j", "0") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
@@ -133,23 +138,42 @@ def _overlap_body(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], row: s
     5. issue ``O += P·V_j``, which runs during the next step's copies and waits.
     """
     BN, SB, OB = cfg.block_n, cfg.block_n // 2, spec.head_dim_v // 2
-    nsteps = spec.seq_k // BN
+    nsteps = key_steps(spec, cfg.block_m, BN, multiple=2)   # causal: up to the diagonal, in whole pairs
     tiles = _WgmmaTiles(spec, cfg, bidx, 2)
     j = "(jj * 2 + par)"
     score = _score(spec, bidx, row, f"{j} * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[par * {SB} + i]")
     visible = ("T.evaluate(T.ptx.fence.proxy.async_.shared__cta())\n"   # cp.async writes, seen by wgmma's async proxy
                "T.tvm_storage_sync('shared')\n")
     commit = "T.evaluate(T.ptx.cp.async_.commit_group())\n"
-    step = ("T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n"
-            "T.tvm_storage_sync('shared')\n"
-            f"if {j} + 2 < {nsteps}:\n" + _indent(tiles.k_copy(f"{j} + 2", "par"), 4)
-            + f"if {j} + 1 < {nsteps}:\n" + _indent(tiles.v_copy(f"{j} + 1", "1 - par"), 4)
-            + commit + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + visible
-            + f"if {j} + 1 < {nsteps}:\n"
-            + _indent(f"for i in T.unroll({SB}):\n    sacc[(1 - par) * {SB} + i] = T.float32(0)\n"
-                      + tiles.s_wgmma("sacc", "1 - par", offset=f"(1 - par) * {SB} + "), 4)
-            + _online_softmax(1, SB, OB, score, f"sacc[par * {SB} + i]")
-            + tiles.pv_wgmma("pf", "par"))
+
+    def step(first: bool) -> str:
+        """One key step; ``first``: the even step of its pair, whose successor always exists (the steps are taken
+        in pairs), so it issues the next ``S`` and loads the next V unguarded."""
+        def guard(cond: str, body: str) -> str:
+            return body if first and cond == "1" else f"if {j} + {cond} < {nsteps}:\n" + _indent(body, 4)
+
+        return ("T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))\n"
+                "T.tvm_storage_sync('shared')\n"
+                + guard("2", tiles.k_copy(f"{j} + 2", "par"))
+                + guard("1", tiles.v_copy(f"{j} + 1", "1 - par"))
+                + commit + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + visible
+                + guard("1", f"for i in T.unroll({SB}):\n    sacc[(1 - par) * {SB} + i] = T.float32(0)\n"
+                        + tiles.s_wgmma("sacc", "1 - par", offset=f"(1 - par) * {SB} + "))
+                + _online_softmax(1, SB, OB, score, f"sacc[par * {SB} + i]")
+                + tiles.pv_wgmma("pf", "par"))
+
+    if spec.causal:
+        # a causal tile's pairs end at its diagonal, a count known only at run time. With that count as the loop's
+        # extent ptxas could not prove the wgmma pipeline safe across the loop and serialized it (C7514/C7515); a
+        # constant extent with the pairs past the diagonal skipped by a uniform branch keeps it asynchronous. The
+        # two steps of a pair are written out, the even one's guards dropped: its successor always exists (TVM
+        # proves that itself for a constant count, not here)
+        pair = "".join(re.sub(r"\bpar\b", str(p), step(p == 0)) for p in (0, 1))
+        loop = (f"for jj in T.serial({spec.seq_k // BN // 2}):\n"
+                + _indent(f"if jj * 2 < {nsteps}:\n" + _indent(pair, 4), 4))
+    else:
+        pair = "for par in T.unroll(2):\n" + _indent(step(False), 4)
+        loop = f"for jj in T.serial({nsteps} // 2):\n" + _indent(pair, 4)
     return f"""hs = T.alloc_buffer(({tiles.elems},), "float16", scope="shared.dyn", align=1024)
 sacc = T.alloc_buffer(({2 * SB},), "float32", scope="local")
 pf = T.alloc_buffer(({SB},), "float16", scope="local")
@@ -167,7 +191,5 @@ for h in T.unroll(2):
 for i in T.unroll({SB}):
     sacc[i] = T.float32(0)
 T.evaluate(T.ptx.cp.async_.wait_group(1))
-{visible}{tiles.s_wgmma("sacc", "0")}for jj in T.serial({nsteps // 2}):
-    for par in T.unroll(2):
-{_indent(step, 8)}T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+{visible}{tiles.s_wgmma("sacc", "0")}{loop}T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
 {_normalize_and_store(1, OB, out_at)}"""

@@ -13,7 +13,9 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
 - :func:`im2col_narrow_convs` / :func:`Im2colNarrowConvs` (``im2col``): NHWC convs of fewer than 16 input
   channels as an im2col kernel and a GEMM.
 - :class:`FuseAttention` (``fuse_attention``): MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V)
-  becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores.
+  becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores;
+  a constant causal mask becomes the spec's ``causal`` flag and K/V heads repeated for GQA are read in place
+  (``attention_inputs``).
 - :class:`HorizontalGemm` (``horizontal_gemm``): MatMuls reading the same input with constant weights become
   one MatMul on concatenated weights plus slices, when the cost model finds it saves bytes.
 

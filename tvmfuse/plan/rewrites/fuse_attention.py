@@ -7,6 +7,7 @@ import numpy as np
 from tvmfuse._tvm import RelaxConstant, const_numpy, relax
 from tvmfuse.plan.graph import tensor_bytes, tensor_shape
 from tvmfuse.plan.rewrites._common import cleaned_dataflow, module_pass, op_name, rebuild_main
+from tvmfuse.plan.rewrites.attention_inputs import causal_offset, kv_repeat
 from tvmfuse.plan.tags import RewriteLog, Tag
 
 
@@ -107,7 +108,24 @@ class FuseAttention:
         if None in (qs, ks, vs, os_) or not (len(qs) == len(ks) == len(vs) >= 3):
             return None
         batch = qs[:-2]
-        if ks[:-2] != batch or vs[:-2] != batch or ks[-2] != qs[-1] or vs[-2] != ks[-1]:
+        # GQA / MQA: K and V with fewer heads, read for a group of query heads each: their repeat (repeat_kv's
+        # Unsqueeze -> Expand|Tile -> Reshape) dropped, or a single K/V head that the matmuls broadcast
+        k_src = kb.value.args[0] if k_rows else kt
+        group, kv_dropped, kv_extra = 1, [], 0
+        reps = [kv_repeat(x, defs, users) for x in (k_src, v)]
+        if all(reps) and reps[0][1] == reps[1][1]:
+            group = reps[0][1]
+            kv_dropped = reps[0][2] + reps[1][2]
+            k_src, v = reps[0][0], reps[1][0]
+            kv_extra = tensor_bytes(k_src.ty) + tensor_bytes(v.ty)   # unfused, the repeats read these
+            ks = tensor_shape(k_src.ty)
+            ks = (*ks[:-2], ks[-1], ks[-2]) if k_rows else ks
+            vs = tensor_shape(v.ty)
+        elif (ks[:-2] == vs[:-2] and ks[-3] == 1 and len(batch) >= 1 and batch[-1] > 1
+              and ks[:-3] == batch[:-1]):
+            group = batch[-1]
+        kv_batch = batch if group == 1 else (*batch[:-1], batch[-1] // group)
+        if ks[:-2] != kv_batch or vs[:-2] != kv_batch or ks[-2] != qs[-1] or vs[-2] != ks[-1]:
             return None
         dtype = str(q.ty.dtype)
         if str(kt.ty.dtype) != dtype or str(v.ty.dtype) != dtype:
@@ -118,24 +136,38 @@ class FuseAttention:
             if mshape is None or len(mshape) > len(full) or any(
                     d not in (1, f) for d, f in zip(mshape[::-1], full[::-1])):
                 return None
+        scale_first = (order[::-1].index("scale") < order[::-1].index("mask")) if len(order) == 2 else True
+        causal, offset, note = False, 0, None
+        if mask is not None:
+            after = scale if (scale is not None and not scale_first) else 1.0
+            off, note = causal_offset(mask, qs[-2], ks[-1], after)
+            if off is not None:
+                causal, offset = True, off
+        mask_bytes = tensor_bytes(mask.ty) if mask is not None else 0
+        if causal:   # the kernel skips the hidden keys: the mask is not an input any more
+            mask, mshape = None, None
         spec = AttentionSpec(batch=batch, seq_q=qs[-2], seq_k=ks[-1], head_dim=qs[-1], head_dim_v=vs[-1],
                              dtype=dtype, scale=scale, mask_shape=mshape,
                              mask_dtype=str(mask.ty.dtype) if mask is not None else "float32",
-                             scale_first=(order[::-1].index("scale") < order[::-1].index("mask"))
-                             if len(order) == 2 else True, k_rows=k_rows)
+                             scale_first=scale_first, k_rows=k_rows, causal=causal, causal_offset=offset,
+                             kv_group=group)
+        dropped += kv_dropped
         if k_rows:
             ops = ("transpose",)
             kt_bytes = 2 * tensor_bytes(kt.ty)
-            kt = kb.value.args[0]
         else:
             ops, kt_bytes = (), 0
+        kt = k_src
         args = [q, kt, v] + ([mask] if mask is not None else [])
+        ops = (("repeat_kv",) if kv_dropped else ()) + ops
         # unfused: matmul, each elementwise op on the scores, softmax, matmul: one kernel each
         sb = tensor_bytes(probs.ty)
         ops = ops + ("matmul",) + tuple({"scale": "multiply", "mask": "add"}[o] for o in order[::-1]) + ("softmax", "matmul")
-        unfused = kt_bytes + (tensor_bytes(q.ty) + tensor_bytes(kt.ty) + sb) + len(order) * 2 * sb + (
-            tensor_bytes(mask.ty) if mask is not None else 0) + 2 * sb + (sb + tensor_bytes(v.ty) + tensor_bytes(b.var.ty))
-        return spec, args, dropped, ops, unfused
+        kv_scale = group if kv_dropped else 1   # the unfused matmuls read the repeated K and V
+        unfused = kv_extra * (1 + group) + kt_bytes + (
+            tensor_bytes(q.ty) + tensor_bytes(kt.ty) * kv_scale + sb) + len(order) * 2 * sb + mask_bytes + 2 * sb + (
+            sb + tensor_bytes(v.ty) * kv_scale + tensor_bytes(b.var.ty))
+        return spec, args, dropped, ops, unfused, note
 
     def transform_module(self, mod):
         from tvmfuse.plan.attention import attention_primfunc
@@ -150,7 +182,7 @@ class FuseAttention:
             m = self._match(b, defs, users)
             if m is None:
                 continue
-            spec, args, dropped, ops, unfused = m
+            spec, args, dropped, ops, unfused, mask_note = m
             reason = self.decline(spec) if callable(self.decline) else self.decline
             if reason:
                 self.log.rejected.append(Rejection(ops=ops, reason=f"attention not fused: {reason}"))
@@ -167,9 +199,15 @@ class FuseAttention:
             skip.update(dropped)
             names[b.var] = name = self.log.fresh("attention")
             n = int(np.prod(spec.batch)) * spec.seq_q * spec.seq_k
+            extras = ([f"causal (offset {spec.causal_offset}): the mask is not read and the hidden keys are skipped"]
+                      if spec.causal else []) + ([mask_note] if mask_note else []) + (
+                [f"{spec.kv_batch[-1]} K/V heads for {spec.batch[-1]} query heads, never repeated in memory"]
+                if spec.kv_group > 1 else [])
             self.log.tags[name] = Tag("attention", ops, unfused,
-                                      note=f"{n} scores ({spec.seq_q}x{spec.seq_k} per head) never written to memory")
-            self.log.notes.append(f"attention {'x'.join(map(str, spec.batch))} heads, {spec.seq_q}x{spec.seq_k}: one kernel")
+                                      note=f"{n} scores ({spec.seq_q}x{spec.seq_k} per head) never written to memory"
+                                      + "".join(f"; {e}" for e in extras))
+            self.log.notes.append(f"attention {'x'.join(map(str, spec.batch))} heads, {spec.seq_q}x{spec.seq_k}: one "
+                                  "kernel" + "".join(f"; {e}" for e in extras))
         if not plan:
             return mod
         return rebuild_main(mod, plan, skip, names)
