@@ -99,8 +99,11 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     return cfg.split == 1 or blocks(spec, half) < 4 * SMS
 
 
+_SPLITS = (1, 2, 4, 8, 16)   # the default's splits: among every space's (the space file's gemv_split too)
+
+
 def configs(spec: GemmSpec, dtype: str, *, lanes=(8, 4, 2, 1), threads=(256, 128, 512), threads_n=(32, 8, 16, 1, 2, 4),
-            split=(1, 2, 4, 8, 16), rows=(1, 2, 4, 8, 16), unroll=(4, 2, 8, 1)) -> list[GemvConfig]:
+            split=_SPLITS, rows=(1, 2, 4, 8, 16), unroll=(4, 2, 8, 1)) -> list[GemvConfig]:
     """The configs (from the given choices) that fit ``spec`` (:func:`fits_shape`); the rows of a block are
     capped at the kernel's (``min(rows, M)``, so a 3-row GEMM gets a 3-row config)."""
     out = []
@@ -120,7 +123,7 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS) -> GemvConfig | N
     """The config an untuned build runs, by rule: 16-byte vectors (narrower where the contiguous axis needs),
     256 threads, 4 vectors in flight a thread; [K, N]: a warp's 32 threads along N (512 contiguous bytes a
     row), 8 warps along K; [N, K]: 4 columns a warp; rows in registers up to 64 accumulators a thread, the
-    rest of M in adjacent blocks; then the smallest K split that gives two blocks an SM."""
+    rest of M in adjacent blocks; then the smallest K split (up to 16) that gives two blocks an SM."""
     vec = _VECTOR_BYTES // dtype_bytes(dtype)
     contiguous = spec.k if spec.b_kmajor else spec.n
     while contiguous % vec:
@@ -136,7 +139,7 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS) -> GemvConfig | N
     while base.rows > 1 and register_words(spec, base, dtype) > _REGISTER_WORDS:
         base = GemvConfig(base.lanes, base.threads, base.threads_n, 1, max(1, base.rows // 2), base.unroll)
     best = None
-    for s in (1, 2, 4, 8, 16, 32):
+    for s in _SPLITS:
         c = GemvConfig(base.lanes, base.threads, base.threads_n, s, base.rows, base.unroll)
         if not fits_shape(spec, c, dtype):
             break

@@ -88,7 +88,11 @@ def schedule(sch, space) -> GemmSpec | None:
     if not options:
         return None
     root = sch.get_sblock("root")
-    index = sample_option(sch, options, {k: space.knobs.get(f"gemv_{k}") for k in KNOBS})
+    knobs = {k: space.knobs.get(f"gemv_{k}") for k in KNOBS}
+    # priors by the knobs' values; rows capped at M (a 3-row GEMM's 3) are not among them: uniform there
+    knobs = {k: v if v is not None and all(getattr(o, k) in v.values for o in options) else None
+             for k, v in knobs.items()}
+    index = sample_option(sch, options, knobs)
     sch.annotate(root, SPEC, json.dumps({"spec": json.loads(spec.to_json()), **info}, sort_keys=True))
     sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
     sch.annotate(root, ANNOTATION, index)
