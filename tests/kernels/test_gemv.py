@@ -226,6 +226,6 @@ def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):
     result = build(fused, target=cuda)
     assert [k.schedule for k in result.kernels] == ["gemv-default"]
     src = cuda_source(result.executable)
-    assert "uint2" in src or "uint4" in src   # 700 columns: 4-lane (8-byte) fp16 vectors
+    assert "*(half4*)(w_ptr" in src   # 700 columns: 4-lane (8-byte) fp16 vectors of the weight
     sch = default_template_schedule(kernel.mod, cuda.target)
     assert gemv.annotated(sch.mod["main"])[2] == gemv.default_config(spec, info["dtype"])
