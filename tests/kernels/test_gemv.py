@@ -229,3 +229,14 @@ def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):
     assert "*(half4*)(w_ptr" in src   # 700 columns: 4-lane (8-byte) fp16 vectors of the weight
     sch = default_template_schedule(kernel.mod, cuda.target)
     assert gemv.annotated(sch.mod["main"])[2] == gemv.default_config(spec, info["dtype"])
+
+
+@pytest.mark.slow
+def test_the_gpu_script_builds_its_kernels_without_a_gpu():
+    """benchmarks/gemv_gpu.py --dry-run --small: every shape's default and sampled configs, with and without the
+    bias + SiLU epilogue, built for CUDA (the H200 run has one attempt)."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small"], cwd=root,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert re.search(r"dry run: built (\d+) of \1 kernels", out.stdout), out.stdout[-500:]
