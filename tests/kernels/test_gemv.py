@@ -240,3 +240,16 @@ def test_the_gpu_script_builds_its_kernels_without_a_gpu():
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(r"dry run: built (\d+) of \1 kernels", out.stdout), out.stdout[-500:]
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_zoo_gemms_take_it_and_match_their_planner_functions(name, cuda):
+    """The tiny zoo models' GEMMs (a few tokens: all at most 64 rows) with their real epilogues (bias, GELU,
+    heads split off by a reshape + transpose): each one's default kernel, emulated, against its PrimFunc."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / f"tiny_{name}.float32.onnx"
+    fused, _ = partition(import_model(load_model(fixture)), target=cuda)
+    gemms = [k.mod["main"] for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "gemm"]
+    taken = [f for f in gemms if gemv.untuned(f, cuda.target) is not None]
+    assert len(taken) >= 3
+    for f in taken:
+        _check(f, [gemv.untuned(f, cuda.target)[2]])
