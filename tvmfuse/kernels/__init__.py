@@ -19,13 +19,15 @@ def registry() -> tuple[KernelTemplate, ...]:
     """The templates, in the order an untuned build asks them for a kernel (the first that writes one wins) and
     a tuned module's kernels are expanded."""
     from tvmfuse.kernels.flash import FlashTemplate
+    from tvmfuse.kernels.gemv import GemvTemplate
     from tvmfuse.kernels.pointwise import PointwiseTemplate
     from tvmfuse.kernels.row_reduction import RowReductionTemplate
     from tvmfuse.kernels.rows import RowsTemplate
     from tvmfuse.kernels.tensorcore import TensorCoreTemplate
     from tvmfuse.kernels.wgmma import WgmmaTemplate
 
-    return (FlashTemplate(), WgmmaTemplate(), RowsTemplate(), PointwiseTemplate(), TensorCoreTemplate(),
+    # gemv before wgmma: a GEMM of at most 64 rows is the weight's bytes, which wgmma's 64-row tiles would pad
+    return (FlashTemplate(), GemvTemplate(), WgmmaTemplate(), RowsTemplate(), PointwiseTemplate(), TensorCoreTemplate(),
             RowReductionTemplate())
 
 
@@ -75,7 +77,7 @@ def default_schedule(mod, target, space):
 
 
 def expand(mod):
-    """``mod`` with the kernels of templates written whole (flash attention, Hopper's wgmma GEMM, the row program)
+    """``mod`` with the kernels of templates written whole (flash attention, the GEMV, Hopper's wgmma GEMM, the row program)
     swapped in for the PrimFuncs whose tuned schedules select them. Everything that builds a scheduled module
     (MetaSchedule's builder, the kernel check, ``compile``) passes it through here first."""
     for t in registry():

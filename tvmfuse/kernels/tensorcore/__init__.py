@@ -1,6 +1,7 @@
 """The tensor-core template for GEMM and conv kernels with a fused epilogue (fp16 in, fp32 accumulate): wmma or
-``ldmatrix`` + ``mma.sync`` tiles with every size a MetaSchedule decision, and on sm_90a the wgmma template's
-sketch first (``tvmfuse.kernels.wgmma``).
+``ldmatrix`` + ``mma.sync`` tiles with every size a MetaSchedule decision, before them the GEMV template's sketch
+for GEMMs of at most 64 rows (``tvmfuse.kernels.gemv``), and on sm_90a the wgmma template's sketch
+(``tvmfuse.kernels.wgmma``).
 
 The package: ``sketch`` (the schedule, one sketch per pipeline depth and intrinsic) and ``postprocs`` (MetaSchedule's
 CUDA postprocessors with a GPU check that knows the dynamic shared memory).
@@ -24,7 +25,7 @@ class TensorCoreTemplate(KernelTemplate):
     sketch_name = "gemm_tensorcore"
     knobs = ("warps_m", "warps_n", "frags_m", "frags_n", "k_frags", "vector_lanes", "store_lanes", "raster_group",
              "pipeline_stages", "intrinsics", "max_dynamic_shared_bytes")
-    uses = ("wgmma",)
+    uses = ("gemv", "wgmma")
     tensor_cores = True
 
     def fits(self, func, target) -> str | None:

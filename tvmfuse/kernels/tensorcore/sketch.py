@@ -19,6 +19,7 @@ MetaSchedule decision:
 """
 from __future__ import annotations
 
+from tvmfuse.kernels.gemv.kernel import schedule as gemv_sketch
 from tvmfuse.kernels.knobs import Knob, names_in, sample
 from tvmfuse.kernels.wgmma.sketch import schedule as wgmma_sketch
 
@@ -51,6 +52,9 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
     kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
     sketches, error = [], None
+    s = sch.copy()
+    if info.get("target_kind", "cuda") == "cuda" and gemv_sketch(s, space) is not None:
+        return [s]   # at most 64 rows (tvmfuse.kernels.gemv): the weight streamed once, no tile of padding rows
     if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.kernels.wgmma) where it fits
         kinds = [k for k in kinds if k != "wgmma"]
         if info.get("target_arch") == "sm_90a":

@@ -63,10 +63,11 @@ def _extents(block) -> list[int]:
     return [int(iv.dom.extent) for iv in block.iter_vars]
 
 
-def analyze(func) -> tuple[GemmSpec, dict]:
+def analyze(func, dtypes: tuple[str, ...] = ("float16",)) -> tuple[GemmSpec, dict]:
     """The :class:`GemmSpec` of a planner GEMM PrimFunc (its elementwise intermediates inlined), and what the
     kernel generator needs besides: ``a`` / ``b`` (parameter indices of A and B) and ``store`` (the epilogue's
-    store, with the fields of :func:`gemm_source`'s ``store``). Raises :class:`Misfit`."""
+    store, with the fields of :func:`gemm_source`'s ``store``). ``dtypes``: the operand dtypes taken (wgmma's
+    fp16; the GEMV template also reads fp32 GEMMs through it). Raises :class:`Misfit`."""
     from tvmfuse._tvm import tvm
     from tvmfuse.kernels.sketch import inline_all_but_outputs
 
@@ -103,7 +104,7 @@ def analyze(func) -> tuple[GemmSpec, dict]:
         oh, ow = ext[1], ext[2]
         out_idx = ["{row}" + f" // {oh * ow}", "{row}" + f" // {ow} % {oh}", "{row}" + f" % {ow}", "{col}"]
     else:
-        spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params)
+        spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params, dtypes)
         out_idx = _gemm_out_index(spec)
     pname = {name: f"p{n}" for name, n in params.items()}
     reindexed = False
@@ -133,20 +134,20 @@ def analyze(func) -> tuple[GemmSpec, dict]:
     return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store, "reindexed": reindexed}
 
 
-def _fp16_param(e, bufs, params):
-    """The fp16 parameter load ``e`` is (through a cast), or :class:`Misfit`."""
+def _fp16_param(e, bufs, params, dtypes=("float16",)):
+    """The fp16 (``dtypes``) parameter load ``e`` is (through a cast), or :class:`Misfit`."""
     if type(e).__name__ == "Cast":
         e = e.value
     if type(e).__name__ not in ("TensorLoad", "BufferLoad") or _name(e) not in params:
         raise Misfit("the operands are not parameters")
-    if str(bufs[params[_name(e)]].dtype) != "float16":
-        raise Misfit("the operands are not fp16")
+    if str(bufs[params[_name(e)]].dtype) not in dtypes:
+        raise Misfit("the operands are not " + " or ".join(d.replace("float", "fp") for d in dtypes))
     return e
 
 
-def _gemm_spec(mul, names, red, ext, bufs, params):
+def _gemm_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
     """(spec, A's load, B's load) of a (batched) GEMM's multiply ``mul`` over the spatial ``names``."""
-    x, y = _fp16_param(mul.a, bufs, params), _fp16_param(mul.b, bufs, params)
+    x, y = _fp16_param(mul.a, bufs, params, dtypes), _fp16_param(mul.b, bufs, params, dtypes)
     *batch, i, j = names
     k = str(red.var.name)
     idx = lambda e: [str(t) for t in e.indices]  # noqa: E731

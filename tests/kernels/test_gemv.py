@@ -1,0 +1,255 @@
+"""The GEMV template: which planner kernels it takes (GEMMs of at most 64 rows, fp16 or fp32, a [K, N] or [N, K]
+weight) and which it declines; its kernels against the planner's own PrimFunc on the CPU (the emulation, the same
+index arithmetic with the threads as loops) across configs, K splits and tails; its CUDA kernels built by nvcc
+with 16-byte loads and no spills; the space's sketch and an untuned CUDA build running it. (Built here, not run:
+benchmarks/gemv_gpu.py times and checks them on the H200.)"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
+
+import models  # noqa: E402
+from cuda_checks import cuda_source  # noqa: E402
+from tvmfuse._tvm import ms, tvm  # noqa: E402
+from tvmfuse.frontend import import_model, load_model  # noqa: E402
+from tvmfuse.kernels import expand, gemv, registry  # noqa: E402
+from tvmfuse.kernels.wgmma.analysis import _param_buffers  # noqa: E402
+from tvmfuse.plan import partition  # noqa: E402
+from tvmfuse.target import resolve_target  # noqa: E402
+from tvmfuse.tune import extract_kernels  # noqa: E402
+from tvmfuse.tune.spaces import classify, load_spaces, select_space  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return resolve_target("cuda")
+
+
+def _matmul_model(m, k, n, *, act="Relu", dtype=TensorProto.FLOAT16, lead=()) -> onnx.ModelProto:
+    """x[*lead, m, k] @ W[K, N] + bias (+ ReLU): ONNX MatMul, W an initializer."""
+    rng = np.random.default_rng(m * 1000 + n)
+    np_t = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_t)
+    bias = rng.standard_normal(n).astype(np_t)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")]
+    inputs = [helper.make_tensor_value_info("x", dtype, [*lead, m, k])]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["h"])]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["h"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["h"], ["y"]))
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("y", dtype, [*lead, m, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _nk_func(m, k, n, dtype="float16"):
+    """A planner-shaped GEMM whose weight is stored [N, K] (a Linear's; the frontend folds a constant Gemm
+    transB weight into a [K, N] copy, so no small ONNX model yields one): the multiply-accumulate block,
+    then bias + ReLU."""
+    from tvm import te
+
+    x, w, b = te.placeholder((m, k), dtype, "x"), te.placeholder((n, k), dtype, "w"), te.placeholder((n,), dtype, "b")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((m, n), lambda i, j: te.sum(x[i, r].astype("float32") * w[j, r].astype("float32"), axis=r),
+                   name="matmul")
+    y = te.compute((m, n), lambda i, j: te.max(c[i, j].astype(dtype) + b[j], tvm.tirx.const(0, dtype)), name="relu")
+    return te.create_prim_func([x, w, b, y])
+
+
+def _kernels(tmp_path, model, cuda, cls=("gemm",)):
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    fused, _ = partition(import_model(load_model(path)), target=cuda)
+    return fused, [k for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) in cls]
+
+
+def _one(tmp_path, model, cuda):
+    _, ks = _kernels(tmp_path, model, cuda)
+    assert len(ks) == 1
+    return ks[0].mod["main"]
+
+
+def _run_llvm(func, args):
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    nd = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]
+    lib["main"](*nd)
+    return nd[-1].numpy().astype(np.float64)
+
+
+def _check(func, cfgs):
+    """Each config's emulated kernel against the planner's PrimFunc, both built for llvm, on the same inputs."""
+    spec, info = gemv.analyze(func)
+    rng = np.random.default_rng(0)
+    args = [(rng.standard_normal([int(d) for d in b.shape]) * 0.5).astype(str(b.dtype)) for b in _param_buffers(func)]
+    ref = _run_llvm(func, [a.copy() for a in args])
+    tol = 2e-3 if info["dtype"] == "float16" else 1e-5
+    for cfg in cfgs:
+        got = _run_llvm(gemv.kernel_for(func, spec, info, cfg, emulate=True), [a.copy() for a in args])
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert err < tol, (cfg.name, err)
+
+
+def test_fits_small_m_gemms_in_both_layouts_and_dtypes(tmp_path, cuda):
+    f = _one(tmp_path, _matmul_model(3, 256, 700), cuda)
+    spec, info = gemv.analyze(f)
+    assert (spec.rows, spec.n, spec.k, spec.b_kmajor, info["dtype"]) == (3, 700, 256, False, "float16")
+    assert "T.max(" in info["store"]   # bias + ReLU applied to the sum, at the one store
+    assert registry()[1].name == "gemv" and registry()[1].fits(f, cuda.target) is None
+    spec, info = gemv.analyze(_nk_func(5, 96, 40))
+    assert spec.b_kmajor and (spec.rows, spec.n, spec.k) == (5, 40, 96)
+    spec, info = gemv.analyze(_one(tmp_path, _matmul_model(2, 64, 48, dtype=TensorProto.FLOAT), cuda))
+    assert info["dtype"] == "float32"
+    # a shared weight: the leading dims fold into M (2 x 32 = 64 rows: still in)
+    spec, _ = gemv.analyze(_one(tmp_path, _matmul_model(32, 64, 48, lead=(2,)), cuda))
+    assert spec.rows == 64
+
+
+def test_declines_m65_convs_and_non_matmuls(tmp_path, cuda):
+    tmpl = next(t for t in registry() if t.name == "gemv")
+    f = _one(tmp_path, _matmul_model(65, 64, 48), cuda)
+    assert "M = 65" in tmpl.fits(f, cuda.target)
+    assert tmpl.default_kernel(f, cuda.target) is None and tmpl.configs(f, cuda.target) == []
+    _, (conv,) = _kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=1, cin=64, cout=64, hw=8)), cuda, ("conv",))
+    assert tmpl.fits(conv.mod["main"], cuda.target) is not None
+    _, (norm,) = _kernels(tmp_path, models.to_fp16(models.add_norm("LayerNorm", m=4, n=96)), cuda,
+                          ("row_reduction",))
+    assert tmpl.fits(norm.mod["main"], cuda.target) is not None
+    assert "cuda" in tmpl.fits(f, tvm.target.Target("llvm"))
+
+
+def test_configs_follow_the_shape():
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    spec = GemmSpec((), 3, 700, 256, False, False, False)
+    cfgs = gemv.configs(spec, "float16")
+    assert cfgs and all(700 % c.lanes == 0 and c.rows <= 3 for c in cfgs)   # 700 columns: 4-lane vectors at most
+    assert all(gemv.register_words(spec, c, "float16") <= 160 for c in cfgs)
+    for m, k, n in [(1, 4096, 11008), (16, 4096, 11008), (1, 4096, 4096), (64, 4096, 4096)]:
+        for kmajor in (False, True):
+            s = GemmSpec((), m, n, k, False, False, kmajor)
+            d = gemv.default_config(s, "float16")
+            assert d in gemv.configs(s, "float16") and d.lanes == 8   # 16-byte vectors
+            assert gemv.blocks(s, d) >= 132   # every SM a block at least
+            assert gemv.parse_config(d.name) == d
+
+
+def test_kernels_match_the_planners_function_across_configs(tmp_path, cuda):
+    """[K, N]: 3 rows (a block of 2 leaves a row tail), 700 columns (a tail block), K 200 (not a multiple of
+    the K step), splits that leave the last blocks short; [N, K] likewise; fp32."""
+    C = gemv.GemvConfig
+    f = _one(tmp_path, _matmul_model(3, 200, 700), cuda)
+    _check(f, [gemv.default_config(*_spec_dtype(f)), C(4, 256, 32, 1, 3, 4), C(4, 128, 8, 2, 2, 2),
+               C(2, 64, 32, 3, 1, 8), C(4, 256, 16, 4, 3, 1)])
+    f = _nk_func(5, 328, 37)
+    _check(f, [gemv.default_config(*_spec_dtype(f)), C(8, 128, 2, 1, 5, 1), C(4, 64, 3, 2, 2, 2), C(2, 256, 1, 1, 4, 1)])
+    f = _one(tmp_path, _matmul_model(2, 96, 48, dtype=TensorProto.FLOAT, act="none"), cuda)
+    _check(f, [gemv.default_config(*_spec_dtype(f)), C(4, 64, 4, 2, 2, 2)])
+
+
+def _spec_dtype(f):
+    spec, info = gemv.analyze(f)
+    return spec, info["dtype"]
+
+
+def _nvcc(src: str, tmp_path) -> str:
+    cu = tmp_path / "k.cu"
+    cu.write_text(src)
+    out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
+    return out.stderr
+
+
+def _cuda_of(func, spec, info, cfg, target):
+    return cuda_source(tvm.compile(tvm.IRModule({"main": gemv.kernel_for(func, spec, info, cfg)}), target=target))
+
+
+def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
+    for f in (_one(tmp_path, _matmul_model(16, 512, 1024), cuda), _nk_func(16, 512, 1024)):
+        spec, info = gemv.analyze(f)
+        cfg = gemv.default_config(spec, info["dtype"])
+        for c in (cfg, gemv.GemvConfig(cfg.lanes, 256, cfg.threads_n, 4, 16 if spec.b_kmajor else 8, 2)):
+            src = _cuda_of(f, spec, info, c, cuda.target)
+            assert re.search(r"\*\(uint4\*\)\(w_ptr \+ \d+\) = \*\(uint4\*\)\(b_f_ptr", src), c.name   # the weight
+            assert src.count("__global__") == 2 * (1 + (c.split > 1))   # (declaration + definition) a kernel
+            _nvcc(src, tmp_path)
+
+
+@pytest.mark.slow
+def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
+    space = load_spaces("cuda").for_class("gemm")
+    for f in (_one(tmp_path, _matmul_model(1, 128, 64), cuda), _nk_func(1, 128, 64)):   # 99 and 12 configs
+        spec, info = gemv.analyze(f)
+        cfgs = gemv.space_configs(spec, info["dtype"], space)
+        assert cfgs
+        for c in cfgs:
+            _nvcc(_cuda_of(f, spec, info, c, cuda.target), tmp_path)
+
+
+def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, cuda):
+    f_mod = _kernels(tmp_path, _matmul_model(3, 256, 700), cuda)[1][0].mod
+    choice = select_space(f_mod, cuda.target)
+    assert choice.source == "template:gemm_tensorcore"
+    ctx = ms.TuneContext(mod=f_mod, target=cuda.target, space_generator=choice.generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=0)
+    (sketch,) = ctx.generate_design_space()   # the GEMV sketch alone
+    found = gemv.annotated(sketch.mod["main"])
+    assert found is not None and found[2] in gemv.configs(found[0], "float16")
+    src = cuda_source(tvm.compile(expand(sketch.mod), target=cuda.target))
+    assert "blockIdx.z" in src   # the GEMV kernel swapped in (its K split; the placeholder binds x only)
+    # an M = 65 GEMM keeps the tensor-core sketches
+    big = _kernels(tmp_path, _matmul_model(65, 64, 64), cuda)[1][0].mod
+    ctx = ms.TuneContext(mod=big, target=cuda.target, space_generator=select_space(big, cuda.target).generator,
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=0)
+    assert all(gemv.annotated(s.mod["main"]) is None for s in ctx.generate_design_space())
+
+
+def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):
+    """MatMul 3x256 @ 256x700 + bias + Relu: the untuned CUDA build's GEMM is the GEMV template's default."""
+    from tvmfuse.compile.build import build
+    from tvmfuse.tune.defaults import default_template_schedule
+
+    fused, (kernel,) = _kernels(tmp_path, _matmul_model(3, 256, 700), cuda)
+    spec, info = gemv.analyze(kernel.mod["main"])
+    result = build(fused, target=cuda)
+    assert [k.schedule for k in result.kernels] == ["gemv-default"]
+    src = cuda_source(result.executable)
+    assert "*(half4*)(w_ptr" in src   # 700 columns: 4-lane (8-byte) fp16 vectors of the weight
+    sch = default_template_schedule(kernel.mod, cuda.target)
+    assert gemv.annotated(sch.mod["main"])[2] == gemv.default_config(spec, info["dtype"])
+
+
+@pytest.mark.slow
+def test_the_gpu_script_builds_its_kernels_without_a_gpu():
+    """benchmarks/gemv_gpu.py --dry-run --small: every shape's default and sampled configs, with and without the
+    bias + SiLU epilogue, built for CUDA (the H200 run has one attempt)."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small"], cwd=root,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert re.search(r"dry run: built (\d+) of \1 kernels", out.stdout), out.stdout[-500:]
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_zoo_gemms_take_it_and_match_their_planner_functions(name, cuda):
+    """The tiny zoo models' GEMMs (a few tokens: all at most 64 rows) with their real epilogues (bias, GELU,
+    heads split off by a reshape + transpose): each one's default kernel, emulated, against its PrimFunc."""
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / f"tiny_{name}.float32.onnx"
+    fused, _ = partition(import_model(load_model(fixture)), target=cuda)
+    gemms = [k.mod["main"] for k in extract_kernels(fused, target=cuda) if classify(k.mod["main"]) == "gemm"]
+    taken = [f for f in gemms if gemv.untuned(f, cuda.target) is not None]
+    assert len(taken) >= 3
+    for f in taken:
+        _check(f, [gemv.untuned(f, cuda.target)[2]])

@@ -1,0 +1,85 @@
+"""A skinny-GEMM / GEMV template: decode-time GEMMs (at most 64 rows against a weight), memory-bound on the weight.
+
+The tensor-core templates tile M by 64-128 rows and waste most of a 1-16 row GEMM; this package writes the kernel
+whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector loads coalesced across a warp:
+
+* a ``[K, N]`` weight (ONNX MatMul's): ``threads_n`` threads along N, each a vector of ``lanes`` columns (32
+  threads: 512 contiguous bytes a row), the block's other threads along K, each ``unroll`` consecutive rows a
+  step (that many loads in flight); the ``rows`` rows of M a block holds are accumulated in fp32 registers
+  from x's values, read once per thread and K step and reused across the thread's columns; the K threads'
+  partials are summed through shared memory;
+* an ``[N, K]`` weight (Gemm's transB, a Linear's): a warp per ``threads_n`` columns, each lane a vector of
+  ``lanes`` K elements (a warp reads 32 contiguous vectors of a column), x's vectors reused across the columns,
+  the partials summed by warp shuffles;
+* where the columns alone leave the GPU's SMs idle (N / columns a block < two blocks an SM), ``split`` thread
+  blocks share K: each stores fp32 partials and a second kernel sums them;
+* M beyond a block's ``rows`` goes to adjacent blocks of the launch (blockIdx.x), which read the same weight
+  tile within microseconds, from L2;
+* the fused kernel's epilogue (cast, bias, activation, residual) is applied once on the final sum, before the one
+  store.
+
+The planner's GEMM is read by the wgmma template's recogniser (:func:`tvmfuse.kernels.wgmma.analyze`), so both
+templates agree on which PrimFuncs are a matmul with an elementwise epilogue. The GEMM space's tensor-core sketch
+offers this one first for GEMMs it fits (it samples a config among :func:`configs`, the ``gemv_*`` knobs), and an
+untuned build runs :func:`default_config`'s kernel.
+
+The package: ``config`` (the configs, which fit, the default), ``source`` (the TVMScript), ``kernel`` (reading a
+kernel, a kernel per config, the sketch, the swap for a tuned sketch).
+"""
+from __future__ import annotations
+
+from tvmfuse.kernels.base import KernelTemplate
+from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, SPEC, GemvConfig, blocks, configs,
+                                         default_config, parse_config, register_words)
+from tvmfuse.kernels.gemv.kernel import (KNOBS, analyze, annotated, default_kernel, expand, kernel_for, schedule,
+                                         space_configs, untuned)
+from tvmfuse.kernels.gemv.source import gemv_source
+
+__all__ = ["ANNOTATION", "CANDIDATES", "KNOBS", "MAX_ROWS", "SPEC", "GemvConfig", "GemvTemplate", "analyze",
+           "annotated", "blocks", "configs", "default_config", "default_kernel", "expand", "gemv_source",
+           "kernel_for", "parse_config", "register_words", "schedule", "space_configs", "untuned"]
+
+
+class GemvTemplate(KernelTemplate):
+    """GEMMs of at most 64 rows on CUDA (fp16 or fp32), written whole from a config; the GEMM space's tensor-core
+    sketch offers its configs first where it fits."""
+
+    name = "gemv"
+    targets = ("cuda",)
+    kernel_classes = ("gemm",)
+    searched_in = "gemm_tensorcore"
+    candidates_key, index_key = CANDIDATES, ANNOTATION
+    config_field = "gemv_config"
+    config_words = ("the GEMV template's config {config} (v: vector lanes, t: threads a block, n: threads along N "
+                    "/ columns a warp, s: K split over blocks, m: rows a block, u: vectors in flight a thread)")
+    knobs = tuple(f"gemv_{k}" for k in KNOBS)
+
+    def fits(self, func, target) -> str | None:
+        if target.kind.name not in self.targets:
+            return super().fits(func, target)
+        try:
+            spec, info = analyze(func)
+        except Exception as err:  # noqa: BLE001 - Misfit, or a kernel shape the recogniser did not foresee
+            return str(err) or type(err).__name__
+        return None if default_config(spec, info["dtype"]) is not None else "no GEMV config fits its shape"
+
+    def configs(self, func, target, space=None) -> list:
+        if self.fits(func, target) is not None:
+            return []
+        spec, info = analyze(func)
+        return space_configs(spec, info["dtype"], space)
+
+    def default_config(self, func, target):
+        found = untuned(func, target)
+        return None if found is None else found[2]
+
+    def default_kernel(self, func, target, space=None):
+        # M <= 64: the weight's bytes are the kernel's time; wgmma's 64-row tiles would mostly multiply padding
+        return default_kernel(func, target)
+
+    def config_of(self, func) -> str | None:
+        found = annotated(func)
+        return None if found is None else found[2].name
+
+    def expand(self, mod):
+        return expand(mod)

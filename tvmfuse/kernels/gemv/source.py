@@ -1,0 +1,211 @@
+"""TVMScript of the GEMV kernels: the weight streamed once with 16-byte loads, x reused across the rows held in
+registers, the epilogue applied once on the final sum; a second kernel sums a K split's partials.
+
+``emulate``: the same program with its threads as serial loops (each thread's registers a slice of an array,
+the warp shuffles as the butterfly they compute, each phase between two barriers a loop over the block's
+threads), which builds for any target, so the CPU checks the index arithmetic, the K split and its tails, the
+cross-thread reductions and the epilogue numerically.
+"""
+from __future__ import annotations
+
+from tvmfuse.kernels.gemv.config import _SHARED_BYTES, GemvConfig, dtype_bytes
+from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+_SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
+_REDUCE_THREADS = 256
+
+
+def _indent(text: str, n: int) -> str:
+    return "".join(" " * n + ln + "\n" if ln.strip() else "\n" for ln in text.splitlines())
+
+
+class _Frame:
+    """What the two layouts share: loop words (serial in the emulation), per-thread register arrays, the
+    block's thread loops around a phase."""
+
+    def __init__(self, emulate: bool, ty: int, tx: int):
+        self.emulate, self.ty, self.tx = emulate, ty, tx
+        self.unroll = "T.serial" if emulate else "T.unroll"
+        self.vec = "T.serial" if emulate else "T.vectorized"
+        self.allocs = ""
+
+    def local(self, name: str, size: int, dtype: str) -> str:
+        """Allocate a register array; the prefix that indexes this thread's slice of it."""
+        per = self.ty * self.tx if self.emulate else 1
+        scope = "" if self.emulate else ", scope='local'"
+        self.allocs += f"{name} = T.alloc_buffer(({per * size},), '{dtype}'{scope})\n"
+        return f"(ty * {self.tx} + tx) * {size} + " if self.emulate else ""
+
+    def threads(self, code: str) -> str:
+        """``code`` as every thread of the block runs it (one phase between barriers)."""
+        if not self.emulate:
+            return code
+        return f"for ty in T.serial({self.ty}):\n    for tx in T.serial({self.tx}):\n" + _indent(code, 8)
+
+    def sync(self) -> str:
+        return "" if self.emulate else "T.tvm_storage_sync('shared')\n"
+
+
+def _k_extent(tiles: int, split: int) -> tuple[int, str]:
+    """(whole K steps a split block takes, the main loop's extent): the last blocks may take fewer."""
+    per = -(-tiles // split)
+    return per, str(per) if tiles % split == 0 else f"T.max(T.min({per}, {tiles} - bz * {per}), 0)"
+
+
+def _kn_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> str:
+    """The [K, N] weight: threads along N a vector of columns each, the rest along K (U consecutive rows a
+    thread and step), partial sums across the K threads through shared memory."""
+    M, N, K = spec.rows, spec.n, spec.k
+    V, TN, MR, U, S = cfg.lanes, cfg.threads_n, cfg.rows, cfg.unroll, cfg.split
+    TK = cfg.threads // TN
+    CB, step = TN * V, TK * U
+    tiles = K // step
+    per, ext = _k_extent(tiles, S)
+    A = f.local("acc", MR * V, "float32")
+    Wp = f.local("w", U * V, dt)
+    Xp = f.local("xa", MR * U, dt)
+    u_, v_ = f.unroll, f.vec
+    xvec = v_ if K % U == 0 and U * dtype_bytes(dt) <= 16 and U & (U - 1) == 0 else u_
+    col0 = f"(by * {TN} + tx) * {V}"
+    colc = f"T.min({col0}, {N - V})"   # a block past N's end recomputes the last columns and stores nothing
+    rowc = f"T.min(bx * {MR} + m, {M - 1})"
+    kb = f"((bz * {per} + it) * {step} + ty * {U})"
+    fma = (f"acc[{A}m * {V} + v] = acc[{A}m * {V} + v] + T.Cast('float32', {{x}}) * "
+           f"T.Cast('float32', w[{Wp}{{wi}}])\n")
+    code = f"for i in {u_}({MR * V}):\n    acc[{A}i] = T.float32(0)\n"
+    code += (f"for it in T.serial({ext}):\n"
+             f"    for u in {u_}({U}):\n        for v in {v_}({V}):\n"
+             f"            w[{Wp}u * {V} + v] = b_f[({kb} + u) * {N} + {colc} + v]\n"
+             f"    for m in {u_}({MR}):\n        for u in {xvec}({U}):\n"
+             f"            xa[{Xp}m * {U} + u] = a_f[{rowc} * {K} + {kb} + u]\n"
+             f"    for u in {u_}({U}):\n        for m in {u_}({MR}):\n            for v in {u_}({V}):\n"
+             + _indent(fma.format(x=f"xa[{Xp}m * {U} + u]", wi=f"u * {V} + v"), 16))
+    rem = K - tiles * step
+    if rem:   # the rows past the last whole step: a row a thread along K, in the last split block
+        kr = f"({tiles * step} + j * {TK} + ty)"
+        code += (f"if bz == {S - 1}:\n    for j in T.serial({-(-rem // TK)}):\n        if {kr} < {K}:\n"
+                 f"            for v in {v_}({V}):\n                w[{Wp}v] = b_f[{kr} * {N} + {colc} + v]\n"
+                 f"            for m in {u_}({MR}):\n                for v in {u_}({V}):\n"
+                 + _indent(fma.format(x=f"a_f[{rowc} * {K} + {kr}]", wi="v"), 20))
+    code = f.threads(code)
+    if TK > 1:   # the K threads' partials into the first row of threads, a group of rows at a time
+        G = max(1, min(MR, _SHARED_BYTES // ((TK - 1) * CB * 4)))
+        scope = "" if f.emulate else ", scope='shared'"
+        f.allocs += f"red = T.alloc_buffer(({(TK - 1) * G * CB},), 'float32'{scope})\n"
+        for g0 in range(0, MR, G):
+            gl = min(G, MR - g0)
+            code += f.threads(f"if ty > 0:\n    for mm in {u_}({gl}):\n        for v in {u_}({V}):\n"
+                              f"            red[((ty - 1) * {G} + mm) * {CB} + tx * {V} + v] = "
+                              f"acc[{A}({g0} + mm) * {V} + v]\n") + f.sync()
+            code += f.threads(f"if ty == 0:\n    for t in T.serial({TK - 1}):\n        for mm in {u_}({gl}):\n"
+                              f"            for v in {u_}({V}):\n"
+                              f"                acc[{A}({g0} + mm) * {V} + v] = acc[{A}({g0} + mm) * {V} + v] + "
+                              f"red[(t * {G} + mm) * {CB} + tx * {V} + v]\n") + f.sync()
+    row, col = f"(bx * {MR} + m)", f"({col0} + v)"
+    stored = out.format(row=row, col=col, acc=f"acc[{A}m * {V} + v]")
+    code += f.threads(f"if ty == 0:\n    for m in {u_}({MR}):\n        if {row} < {M} and {col0} < {N}:\n"
+                      f"            for v in {u_}({V}):\n" + _indent(stored, 16))
+    return code
+
+
+def _nk_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> str:
+    """The [N, K] weight: a warp per group of columns, its lanes along K (a vector each, 32 contiguous vectors
+    a warp and step), x's vectors reused across the columns, the partials summed by warp shuffles."""
+    M, N, K = spec.rows, spec.n, spec.k
+    V, CN, MR, U, S = cfg.lanes, cfg.threads_n, cfg.rows, cfg.unroll, cfg.split
+    W = cfg.threads // 32
+    step = 32 * V * U
+    tiles = K // step
+    per, ext = _k_extent(tiles, S)
+    A = f.local("acc", MR * CN, "float32")
+    Wp = f.local("w", U * CN * V, dt)
+    Xp = f.local("xa", U * MR * V, dt)
+    u_, v_ = f.unroll, f.vec
+    colc = f"T.min((by * {W} + ty) * {CN} + c, {N - 1})"
+    rowc = f"T.min(bx * {MR} + m, {M - 1})"
+
+    def step_code(k: str, slots: int) -> str:   # loads of `slots` vectors a lane at K offset k(u), then FMAs
+        return (f"for u in {u_}({slots}):\n    for c in {u_}({CN}):\n        for v in {v_}({V}):\n"
+                f"            w[{Wp}(u * {CN} + c) * {V} + v] = b_f[{colc} * {K} + {k} + v]\n"
+                f"    for m in {u_}({MR}):\n        for v in {v_}({V}):\n"
+                f"            xa[{Xp}(u * {MR} + m) * {V} + v] = a_f[{rowc} * {K} + {k} + v]\n"
+                f"for u in {u_}({slots}):\n    for m in {u_}({MR}):\n        for c in {u_}({CN}):\n"
+                f"            for v in {u_}({V}):\n"
+                f"                acc[{A}m * {CN} + c] = acc[{A}m * {CN} + c] + "
+                f"T.Cast('float32', xa[{Xp}(u * {MR} + m) * {V} + v]) * "
+                f"T.Cast('float32', w[{Wp}(u * {CN} + c) * {V} + v])\n")
+
+    code = f"for i in {u_}({MR * CN}):\n    acc[{A}i] = T.float32(0)\n"
+    kb = f"(bz * {per} + it) * {step} + (u * 32 + tx) * {V}"
+    code += f"for it in T.serial({ext}):\n" + _indent(step_code(kb, U), 4)
+    rem = K - tiles * step
+    if rem:   # the vectors past the last whole step: one a lane, in the last split block
+        kv = f"({tiles * step} + (j * 32 + tx) * {V})"
+        code += (f"if bz == {S - 1}:\n    for j in T.serial({-(-rem // (32 * V))}):\n        if {kv} < {K}:\n"
+                 + _indent(step_code(kv, 1), 12))
+    code = f.threads(code)
+    n_acc = MR * CN
+    for m in (16, 8, 4, 2, 1):   # the warp's sum in every lane
+        if f.emulate:
+            f.allocs += "" if m != 16 else f"accx = T.alloc_buffer(({f.ty * 32 * n_acc},), 'float32')\n"
+            partner = f"(ty * 32 + T.bitwise_xor(tx, {m})) * {n_acc} + "
+            code += f.threads(f"for i in T.serial({n_acc}):\n    accx[{A}i] = acc[{A}i] + acc[{partner}i]\n")
+            code += f.threads(f"for i in T.serial({n_acc}):\n    acc[{A}i] = accx[{A}i]\n")
+        else:
+            code += f"for i in {u_}({n_acc}):\n    acc[i] = acc[i] + {_SHFL.format(v='acc[i]', m=m)}\n"
+    row, col = f"(bx * {MR} + m)", f"((by * {W} + ty) * {CN} + c)"
+    stored = out.format(row=row, col=col, acc=f"acc[{A}m * {CN} + c]")
+    code += f.threads(f"for m in {u_}({MR}):\n    for c in {u_}({CN}):\n"
+                      f"        if (m * {CN} + c) % 32 == tx and {row} < {M} and {col} < {N}:\n"
+                      + _indent(stored, 12))
+    return code
+
+
+def gemv_source(spec: GemmSpec, cfg: GemvConfig, params: list[str], a: str, b: str, store: str, dtype: str,
+                emulate: bool = False) -> str:
+    """TVMScript of the GEMV kernel of ``spec`` under ``cfg``: ``params`` the PrimFunc's parameter declarations,
+    ``a`` / ``b`` the names of A and the weight, ``store`` the epilogue's store (``{bz}``, ``{row}``, ``{col}``,
+    ``{acc}`` fields, :func:`tvmfuse.kernels.wgmma.analyze`'s). With a K split the main kernel stores fp32
+    partials and a second kernel sums them and applies ``store``."""
+    M, N, K, S = spec.rows, spec.n, spec.k, cfg.split
+    if spec.b_kmajor:
+        ty, tx = cfg.threads // 32, 32
+        nb = -(-N // ((cfg.threads // 32) * cfg.threads_n))
+    else:
+        ty, tx = cfg.threads // cfg.threads_n, cfg.threads_n
+        nb = -(-N // (cfg.threads_n * cfg.lanes))
+    mb = -(-M // cfg.rows)
+    f = _Frame(emulate, ty, tx)
+    final = store.replace("{bz}", "0")
+    out = final if S == 1 else "part[(bz * " + str(M) + " + {row}) * " + str(N) + " + {col}] = {acc}"
+    body = (_nk_body if spec.b_kmajor else _kn_body)(spec, cfg, dtype, f, out)
+    views = (f"a_f = T.decl_buffer(({M * K},), '{dtype}', data={a}.data)\n"
+             f"b_f = T.decl_buffer(({N * K},), '{dtype}', data={b}.data)\n")
+    if S > 1:
+        views += f"part = T.alloc_buffer(({S * M * N},), 'float32')\n"
+    if emulate:
+        main = f"for bx, by, bz in T.grid({mb}, {nb}, {S}):\n" + _indent(f.allocs + body, 4)
+    else:
+        main = (f"for bx in T.thread_binding({mb}, thread='blockIdx.x'):\n"
+                f"    for by in T.thread_binding({nb}, thread='blockIdx.y'):\n"
+                f"        for bz in T.thread_binding({S}, thread='blockIdx.z'):\n"
+                f"            for ty in T.thread_binding({ty}, thread='threadIdx.y'):\n"
+                f"                for tx in T.thread_binding({tx}, thread='threadIdx.x'):\n"
+                + _indent(f.allocs + body, 20))
+    if S > 1:   # the partials' sum, the epilogue on it: one output element a thread
+        R = _REDUCE_THREADS
+        e = f"(rb * {R} + rt)"
+        red = (f"racc[0] = T.float32(0)\nfor sp in {f.unroll}({S}):\n"
+               f"    racc[0] = racc[0] + part[sp * {M * N} + {e}]\n"
+               + final.format(row=f"({e} // {N})", col=f"({e} % {N})", acc="racc[0]") + "\n")
+        red = f"if {e} < {M * N}:\n" + _indent(red, 4)
+        scope = "" if emulate else ", scope='local'"
+        loops = (f"for rb, rt in T.grid({-(-M * N // R)}, {R}):\n" if emulate else
+                 f"for rb in T.thread_binding({-(-M * N // R)}, thread='blockIdx.x'):\n"
+                 f"    for rt in T.thread_binding({R}, thread='threadIdx.x'):\n")
+        inner = 4 if emulate else 8
+        main += loops + _indent(f"racc = T.alloc_buffer((1,), 'float32'{scope})\n" + red, inner)
+    attrs = '{"tirx.noalias": True}' if emulate else '{"tirx.noalias": True, "tirx.is_scheduled": True}'
+    return (f"@T.prim_func(s_tir=True)\ndef main({', '.join(params)}):\n    T.func_attr({attrs})\n"
+            + _indent(views + main, 4))
+
