@@ -19,6 +19,8 @@ from tvmfuse.kernels.space import sketch_mutators, tune_context
 from tvmfuse.plan import partition
 from tvmfuse.target import resolve_target
 from tvmfuse.tune import extract_kernels
+from tvmfuse.tune.builder import fast_build
+from tvmfuse.tune.tuner import _local_runner
 from tvmfuse.tune.spaces import classify, select_space
 
 
@@ -123,6 +125,7 @@ def _sketch(sch):
     sch.annotate(root, _INDEX, index)
 
 
+@pytest.mark.slow   # ~40 s: builds and runs 8 candidates
 def test_an_llvm_tune_tasks_run_applies_the_mutator(tmp_path):
     M.APPLIED.clear()
     target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
@@ -134,8 +137,8 @@ def test_an_llvm_tune_tasks_run_applies_the_mutator(tmp_path):
                          task_name="add", rand_state=1)
     database = ms.database.MemoryDatabase()
     ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(tmp_path), max_trials_global=8,
-                  max_trials_per_task=8, num_trials_per_iter=4, builder=ms.builder.LocalBuilder(max_workers=1),
-                  runner=ms.runner.LocalRunner(), database=database, cost_model=ms.cost_model.RandomModel(),
+                  max_trials_per_task=8, num_trials_per_iter=4,
+                  builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=1), runner=_local_runner(30), database=database, cost_model=ms.cost_model.RandomModel(),
                   task_scheduler="round-robin")
     assert M.APPLIED.get(_CAND, 0) > 0
     records = database.get_all_tuning_records()
