@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from tvmfuse._tvm import tvm
 from tvmfuse.bench.cases import CASES
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.kernels import get
@@ -77,3 +78,24 @@ def test_a_wide_rows_default_stages_in_shared_memory_only_where_the_gpu_has_room
     assert (h.mode, a.mode) == (1, 2), (h.name, a.name)
     assert any(c.mode == 1 for c in rows.configs(kernel.mod["main"], SM90A.target))
     assert not any(c.mode == 1 for c in rows.configs(kernel.mod["main"], SM80.target))
+
+
+def test_a_persistent_wgmma_kernel_launches_a_block_per_sm_of_the_target():
+    """A persistent TMA kernel's grid is the GPU's SMs: the default's figure (the H200's 132), what the sketch
+    annotates (an H100 PCIe's 114 here) and what expand reads back from the annotation."""
+    from tvmfuse.kernels import wgmma as hopper
+
+    spec = hopper.GemmSpec((), 4096, 4096, 1024, False, False, False)
+    cfg = hopper.parse_config("g2 m1 n256 k64 s4 r8 z128 f0 t1 p1")
+    decls = ["a: T.Buffer((4096, 1024), 'float16')", "b: T.Buffer((1024, 4096), 'float16')",
+             "c: T.Buffer((4096, 4096), 'float16')"]
+    store = "c[{row}, {col}] = T.Cast('float16', {acc})"
+    default = hopper.gemm_source(spec, cfg, decls, "a", "b", store)
+    assert 'T.thread_binding(132, thread="blockIdx.x")' in default
+    pcie = hopper.gemm_source(spec, cfg, decls, "a", "b", store, 114)
+    assert 'T.thread_binding(114, thread="blockIdx.x")' in pcie
+    # the sketch's annotation carries the SMs to expand (kernels.wgmma.kernel.expand reads info["sms"])
+    kernel = _kernel("gemm_bias_relu", "gemm", M=4096, K=1024, N=4096)
+    sch = tvm.s_tir.Schedule(kernel.mod)
+    assert hopper.schedule(sch, load_spaces("cuda").for_class("gemm"), 114) is not None
+    assert hopper.annotated(sch.mod["main"])[1]["sms"] == 114
