@@ -58,6 +58,9 @@ class TuneConfig:
     cost_model: str = "xgb"  # xgb | random: one model per run, shared by every kernel (see make_cost_model)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
+    # evolutionary (MetaSchedule's, the cost model and mutators steering it) | random (random points of the space,
+    # MetaSchedule's ReplayTrace: the baseline benchmarks/bench_convergence.py compares the search with)
+    strategy: str = "evolutionary"
     time_budget_s: float | None = None
     first_pass_trials: int = 2
     # measure on RPC servers (tvmfuse.rpc.RPCOptions) instead of this machine; tvmfuse.api.tune makes the runner
@@ -553,7 +556,7 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population,
         init_min_unmeasured=min(50, population),
-    )
+    ) if config.strategy != "random" else ms.search_strategy.ReplayTrace()
     _quiet_ms_console()
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [kernel.extracted], str(work_dir), space=space, strategy=strategy, seed=config.seed,
