@@ -12,7 +12,8 @@ convs (batch, channels, spatial), attention B/H/S/D. For each shape's kernel of 
   config-neighbour mutator, and a template's first-measured default chosen by that model where the database
   holds the template's records at other shapes (``default`` in the JSON: ``rule`` or ``model (N records)``).
 
-Reported per shape and arm: the best time, the trials each needed to reach 90% / 95% of the best any arm found
+Reported per shape and arm: every record's time in order (``times_ms``, the default first), the config-neighbour
+mutator's applications during the arm (``config_mutations``), the best time, the trials each needed to reach 90% / 95% of the best any arm found
 (the default counts as trial 0; None: never), and the tuner's check of the best schedule against its reference
 (TVM's unscheduled kernel on random inputs, outputs poisoned). The table (printed last) gives each class's median
 trials to 90% / 95% and how often each arm found the best.
@@ -162,14 +163,17 @@ def record_times(db, mod) -> list[float]:
 
 def run_arm(arm: str, kernel, *, target, db, trials: int, cost_model, workers: int) -> dict:
     """Tune ``kernel`` for ``trials`` (resuming what ``db`` already holds) as ``arm`` says; its result."""
+    from tvmfuse.kernels import mutator
     from tvmfuse.tune import tune_kernels
     from tvmfuse.tune.tuner import TuneConfig
 
     config = TuneConfig(trials=trials, trials_per_kernel=trials + 1, trials_per_round=8, population=64,
                         cost_model="xgb" if arm == "tvmfuse" else "random",
                         strategy="evolutionary" if arm == "tvmfuse" else "random", max_workers=workers)
+    applied = sum(mutator.APPLIED.values())
     (result,) = tune_kernels([kernel], target=target, database=db, config=config, cost_model=cost_model)
     return {"status": result.status, "default": result.default, "check": result.check,
+            "config_mutations": sum(mutator.APPLIED.values()) - applied,   # the config-neighbour mutator's
             "default_ms": None if result.baseline_s is None else result.baseline_s * 1e3}
 
 

@@ -54,7 +54,9 @@ def test_the_pointwise_grid_stride_blocks_are_waves_of_the_targets_sms():
     blocks = {}
     for t in (SM90A, SM80):
         space = load_spaces("cuda").for_class("pointwise")
-        assert sketch_info(space, t.target)["device_source"] == f"table:{t.target.attrs['arch']}"
+        here = cuda_available() and t is SM90A   # an H200 here: its own figures (132 SMs too)
+        assert sketch_info(space, t.target)["device_source"] == ("device" if here else
+                                                                 f"table:{t.target.attrs['arch']}")
         choice = select_space(kernel.mod, t.target)
         found = set()
         for sketch in tune_context(kernel.mod, t.target, choice.generator).generate_design_space():
