@@ -13,7 +13,8 @@ convs (batch, channels, spatial), attention B/H/S/D. For each shape's kernel of 
   holds the template's records at other shapes (``default`` in the JSON: ``rule`` or ``model (N records)``).
 
 Reported per shape and arm: every record's time in order (``times_ms``, the default first), the config-neighbour
-mutator's applications during the arm (``config_mutations``), the best time, the trials each needed to reach 90% / 95% of the best any arm found
+mutator's applications during the arm (``config_mutations``), the best time, the trials each needed to reach
+90% / 95% of the best any arm found
 (the default counts as trial 0; None: never), and the tuner's check of the best schedule against its reference
 (TVM's unscheduled kernel on random inputs, outputs poisoned). The table (printed last) gives each class's median
 trials to 90% / 95% and how often each arm found the best.
@@ -88,7 +89,8 @@ def draw_shapes(cls: str, n: int, seed: int, small: bool) -> list[dict]:
                         "C": rng.choice([64] if small else [64, 128, 256]),
                         "H": rng.choice([8] if small else [7, 14, 28, 56])})
         elif cls == "attention":
-            out.append({"B": rng.choice([1] if small else [1, 2, 4, 8]), "H": rng.choice([1, 2] if small else [8, 16, 32]),
+            out.append({"B": rng.choice([1] if small else [1, 2, 4, 8]),
+                        "H": rng.choice([1, 2] if small else [8, 16, 32]),
                         "S": rng.choice([64, 128] if small else [128, 256, 512, 1024, 2048, 4096]),
                         "D": rng.choice([32] if small else [64, 128])})
         else:
@@ -247,7 +249,7 @@ def main(argv=None) -> int:
     p.add_argument("--small", action="store_true", help="tiny shapes (a smoke test)")
     p.add_argument("--time-limit-s", type=float, default=420.0, help="stop before this, to resume in a next call")
     p.add_argument("--dry-run", action="store_true",
-                   help="build each shape's default and a few sampled schedules (CUDA built without a GPU); run nothing")
+                   help="build each shape's default and a few sampled schedules (CUDA: no GPU needed); run nothing")
     p.add_argument("--dry-run-samples", type=int, default=2)
     args = p.parse_args(argv)
     classes = [c.strip() for c in args.classes.split(",") if c.strip()]

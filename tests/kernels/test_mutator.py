@@ -15,13 +15,13 @@ from tvmfuse.bench.cases import CASES
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.kernels import get
 from tvmfuse.kernels import mutator as M
-from tvmfuse.kernels.space import sketch_mutators, tune_context
+from tvmfuse.kernels.space import tune_context
 from tvmfuse.plan import partition
 from tvmfuse.target import resolve_target
 from tvmfuse.tune import extract_kernels
 from tvmfuse.tune.builder import fast_build
 from tvmfuse.tune.tuner import _local_runner
-from tvmfuse.tune.spaces import classify, select_space
+from tvmfuse.tune.spaces import classify, select_space, sketch_mutators
 
 
 def _kernel(case, cls, **shape):
@@ -138,7 +138,8 @@ def test_an_llvm_tune_tasks_run_applies_the_mutator(tmp_path):
     database = ms.database.MemoryDatabase()
     ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(tmp_path), max_trials_global=8,
                   max_trials_per_task=8, num_trials_per_iter=4,
-                  builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=1), runner=_local_runner(30), database=database, cost_model=ms.cost_model.RandomModel(),
+                  builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=1), runner=_local_runner(30),
+                  database=database, cost_model=ms.cost_model.RandomModel(),
                   task_scheduler="round-robin")
     assert M.APPLIED.get(_CAND, 0) > 0
     records = database.get_all_tuning_records()

@@ -22,26 +22,15 @@ def sketch_info(space, target) -> dict:
     return info
 
 
-def schedule_fn(template, space, info: dict, target_kind: str):
-    """MetaSchedule's space generator over ``template``'s sketch of a kernel in ``space``."""
+def schedule_fn(template, space, info: dict, target_kind: str, mutator_probs=None):
+    """MetaSchedule's space generator over ``template``'s sketch of a kernel in ``space``; ``mutator_probs``: its
+    mutators (default: the target's; the tuner adds the config-neighbour mutator, ``tune.spaces.sketch_mutators``)."""
     def fn(sch):
         return template.schedule(sch, space, info)
 
     postprocs = template.postprocs(space)
     return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=target_kind if postprocs is None else postprocs,
-                                         mutator_probs=sketch_mutators(template, target_kind))
-
-
-def sketch_mutators(template, target_kind: str):
-    """The mutators of ``template``'s sketch: the target's, and where the sketch samples a template's config (its
-    own, or the configs of a template it offers), the config-neighbour mutator (:mod:`tvmfuse.kernels.mutator`):
-    MetaSchedule alone never moves a config index to a nearby config."""
-    from tvmfuse.kernels import registry
-    from tvmfuse.kernels.mutator import mutator_probs
-
-    keys = tuple((t.candidates_key, t.index_key) for t in registry()
-                 if t.candidates_key and t.index_key and t.searched_in == template.sketch_name)
-    return mutator_probs(target_kind, keys) if keys else target_kind
+                                         mutator_probs=target_kind if mutator_probs is None else mutator_probs)
 
 
 def tune_context(mod, target, generator, seed: int = -1):

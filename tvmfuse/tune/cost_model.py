@@ -33,4 +33,5 @@ def fitted(model) -> bool:
     """Whether ``model`` predicts from what it learned: an XGBoost model holding its warm-up samples and a booster
     (before that, MetaSchedule's XGBoost model predicts uniformly at random)."""
     data = getattr(model, "data_size", None)
-    return data is not None and data >= getattr(model, "num_warmup_samples", 0) and getattr(model, "booster", None) is not None
+    return (data is not None and data >= getattr(model, "num_warmup_samples", 0)
+            and getattr(model, "booster", None) is not None)

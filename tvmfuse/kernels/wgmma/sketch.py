@@ -16,7 +16,8 @@ _KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "t
 def schedule(sch, space, sms: int | None = None) -> GemmSpec | None:
     """The wgmma sketch of a GEMM or conv kernel (``sch``, modified in place): its intermediates inlined, one
     config of :func:`configs` sampled (the ``wgmma_*`` knobs give the choices and priors) and annotated on the
-    root block with the kernel's spec (and ``sms``, the target GPU's SMs, a persistent kernel's blocks), and a plain thread binding that any GPU check accepts (the builder swaps
+    root block with the kernel's spec (and ``sms``, the target GPU's SMs, a persistent kernel's blocks), and a
+    plain thread binding that any GPU check accepts (the builder swaps
     the whole PrimFunc for the annotated kernel, see :func:`expand`). Returns the spec, None if the kernel
     does not fit."""
     try:

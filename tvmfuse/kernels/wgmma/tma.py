@@ -67,7 +67,8 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     wgmma batch that read the stage is done). The producer waits for ``empty`` before refilling a stage; the
     computing warpgroups wait for ``full`` before their wgmmas, and no thread waits for the whole block inside the
     loop. The n-th completion of a barrier has phase parity ``n % 2``. A persistent kernel (``persistent`` 1)
-    launches ``sms`` blocks (the target GPU's SMs; :data:`SMS`, the H200's, where none is known), each walking tiles ``bx, bx + grid, ..``; its barriers' phases run on across
+    launches ``sms`` blocks (the target GPU's SMs; :data:`SMS`, the H200's, where none is known), each walking
+    tiles ``bx, bx + grid, ..``; its barriers' phases run on across
     them, so the producer loads the next tile while the computing warpgroups store this one."""
     BM, BN, BK, S, F = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.inflight
     NC = 128 * cfg.warpgroups   # computing threads
