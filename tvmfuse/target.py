@@ -248,3 +248,64 @@ def resolve_target(spec: str | dict | None = "auto") -> TargetInfo:
         raise TargetError(f"TVM rejected the target: {str(err).splitlines()[0]}") from None
     canonical = json.dumps({k: v for k, v in spec.items()}, sort_keys=True, separators=(",", ":"))
     return TargetInfo(target=target, kind=kind, canonical=canonical, device=_device_identity(kind, spec))
+
+
+# ----------------------------------------------------------------------------------------- device figures
+@dataclass(frozen=True)
+class DeviceFigures:
+    """What the templates' default rules read of a GPU: its SMs (a persistent or grid-stride kernel's blocks, the
+    planner's "enough parallel work"), its L2, and its shared memory per SM and per block (opt-in).
+
+    ``source`` says where they came from: ``device`` (the GPU here, of the target's arch), ``table:<arch>``
+    (:data:`ARCH_FIGURES`: building for a GPU this machine does not have), or ``default:sm_90a`` (an arch the
+    table lacks: the H200's figures, which the templates were tuned on). A target's ``l2_cache_size_bytes``
+    overrides the L2 of any source."""
+
+    sm_count: int
+    l2_bytes: int
+    shared_per_sm: int
+    shared_per_block: int
+    source: str
+
+    def to_json(self) -> dict:
+        return {"sm_count": self.sm_count, "l2_bytes": self.l2_bytes, "shared_per_sm": self.shared_per_sm,
+                "shared_per_block": self.shared_per_block, "source": self.source}
+
+
+# (SMs, L2 bytes, shared memory per SM, the most one block may opt into) of the SXM parts of each arch, from
+# NVIDIA's architecture whitepapers and tuning guides: Hopper H100 / H200 SXM, Ampere A100, Ada (L40S / 4090's
+# AD102 full die), Turing / Volta flagships. A card with fewer SMs (H100 PCIe: 114) is read from the device
+# when present; building for it elsewhere names its figures in the target (l2) or this table.
+ARCH_FIGURES = {
+    "sm_90a": (132, 50 << 20, 228 << 10, 227 << 10),
+    "sm_90": (132, 50 << 20, 228 << 10, 227 << 10),
+    "sm_89": (142, 96 << 20, 100 << 10, 99 << 10),
+    "sm_86": (84, 6 << 20, 100 << 10, 99 << 10),
+    "sm_80": (108, 40 << 20, 164 << 10, 163 << 10),
+    "sm_75": (72, 6 << 20, 64 << 10, 64 << 10),
+    "sm_70": (80, 6 << 20, 96 << 10, 96 << 10),
+}
+_DEFAULT_ARCH = "sm_90a"
+
+
+def device_figures(target) -> DeviceFigures:
+    """The :class:`DeviceFigures` of a CUDA target (a TVM target or a :class:`TargetInfo`): the GPU here where
+    its arch is the target's, else :data:`ARCH_FIGURES` of the target's arch, else the H200's."""
+    target = getattr(target, "target", target)
+    attrs = target.attrs if target is not None else {}
+    arch = str(attrs.get("arch", "")) if attrs else ""
+    dev = _cuda_device()
+    figures = None
+    if dev is not None and arch and cuda_spec(dev)["arch"] == arch:
+        per_sm = ARCH_FIGURES.get(arch, ARCH_FIGURES[_DEFAULT_ARCH])[2]   # the runtime does not report it
+        figures = DeviceFigures(int(dev.multi_processor_count), int(dev.l2_cache_size_bytes), per_sm,
+                                max(int(dev.max_shared_memory_per_block), per_sm - (1 << 10)), "device")
+    elif arch in ARCH_FIGURES:
+        figures = DeviceFigures(*ARCH_FIGURES[arch], f"table:{arch}")
+    else:
+        figures = DeviceFigures(*ARCH_FIGURES[_DEFAULT_ARCH], f"default:{_DEFAULT_ARCH}")
+    l2 = attrs.get("l2_cache_size_bytes") if attrs else None
+    if l2 is not None and int(l2) > 0:
+        figures = DeviceFigures(figures.sm_count, int(l2), figures.shared_per_sm, figures.shared_per_block,
+                                figures.source + "+target:l2")
+    return figures

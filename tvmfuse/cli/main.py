@@ -209,6 +209,10 @@ def tune_command(
                              "vs default", "check"], rows, caption=TABLE_ORDER))
             out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run, "
                       f"warm-started with {report['warm_start_records']} records of the database)")
+            chosen = [f"{k['name'][:32]}: {k['default']}" for k in kernels
+                      if (k.get("default") or "").startswith("model")]
+            if chosen:   # a template default the cost model picked, not the hand rule
+                out.print("default: " + "; ".join(chosen) + "; the others' default: rule")
             for k in kernels:
                 if k["status"] == "failed" or "default schedule" in (k.get("message") or ""):
                     err.print(f"{k['name']}: {k['status']}: {k['message']}")

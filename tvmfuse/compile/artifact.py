@@ -27,7 +27,7 @@ from tvmfuse._tvm import tvm_version
 from tvmfuse.compile.build import BuildResult
 from tvmfuse.compile.cross import export_options
 from tvmfuse.errors import ArtifactError
-from tvmfuse.target import TargetInfo
+from tvmfuse.target import TargetInfo, device_figures
 
 from tvmfuse.runtime.loaded import LIB_NAME, MANIFEST_NAME, PARAMS_NAME
 from tvmfuse.runtime.loaded import _sha256 as sha256_file
@@ -67,6 +67,8 @@ def export_artifact(result: BuildResult, out_dir: str | Path, *, target: TargetI
             "device": target.device,
             # the machine it runs on (CPU architecture and triple, CUDA arch): `run` refuses it anywhere else
             "machine": target.machine(),
+            # the GPU figures its templates' defaults read, and their source (device / table:<arch> / default)
+            "device_figures": device_figures(target).to_json() if target.is_gpu else None,
             "model": None if model_path is None else {"name": Path(model_path).name, "sha256": sha256_file(model_path)},
             "planner": planner,
             "inputs": [s.to_json() for s in inputs],

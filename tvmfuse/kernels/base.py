@@ -23,8 +23,9 @@ import hashlib
 from pathlib import Path
 
 KERNELS = Path(__file__).resolve().parent
-# the interface and the registry: what they say changes no kernel, so they key no record
-_NOT_KERNEL_CODE = frozenset({KERNELS / "base.py", KERNELS / "__init__.py"})
+# the interface, the registry and the search's config mutator: what they say changes no kernel, so they key no
+# record
+_NOT_KERNEL_CODE = frozenset({KERNELS / "base.py", KERNELS / "__init__.py", KERNELS / "mutator.py"})
 
 
 class KernelTemplate:

@@ -9,19 +9,28 @@ from tvmfuse._tvm import ms, tvm
 
 
 def sketch_info(space, target) -> dict:
-    """What a sketch reads of the target besides its class's ``space`` block."""
-    return {"sm_count": int(space.extra.get("sm_count", 132)), "target_kind": target.kind.name,
-            "target_arch": str(target.attrs.get("arch", ""))}
+    """What a sketch reads of the target besides its class's ``space`` block: the target kind and arch, and the
+    GPU's figures (:func:`tvmfuse.target.device_figures`: SMs, shared memory per SM; a space file's ``sm_count``
+    overrides the SMs) with where they came from (``device_source``)."""
+    from tvmfuse.target import device_figures
+
+    info = {"target_kind": target.kind.name, "target_arch": str(target.attrs.get("arch", ""))}
+    if target.kind.name == "cuda":
+        fig = device_figures(target)
+        info.update(sm_count=int(space.extra.get("sm_count", fig.sm_count)), shared_per_sm=fig.shared_per_sm,
+                    device_source="space file" if "sm_count" in space.extra else fig.source)
+    return info
 
 
-def schedule_fn(template, space, info: dict, target_kind: str):
-    """MetaSchedule's space generator over ``template``'s sketch of a kernel in ``space``."""
+def schedule_fn(template, space, info: dict, target_kind: str, mutator_probs=None):
+    """MetaSchedule's space generator over ``template``'s sketch of a kernel in ``space``; ``mutator_probs``: its
+    mutators (default: the target's; the tuner adds the config-neighbour mutator, ``tune.spaces.sketch_mutators``)."""
     def fn(sch):
         return template.schedule(sch, space, info)
 
     postprocs = template.postprocs(space)
     return ms.space_generator.ScheduleFn(fn, sch_rules=[], postprocs=target_kind if postprocs is None else postprocs,
-                                         mutator_probs=target_kind)
+                                         mutator_probs=target_kind if mutator_probs is None else mutator_probs)
 
 
 def tune_context(mod, target, generator, seed: int = -1):

@@ -84,7 +84,11 @@ class CostModel:
             # template 3.6-5.2 ms; the unfused ops (tensor-core GEMMs, N x N scores through HBM) 19 ms; the
             # scalar fused kernel (one query row per thread) 1209 ms. So attention is fused on GPUs exactly
             # where the flash template fits its shape.
-            base = cls(launch_bytes=5e-6 * 4e12, shared_memory_bytes=smem, min_parallel_units=132,
+            from tvmfuse.target import device_figures
+
+            # a wave of blocks over the target GPU's SMs (tvmfuse.target.device_figures)
+            base = cls(launch_bytes=5e-6 * 4e12, shared_memory_bytes=smem,
+                       min_parallel_units=device_figures(target).sm_count,
                        attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
                        conv_layout="NHWC", im2col_k=512)

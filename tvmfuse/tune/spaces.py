@@ -161,6 +161,17 @@ class SpaceChoice:
         return {"class": self.kernel_class, "space": self.source, "version": self.version, "note": self.note}
 
 
+def sketch_mutators(template, target_kind: str):
+    """The mutators of ``template``'s sketch: the target's, and where the sketch samples a template's config (its
+    own, or the configs of a template it offers), the config-neighbour mutator (:mod:`tvmfuse.kernels.mutator`):
+    MetaSchedule alone never moves a config index to a nearby config."""
+    from tvmfuse.kernels.mutator import mutator_probs
+
+    keys = tuple((t.candidates_key, t.index_key) for t in registry()
+                 if t.candidates_key and t.index_key and t.searched_in == template.sketch_name)
+    return mutator_probs(target_kind, keys) if keys else target_kind
+
+
 def _stock(rules: str | None, target_kind: str):
     kind = rules or target_kind
     return ms.space_generator.PostOrderApply(sch_rules=kind, postprocs=kind, mutator_probs=kind)
@@ -186,8 +197,8 @@ def select_space(mod, target, spaces: SpaceFile | None = None) -> SpaceChoice:
     attempts: list[tuple[str, Callable, bool]] = []
     if space.template != "stock":
         tmpl = sketch_template(space.template)
-        attempts.append((f"template:{space.template}", lambda: schedule_fn(tmpl, space, info, kind),
-                         tmpl.tensor_cores))
+        attempts.append((f"template:{space.template}",
+                         lambda: schedule_fn(tmpl, space, info, kind, sketch_mutators(tmpl, kind)), tmpl.tensor_cores))
     else:
         rules = space.stock_rules or kind
         attempts.append((f"stock:{rules}", lambda: _stock(space.stock_rules, kind), "tensorcore" in rules))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, ms
-from tvmfuse.errors import TvmfuseError
+from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_model  # noqa: F401 (their home was here)
 from tvmfuse.target import TargetInfo
 from tvmfuse.tune.builder import fast_build
 from tvmfuse.tune.tasks import Kernel
@@ -58,6 +58,9 @@ class TuneConfig:
     cost_model: str = "xgb"  # xgb | random: one model per run, shared by every kernel (see make_cost_model)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
+    # evolutionary (MetaSchedule's, the cost model and mutators steering it) | random (random points of the space,
+    # MetaSchedule's ReplayTrace: the baseline benchmarks/bench_convergence.py compares the search with)
+    strategy: str = "evolutionary"
     time_budget_s: float | None = None
     first_pass_trials: int = 2
     # measure on RPC servers (tvmfuse.rpc.RPCOptions) instead of this machine; tvmfuse.api.tune makes the runner
@@ -83,6 +86,7 @@ class KernelResult:
     check: dict | None = None  # the best schedule against the reference: rel_error, unwritten, ok, rejected
     lost: int = 0  # trials lost with their RPC server (not in trials_run: nothing was measured)
     servers: dict | None = None  # RPC server -> trials it measured for this kernel (remote runs only)
+    default: str | None = None  # whose default was measured first: rule | model (N records) | stock
 
     def to_json(self) -> dict:
         return {
@@ -93,7 +97,7 @@ class KernelResult:
             "status": self.status, "message": self.message, "space": self.space,
             "curve": [[n, None if b is None else b * 1e3] for n, b in self.curve],
             "baseline_ms": None if self.baseline_s is None else self.baseline_s * 1e3,
-            "check": self.check, "lost_trials": self.lost, "servers": self.servers,
+            "check": self.check, "lost_trials": self.lost, "servers": self.servers, "default": self.default,
             "speedup_vs_default": (self.baseline_s / self.best_s if self.baseline_s and self.best_s else None),
         }
 
@@ -141,6 +145,7 @@ class _BatchState:
     lost: int = 0  # trials lost with their RPC server: counted in ``trials`` (the search spent them), never stored
     default_lost: int = 0  # 1 when the default schedule's measurement was lost with its server
     servers: dict = field(default_factory=dict)  # RPC server -> trials it measured for this kernel
+    default_source: str | None = None  # the default measured first: rule | model (N records) | stock
 
 
 @derived_object
@@ -393,6 +398,7 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
             if config.baseline and spent == 0:
                 state.extra, result.baseline_s, state.default_error = _measure_baseline(
                     kernel, target=target, database=database, builder=builder, runner=runner, state=state)
+                result.default = state.default_source
                 _report(state.progress, "on_default", state.index, result.baseline_s)
         _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
                   runner=runner, work_dir=work_dir, state=state, space=state.choice.generator)
@@ -449,31 +455,6 @@ def _finish_kernel(kernel, result, state, *, target, database, config, spent, pr
         progress.on_kernel_done(state.index, result)
 
 
-COST_MODELS = ("xgb", "random")
-# samples an XGBoost model takes before its predictions steer the search (MetaSchedule's default is 100, more
-# than most kernels are given): with one model per run, a run's first kernels train it for the later ones
-XGB_WARMUP_SAMPLES = 16
-
-
-def make_cost_model(name: str):
-    """The cost model one tuning run shares across its kernels: ``xgb`` (MetaSchedule's XGBoost model over its
-    per-store features and the template configs' knobs, ``tvmfuse.tune.features``) or ``random``. Each kernel's
-    measurements train the same model, so the later kernels of a run are searched with what the earlier ones
-    taught it. Raises TvmfuseError (exit 2) when the model cannot be made: never another model silently."""
-    if name not in COST_MODELS:
-        raise TvmfuseError(f"unknown cost model '{name}'", hint="choose from " + ", ".join(COST_MODELS))
-    if name == "random":
-        return ms.cost_model.RandomModel()
-    try:
-        import xgboost  # noqa: F401
-    except ImportError as err:
-        raise TvmfuseError(f"the xgb cost model needs xgboost, which does not import here ({err})",
-                           hint="pip install xgboost, or --cost-model random") from None
-    from tvmfuse.tune.features import TemplateFeatures
-
-    return ms.cost_model.XGBModel(extractor=TemplateFeatures(), num_warmup_samples=XGB_WARMUP_SAMPLES)
-
-
 def _cores(target: TargetInfo) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -520,12 +501,16 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
     A measurement lost with its RPC server commits nothing and is no failure (the next run measures it).
     """
     from tvmfuse.rpc.runner import is_lost
-    from tvmfuse.tune.defaults import default_template_schedule
+    from tvmfuse.tune.model_default import model_default
 
     # on CUDA an untuned build runs attention on the flash template's default tiles, not dlight's scalar
-    # kernel, and a GEMM on sm_90a on the wgmma template's default tiles
-    sch = default_template_schedule(kernel.mod, target.target) or default_schedule(kernel.mod, target.target,
-                                                                                    is_gpu=target.is_gpu)
+    # kernel, and a GEMM on sm_90a on the wgmma template's default tiles; a template's default is the config the
+    # run's cost model ranks first where the database measured the template at other shapes
+    sch, source = model_default(kernel.mod, target, cost_model=getattr(state, "cost_model", None), database=database)
+    if sch is None:
+        sch, source = default_schedule(kernel.mod, target.target, is_gpu=target.is_gpu), "stock"
+    if state is not None:
+        state.default_source = source
     if sch is None:
         return 0, None, ""
     args = ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])
@@ -571,7 +556,7 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population,
         init_min_unmeasured=min(50, population),
-    )
+    ) if config.strategy != "random" else ms.search_strategy.ReplayTrace()
     _quiet_ms_console()
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [kernel.extracted], str(work_dir), space=space, strategy=strategy, seed=config.seed,

@@ -45,7 +45,7 @@ def template_pointwise(sch, space, info: dict) -> list:
         threads = sample(s, thr_k)
         if mode == "grid-stride":
             # grid = waves x SMs blocks; each thread strides over the whole tensor
-            sms = int(info.get("sm_count", 132))
+            sms = int(info["sm_count"])   # the target's GPU (kernels.space.sketch_info)
             wk = space.knobs["grid_stride_waves"]
             blocks = sample(s, Knob("grid_blocks", tuple(int(w) * sms for w in wk.values), wk.probs))
             it_bx, tx = s.split(outer, [None, threads])

@@ -194,7 +194,7 @@ def template_row_reduction(sch, space, info: dict) -> list:
             s.annotate(root_s, "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
     if "program" in storages and info.get("target_kind") == "cuda":   # last: the others keep their places
-        program = program_sketch(sch, space)
+        program = program_sketch(sch, space, info)
         if program is not None:
             sketches.append(program)
     if not sketches:

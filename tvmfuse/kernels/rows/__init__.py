@@ -27,7 +27,7 @@ register program and ``stream`` the streamed one; this module is the template's 
 from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.rows.configs import configs, default_config, streamed_configs, untuned_config
+from tvmfuse.kernels.rows.configs import configs, default_config, staged_bytes_for, streamed_configs, untuned_config
 from tvmfuse.kernels.rows.program import (ANNOTATION, CANDIDATES, L2, REGISTERS, SHARED, SOURCE, STREAMED, Misfit,
                                           RowConfig, RowProgram, _widened, analyze, parse_config)
 from tvmfuse.kernels.rows.source import register_source
@@ -49,9 +49,9 @@ def row_source(prog: RowProgram, cfg: RowConfig | None, emulate: bool = False) -
     return register_source(prog, cfg, emulate)
 
 
-def default_kernel(func):
-    """The row program of ``func`` under :func:`untuned_config`, or None."""
-    cfg = untuned_config(func)
+def default_kernel(func, target=None):
+    """The row program of ``func`` under :func:`untuned_config` (on ``target``'s GPU), or None."""
+    cfg = untuned_config(func, target)
     return None if cfg is None else kernel_for(func, cfg)
 
 
@@ -92,12 +92,13 @@ def expand(mod):
     return swap_kernels(mod, program)
 
 
-def program_sketch(sch, space):
+def program_sketch(sch, space, info: dict | None = None):
     """Sketch ``program`` of a row kernel: one of the row program's configs sampled (the ``threads`` and
     ``rows_per_block`` knobs) and annotated on the root block, every block's loops bound as they are (the builder
     swaps the whole PrimFunc for the program, generated from these blocks). None where the kernel is not a row
     program or no config fits."""
     from tvmfuse.kernels.knobs import sample_option
+    from tvmfuse.kernels.rows.configs import staged_limit
     from tvmfuse.kernels.sketch import bind_placeholder
 
     try:
@@ -106,7 +107,9 @@ def program_sketch(sch, space):
         return None
     knobs = {"threads": space.knobs.get("threads"), "rows_per_block": space.knobs.get("rows_per_block")}
     options = configs(prog, **{k: v.values for k, v in knobs.items() if v is not None},
-                           max_elements=int(space.extra.get("row_register_elements", 64)))
+                           max_elements=int(space.extra.get("row_register_elements", 64)),
+                           **({"staged_bytes": staged_limit(int(info["shared_per_sm"]))}
+                              if info and "shared_per_sm" in info else {}))
     if not options:
         return None
     s = sch.copy()
@@ -134,7 +137,7 @@ class RowsTemplate(KernelTemplate):
         if target.kind.name not in self.targets:
             return super().fits(func, target)
         try:
-            fitting = default_config(analyze(func)) is not None
+            fitting = default_config(analyze(func), staged_bytes_for(target)) is not None
         except Misfit as err:
             return str(err) or "not a row program"
         except TypeError:
@@ -146,14 +149,14 @@ class RowsTemplate(KernelTemplate):
             return []
         knobs = {k: space.knobs[k].values for k in ("threads", "rows_per_block") if space and k in space.knobs}
         extra = {"max_elements": int(space.extra.get("row_register_elements", 64))} if space else {}
-        return configs(analyze(func), **knobs, **extra)
+        return configs(analyze(func), **knobs, **extra, staged_bytes=staged_bytes_for(target))
 
     def default_config(self, func, target):
-        return None if target.kind.name not in self.targets else untuned_config(func)
+        return None if target.kind.name not in self.targets else untuned_config(func, target)
 
     def default_kernel(self, func, target, space=None):
         # softmax, norms: dlight's schedule ran softmax 65536x2048 at 268 us on the H200, the program's default 131 us
-        return default_kernel(func)
+        return default_kernel(func, target)
 
     def config_of(self, func) -> str | None:
         found = annotated(func)

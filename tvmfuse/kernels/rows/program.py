@@ -44,7 +44,8 @@ REGISTERS, SHARED, L2 = 0, 1, 2
 # the first pass copies to shared memory (SHARED, where a row's inputs fit) or which later passes read again
 # from global memory, in practice from L2 (L2: a block's row was read microseconds before; the H200 keeps 50 MB).
 STREAMED = (SHARED, L2)
-_SHARED_ROW_BYTES = 110 * 1024   # a block's staged row: two blocks an SM of the H200's 228 KB
+# a block's staged row where no target is known: two blocks an SM of the H200's 228 KB (configs.staged_limit)
+_SHARED_ROW_BYTES = 110 * 1024
 _STREAM_THREADS = (256, 512, 1024)
 _COL = "@col@"   # a streamed step's column, until a pass's part puts its own in
 

@@ -59,7 +59,7 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
         kinds = [k for k in kinds if k != "wgmma"]
         if info.get("target_arch") == "sm_90a":
             s = sch.copy()
-            spec = wgmma_sketch(s, space)
+            spec = wgmma_sketch(s, space, info.get("sm_count"))
             if spec is not None and spec.conv is None:
                 return [s]   # a GEMM: its sketch alone (measured on the H200 at 2x the mma sketches)
             if spec is not None:

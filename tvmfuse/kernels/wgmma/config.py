@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 ANNOTATION = "tvmfuse.wgmma_config"
-SMS = 132   # streaming multiprocessors of an H100 / H200 SXM: a persistent kernel's blocks
+SMS = 132   # an H100 / H200 SXM's SMs: a persistent kernel's blocks where the target's are not known (device_figures)
 CANDIDATES = "tvmfuse.wgmma_candidates"
 SPEC = "tvmfuse.wgmma_spec"
 

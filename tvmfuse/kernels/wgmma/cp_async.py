@@ -11,13 +11,13 @@ from tvmfuse.kernels.wgmma.tma import tma_source
 
 
 def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
-                store: str) -> str:
+                store: str, sms: int | None = None) -> str:
     """TVMScript of the kernel: ``params`` the function's parameter declarations, ``a`` / ``b`` the names of the
     A and B buffers among them, ``store`` the store of one accumulator, a format string with the fields
     ``{bz}`` (flattened batch index), ``{row}``, ``{col}`` (output row within the batch and column) and
     ``{acc}`` (the fp32 accumulator)."""
     if cfg.tma:
-        return tma_source(spec, cfg, params, a, b, store)
+        return tma_source(spec, cfg, params, a, b, store, **({} if sms is None else {"sms": sms}))
     BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
     M, N, K = spec.rows, spec.n, spec.k
     tiles_m, tiles_n, kt = -(-M // BM), N // BN, K // BK

@@ -13,9 +13,10 @@ from tvmfuse.kernels.wgmma.ptx import parse
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 
-def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfig):
-    """The wgmma kernel of ``func`` (its parameters, in order, renamed ``p0, p1, ..``; its global symbol kept)."""
-    kernel = parse(gemm_source(spec, cfg, _param_decls(func), f"p{a}", f"p{b}", store))
+def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfig, sms: int | None = None):
+    """The wgmma kernel of ``func`` (its parameters, in order, renamed ``p0, p1, ..``; its global symbol kept);
+    ``sms``: the GPU's SMs, a persistent kernel's blocks (None: the H200's)."""
+    kernel = parse(gemm_source(spec, cfg, _param_decls(func), f"p{a}", f"p{b}", store, sms))
     symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
     return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
 
@@ -45,7 +46,9 @@ def default_kernel(func, target):
     if found is None:
         return None
     spec, info, cfg = found
-    return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
+    from tvmfuse.target import device_figures
+
+    return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg, device_figures(target).sm_count)
 
 
 def annotated(func):
@@ -64,7 +67,7 @@ def expand(mod):
         found = annotated(func)
         if found is None:
             return None
-        spec, info, cfg = found
-        return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
+        spec, info, cfg = found   # (a record from before the sketch annotated the GPU's SMs: the H200's)
+        return kernel_for(func, spec, info["a"], info["b"], info["store"], cfg, info.get("sms"))
 
     return swap_kernels(mod, wgmma)

@@ -13,10 +13,11 @@ from tvmfuse.kernels.wgmma.spec import GemmSpec
 _KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma", "persistent")
 
 
-def schedule(sch, space) -> GemmSpec | None:
+def schedule(sch, space, sms: int | None = None) -> GemmSpec | None:
     """The wgmma sketch of a GEMM or conv kernel (``sch``, modified in place): its intermediates inlined, one
     config of :func:`configs` sampled (the ``wgmma_*`` knobs give the choices and priors) and annotated on the
-    root block with the kernel's spec, and a plain thread binding that any GPU check accepts (the builder swaps
+    root block with the kernel's spec (and ``sms``, the target GPU's SMs, a persistent kernel's blocks), and a
+    plain thread binding that any GPU check accepts (the builder swaps
     the whole PrimFunc for the annotated kernel, see :func:`expand`). Returns the spec, None if the kernel
     does not fit."""
     try:
@@ -30,7 +31,8 @@ def schedule(sch, space) -> GemmSpec | None:
         return None
     root = sch.get_sblock("root")
     index = sample_option(sch, options, knobs)
-    sch.annotate(root, SPEC, json.dumps({"spec": json.loads(spec.to_json()), **info}, sort_keys=True))
+    sch.annotate(root, SPEC, json.dumps({"spec": json.loads(spec.to_json()), **info,
+                                          **({} if sms is None else {"sms": int(sms)})}, sort_keys=True))
     sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
     sch.annotate(root, ANNOTATION, index)
     inline_all_but_outputs(sch, keep=(sch.get(_reduction_blocks(sch)[0]).name_hint,))

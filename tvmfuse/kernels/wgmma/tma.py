@@ -55,7 +55,8 @@ def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
     return {"a": a, "b": b}
 
 
-def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str, store: str) -> str:
+def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str, store: str,
+               sms: int = SMS) -> str:
     """TVMScript of the warp-specialized TMA kernel (:func:`gemm_source`'s arguments; a GEMM, or a stride-1 conv
     whose output pixels tile well, :func:`pixel_tile`).
 
@@ -66,7 +67,8 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     wgmma batch that read the stage is done). The producer waits for ``empty`` before refilling a stage; the
     computing warpgroups wait for ``full`` before their wgmmas, and no thread waits for the whole block inside the
     loop. The n-th completion of a barrier has phase parity ``n % 2``. A persistent kernel (``persistent`` 1)
-    launches :data:`SMS` blocks, each walking tiles ``bx, bx + grid, ..``; its barriers' phases run on across
+    launches ``sms`` blocks (the target GPU's SMs; :data:`SMS`, the H200's, where none is known), each walking
+    tiles ``bx, bx + grid, ..``; its barriers' phases run on across
     them, so the producer loads the next tile while the computing warpgroups store this one."""
     BM, BN, BK, S, F = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.inflight
     NC = 128 * cfg.warpgroups   # computing threads
@@ -74,7 +76,7 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     tiles = tiles_m * tiles_n
     # blocks, and tiles per block: block bx takes tiles bx, bx + grid, ..; the barriers' phases run on across them
     # (step g = it * kt + k of the block's it-th tile)
-    grid = min(tiles, SMS) if cfg.persistent else tiles
+    grid = min(tiles, int(sms)) if cfg.persistent else tiles
     per_block = -(-tiles // grid)
     pid_m, pid_n = _tile_coords(spec, cfg, f"(bx + it * {grid})")
     a_tile, b_tile = BM * BK, BN * BK

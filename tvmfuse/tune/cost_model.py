@@ -1,0 +1,37 @@
+"""The cost model one tuning run shares across its kernels."""
+from __future__ import annotations
+
+from tvmfuse._tvm import ms
+from tvmfuse.errors import TvmfuseError
+
+COST_MODELS = ("xgb", "random")
+# samples an XGBoost model takes before its predictions steer the search (MetaSchedule's default is 100, more
+# than most kernels are given): with one model per run, a run's first kernels train it for the later ones
+XGB_WARMUP_SAMPLES = 16
+
+
+def make_cost_model(name: str):
+    """The cost model one tuning run shares across its kernels: ``xgb`` (MetaSchedule's XGBoost model over its
+    per-store features and the template configs' knobs, ``tvmfuse.tune.features``) or ``random``. Each kernel's
+    measurements train the same model, so the later kernels of a run are searched with what the earlier ones
+    taught it. Raises TvmfuseError (exit 2) when the model cannot be made: never another model silently."""
+    if name not in COST_MODELS:
+        raise TvmfuseError(f"unknown cost model '{name}'", hint="choose from " + ", ".join(COST_MODELS))
+    if name == "random":
+        return ms.cost_model.RandomModel()
+    try:
+        import xgboost  # noqa: F401
+    except ImportError as err:
+        raise TvmfuseError(f"the xgb cost model needs xgboost, which does not import here ({err})",
+                           hint="pip install xgboost, or --cost-model random") from None
+    from tvmfuse.tune.features import TemplateFeatures
+
+    return ms.cost_model.XGBModel(extractor=TemplateFeatures(), num_warmup_samples=XGB_WARMUP_SAMPLES)
+
+
+def fitted(model) -> bool:
+    """Whether ``model`` predicts from what it learned: an XGBoost model holding its warm-up samples and a booster
+    (before that, MetaSchedule's XGBoost model predicts uniformly at random)."""
+    data = getattr(model, "data_size", None)
+    return (data is not None and data >= getattr(model, "num_warmup_samples", 0)
+            and getattr(model, "booster", None) is not None)
