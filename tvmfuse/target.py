@@ -294,7 +294,7 @@ def device_figures(target) -> DeviceFigures:
     target = getattr(target, "target", target)
     attrs = target.attrs if target is not None else {}
     arch = str(attrs.get("arch", "")) if attrs else ""
-    dev = _cuda_device()
+    dev = cuda_device()
     figures = None
     if dev is not None and arch and cuda_spec(dev)["arch"] == arch:
         per_sm = ARCH_FIGURES.get(arch, ARCH_FIGURES[_DEFAULT_ARCH])[2]   # the runtime does not report it

@@ -53,7 +53,9 @@ def untuned(func, target) -> tuple[GemmSpec, dict, GemvConfig] | None:
         spec, info = analyze(func)
     except Exception:  # noqa: BLE001 - Misfit, or a shape the recogniser did not foresee: not this template's
         return None
-    cfg = default_config(spec, info["dtype"])
+    from tvmfuse.target import device_figures
+
+    cfg = default_config(spec, info["dtype"], device_figures(target).sm_count)   # the split that fills its SMs
     return None if cfg is None else (spec, info, cfg)
 
 
