@@ -18,6 +18,7 @@ __all__ = ["KernelTemplate", "code_digest", "default_schedule", "expand", "get",
 def registry() -> tuple[KernelTemplate, ...]:
     """The templates, in the order an untuned build asks them for a kernel (the first that writes one wins) and
     a tuned module's kernels are expanded."""
+    from tvmfuse.kernels.cpu import CpuTemplate
     from tvmfuse.kernels.flash import FlashTemplate
     from tvmfuse.kernels.pointwise import PointwiseTemplate
     from tvmfuse.kernels.row_reduction import RowReductionTemplate
@@ -26,7 +27,7 @@ def registry() -> tuple[KernelTemplate, ...]:
     from tvmfuse.kernels.wgmma import WgmmaTemplate
 
     return (FlashTemplate(), WgmmaTemplate(), RowsTemplate(), PointwiseTemplate(), TensorCoreTemplate(),
-            RowReductionTemplate())
+            RowReductionTemplate(), CpuTemplate())
 
 
 def get(name: str) -> KernelTemplate:
@@ -69,6 +70,8 @@ def default_schedule(mod, target, space):
 
     for t in registry():
         sch = traced_default(t, sketch_template(t.searched_in), mod, target, space)
+        if sch is None and target.kind.name in t.targets:
+            sch = t.traced_kernel(mod, target, space)
         if sch is not None:
             return sch
     return None
