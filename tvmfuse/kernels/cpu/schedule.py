@@ -18,13 +18,26 @@ from tvmfuse.kernels.knobs import names_in
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
 
 
+# below this many multiply-adds (or elements of a pointwise kernel) a kernel runs on one thread: waking the pool's
+# threads costs a few microseconds, more than such a kernel takes
+MIN_PARALLEL_WORK = 1 << 15
+
+
 def vector_lanes(target, dtype_bits: int = 32) -> int:
     """The target's vector width in elements of ``dtype_bits`` (AVX-512: 16 floats, AVX2: 8), from its mcpu."""
     from tvm.target import codegen
 
     try:
-        bits = int(codegen.llvm_get_vector_width(target))
-    except Exception:  # noqa: BLE001 - no answer from LLVM: SSE's 128 bits, which every x86-64 has
+        # on x86 from the mcpu's features: LLVM's own vector-width answer gave the host's 512 bits for haswell too
+        if codegen.target_has_features("avx512f", target):
+            bits = 512
+        elif codegen.target_has_features("avx", target):
+            bits = 256
+        elif codegen.target_has_features("sse2", target):
+            bits = 128
+        else:
+            bits = int(codegen.llvm_get_vector_width(target))
+    except Exception:  # noqa: BLE001 - no answer from LLVM: 128 bits (SSE, NEON), which every such CPU has
         bits = 128
     return max(1, max(bits, 128) // dtype_bits)
 
@@ -78,10 +91,12 @@ def schedule_pointwise(sch, lanes_of, cores: int) -> None:
         ext = _extent(sch, fused) or 0
         inner = next((t for t in (lanes * 4, lanes * 2, lanes) if ext % t == 0 and ext // t >= cores), None)
         if inner is None:
-            sch.parallel(fused)
+            if ext >= MIN_PARALLEL_WORK:
+                sch.parallel(fused)
             continue
         outer, vec = sch.split(fused, [None, inner])
-        sch.parallel(outer)
+        if ext >= MIN_PARALLEL_WORK:
+            sch.parallel(outer)
         if inner > lanes:
             _, vec = sch.split(vec, [None, lanes])
         sch.vectorize(vec)
@@ -102,6 +117,12 @@ def _loops_are_iters(sch, block) -> bool:
     if len(loops) != len(b.iter_vars):
         return False
     return all(int(iv.dom.extent) == _extent(sch, lp) for iv, lp in zip(b.iter_vars, loops))
+
+
+def _inner_spatial_extent(sch, block) -> int:
+    b = sch.get(block)
+    spatial = [iv for iv in b.iter_vars if int(iv.iter_type) == DATA_PAR]
+    return int(spatial[-1].dom.extent) if spatial and isinstance(spatial[-1].dom.extent, tvm.tirx.IntImm) else 0
 
 
 def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
@@ -129,7 +150,11 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
         inners.append(n)
     sch.reorder(*outers, *reduce, *inners)
     tile_loop = sch.fuse(*outers) if len(outers) > 1 else outers[0]
-    sch.parallel(tile_loop)
+    work = 1
+    for e in exts + [_extent(sch, lp) for lp in reduce]:
+        work *= e
+    if work >= MIN_PARALLEL_WORK:
+        sch.parallel(tile_loop)
     acc = sch.cache_write(block, 0, "global")
     sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
     for consumer in sch.get_consumers(acc):
@@ -161,13 +186,17 @@ def schedule_rows(sch, lanes: int, cores: int) -> None:
         raise ValueError("a row kernel with several outputs")
     out = outputs[0]
     loops = sch.get_loops(out)
-    row_loops = loops[:-1] if len(loops) > 1 else loops
+    types = iter_types(sch, out)
+    lead = next((i for i, t in enumerate(types) if t != DATA_PAR), len(types))
+    row_loops = loops[:lead] if lead < len(types) else loops[:-1] if len(loops) > 1 else loops
+    if not row_loops:
+        raise ValueError("no row loop to run in parallel")
     row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
     blocks = [b for b in sch.get_child_blocks(root) if not sch.get(b).same_as(sch.get(out))]
     for b in reversed(blocks):
         sch.compute_at(b, row, preserve_unit_loops=True)
     sch.parallel(row)
-    if len(loops) > 1:
+    if len(loops) > 1 and lead == len(types):
         _vectorize_last(sch, out, lanes)
     for b in blocks:
         if all(t == DATA_PAR for t in iter_types(sch, b)):
@@ -192,7 +221,9 @@ def cpu_schedule(mod, target, cores: int):
         schedule_pointwise(sch, lanes_of, cores)
         return sch, "pointwise"
     contractions = [b for b in reductions if _contraction(sch, b)]
-    if len(contractions) == 1 and len(reductions) == 1:
+    # one reduction along an axis that is not the output's innermost (a GEMM, a conv, a pooling window): tiles
+    # vectorised along the output's innermost axis
+    if len(reductions) == 1 and (contractions or _inner_spatial_extent(sch, reductions[0]) >= 4):
         inline_all_but_outputs(sch)
         (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
         if not _loops_are_iters(sch, block):
