@@ -67,6 +67,8 @@ def cnn():   # conv + BN + ReLU6, a depthwise conv, a 1x1 conv with a residual, 
 
 
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn}
+# softmax and LayerNorm keep TVM's plain lowering (the CPU rows schedule measured slower than it)
+PLAIN = ("softmax", "layer_norm")
 
 
 def _fused(model, tmp_path, target):
@@ -92,6 +94,9 @@ def test_every_kernel_gets_a_parallel_vectorised_default_that_matches_its_refere
             continue
         mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
         sch = cpu.traced_kernel(mod, llvm_target.target)
+        if any(p in gv.name_hint for p in PLAIN):
+            assert sch is None, gv.name_hint
+            continue
         assert sch is not None, f"{gv.name_hint}: no CPU default (it would keep TVM's plain lowering)"
         text = sch.mod.script()
         assert "T.vectorized" in text, f"{gv.name_hint} is not vectorised:\n{text}"
@@ -100,7 +105,7 @@ def test_every_kernel_gets_a_parallel_vectorised_default_that_matches_its_refere
         assert check.ok, f"{gv.name_hint}: relative error {check.rel_error:.2e}, {check.unwritten} unwritten"
         kernel = cpu.default_kernel(func, llvm_target.target)
         assert kernel is not None and bool(kernel.attrs["tirx.is_scheduled"])
-    assert kinds and any(kinds), "no kernel of the model runs in parallel"
+    assert name == "rows" or (kinds and any(kinds)), "no kernel of the model runs in parallel"
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -110,7 +115,8 @@ def test_the_untuned_build_runs_the_cpu_default_and_matches_onnxruntime(name, tm
 
     path, fused = _fused(MODELS[name](), tmp_path, llvm_target)
     built = build(fused, target=llvm_target, database=None)
-    assert built.kernels and all(k.schedule == "cpu-default" for k in built.kernels), built.kernels
+    assert built.kernels and all(k.schedule == ("default" if any(p in k.name for p in PLAIN) else "cpu-default")
+                                 for k in built.kernels), built.kernels
     model = onnx.load(path)
     feeds = {i.name: RNG.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in model.graph.input}
