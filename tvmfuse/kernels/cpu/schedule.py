@@ -173,7 +173,8 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
             sch.unroll(lp)
     if reduce:
         init = sch.decompose_reduction(block, reduce[0])
-        if sch.get(sch.get_loops(init)[-1]).kind != sch.get(inner_loops[-1]).kind if inner_loops else False:
+        # the init's loops copy the update's kinds; vectorise its last where that did not carry over
+        if int(sch.get(sch.get_loops(init)[-1]).kind) != int(tvm.tirx.ForKind.VECTORIZED):
             _vectorize_last(sch, init, lanes)
 
 
