@@ -21,12 +21,14 @@ def _inputs(model, seed=0):
 
 
 def _model_layout_plan(mod, llvm):
-    """The tvmfuse plan with convs in the model's own layout, as the FuseOps baseline keeps them: these tests compare
-    fusion alone (CPU plans otherwise run convs channels-last, tested apart below)."""
+    """The tvmfuse plan with convs in the model's own layout, as the FuseOps baseline keeps them, and attention
+    fused: these tests compare the fusion patterns alone (CPU plans otherwise run convs channels-last, tested apart
+    below, and leave attention unfused for the CPU defaults)."""
     from tvmfuse.plan.cost import CostModel
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
-    return plan_tvmfuse(mod, llvm, config=PlannerConfig(cost_model=CostModel.for_target(llvm, conv_layout=None)))
+    cost = CostModel.for_target(llvm, conv_layout=None, attention_decline=None)
+    return plan_tvmfuse(mod, llvm, config=PlannerConfig(cost_model=cost))
 
 
 def _check(model, llvm, tol=1e-5):
@@ -167,7 +169,7 @@ def test_fp16_attention_through_the_frontend_is_still_one_kernel(llvm, tmp_path)
     loaded = load_model(path)
     mod = import_model(loaded)
     assert "out_dtype=\"float32\"" in mod.script()  # the fp32-accumulation fix-up ran: its casts are in the graph
-    fused, plan = partition(mod, target=llvm)
+    fused, plan = _model_layout_plan(mod, llvm)
     assert _launches(fused) == 1
     assert plan.groups[0].pattern == "attention"
     rng = np.random.default_rng(0)
