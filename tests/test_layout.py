@@ -77,10 +77,11 @@ def test_the_scan_finds_a_cycle_when_there_is_one():
 
 # The stages in the order data flows through them; a module may import its own stage and earlier ones. Stage 0 is
 # what every stage may use: the TVM adapter, errors, logs, the targets and machines (and the RPC servers that
-# measure on them), the reference check; the library's entry points (api, cli) come last.
+# measure on them), the runtime's thread count, the reference check; the library's entry points (api, cli) come
+# last.
 STAGES = [
     {"tvmfuse", "tvmfuse._tvm", "tvmfuse.errors", "tvmfuse.logs", "tvmfuse.target", "tvmfuse.machine", "tvmfuse.rpc",
-     "tvmfuse.data", "tvmfuse.verify"},
+     "tvmfuse.data", "tvmfuse.verify", "tvmfuse.threads"},
     {"tvmfuse.frontend"},
     {"tvmfuse.plan"},
     {"tvmfuse.kernels"},

@@ -22,6 +22,7 @@ from tvmfuse.plan import partition
 from tvmfuse.plan.partition import DEFAULT_PLANNER
 from tvmfuse.runtime.loaded import check_digest, manifest_digest
 from tvmfuse.target import resolve_target
+from tvmfuse.threads import apply_threads
 from tvmfuse.tune import TuneConfig, TuneProgress, extract_kernels, tune_kernels
 from tvmfuse.tune.tuner import make_cost_model
 from tvmfuse.tune.warm_start import warm_start
@@ -40,6 +41,7 @@ class ModelConfig:
     planner: str = DEFAULT_PLANNER
     input_shapes: dict = field(default_factory=dict)
     precision: str = "model"  # model | fp32 | fp16 (tvmfuse.frontend.precision)
+    threads: int | None = None  # CPU threads of TVM's runtime (None: the physical cores; tvmfuse.threads)
 
 
 def _resolve(cfg: ModelConfig, rpc=None):
@@ -77,6 +79,7 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
     why the run stopped early when no server was left.
     """
     t0 = time.perf_counter()
+    threads = apply_threads(cfg.threads)   # before any TVM run here and before the runner's workers start
     rpc = tune_cfg.rpc
     target, device, servers = _resolve(cfg, rpc)
     target, loaded, fused, plan = _prepare(cfg, target)
@@ -112,7 +115,7 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
     report = {
         "model": str(cfg.model), "target": target.canonical, "device": target.device, "db": str(cfg.db),
         "planner": plan.planner, "precision": cfg.precision, "cost_model": tune_cfg.cost_model,
-        "warm_start_records": warm,
+        "threads": threads, "warm_start_records": warm,
         "kernels": [r.to_json() for r in results],
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
@@ -155,6 +158,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
     from tvmfuse.compile.cross import export_options
 
     t0 = time.perf_counter()
+    threads = apply_threads(cfg.threads)
     out = Path(out)
     _check_artifact_folder(out)  # before the build: a bad -o costs no compile time
     target, _device, _servers = _resolve(cfg, rpc)
@@ -170,12 +174,13 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
     try:
         export_artifact(result, out, target=target, inputs=loaded.inputs, outputs=loaded.outputs,
                         model_path=cfg.model, planner=plan.planner,
-                        extra={"cuda_graph": result.cuda_graph, "precision": cfg.precision})
+                        extra={"cuda_graph": result.cuda_graph, "precision": cfg.precision,
+                               "threads": threads})
     except OSError as e:  # a full disk, a folder made read-only since the check
         raise ArtifactError(f"cannot write the artifact folder {out}: {e.strerror or e}") from None
     return {
         "artifact": str(out), "target": target.canonical, "device": target.device, "planner": plan.planner,
-        "precision": cfg.precision,
+        "precision": cfg.precision, "threads": threads,
         "kernels": [k.to_json() for k in result.kernels],
         "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
         "machine": target.machine(),
@@ -205,7 +210,8 @@ def _check_artifact_folder(out: Path) -> None:
 def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | None = None,
         compare_to: Path | None = None, outputs: Path | None = None, repeat: int = 20, warmup: int = 3,
         duration_s: float | None = None, seed: int = 0, profile: bool = False, profile_runs: int = 1,
-        trace: Path | None = None, trust_unsigned: bool = False, expect_digest: str | None = None) -> dict:
+        trace: Path | None = None, trust_unsigned: bool = False, expect_digest: str | None = None,
+        threads: int | None = None) -> dict:
     """Run an artifact: latency (median, p90) and, with ``verify_against``, relative error vs onnxruntime, or with
     ``compare_to``, vs outputs saved in an ``.npz`` (keyed by output name, as ``outputs`` writes them).
 
@@ -215,6 +221,9 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
     ``profile`` (or ``trace``): after ``warmup`` untimed runs, ``profile_runs`` runs with each kernel timed on the
     host (``tvmfuse.runtime.profile``); the report's ``profile`` gives each kernel's calls, time and share, with
     its schedule from the manifest, and ``trace`` is written as a Chrome trace (Trace Event Format JSON).
+
+    ``threads``: TVM's runtime threads (default: the manifest's ``threads``, what it was compiled and tuned
+    for, else the physical cores); set before the artifact first runs.
 
     ``trust_unsigned``: load an artifact whose manifest is unsigned or signed with another key (see
     :func:`tvmfuse.runtime.load_artifact`); the report's ``warnings`` then say so.
@@ -241,13 +250,14 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
         warnings.simplefilter("always", UntrustedArtifactWarning)
         art = load_artifact(artifact, trust_unsigned=trust_unsigned)
     notes = [str(w.message) for w in caught if issubclass(w.category, UntrustedArtifactWarning)]
+    threads = apply_threads(threads if threads is not None else art.manifest.get("threads"))
     if verify_against is not None:
         _check_model_matches(Path(verify_against), art)
     refs = _load_reference(Path(compare_to), art.output_specs) if compare_to is not None else None
     feeds = verify.load_inputs(inputs, art.input_specs) if inputs else verify.random_inputs(art.input_specs, seed=seed)
     results = art.run(feeds)
     names = [s["name"] for s in art.output_specs]
-    report: dict = {"artifact": str(artifact), "device": art.manifest.get("device"),
+    report: dict = {"artifact": str(artifact), "device": art.manifest.get("device"), "threads": threads,
                     "signature": {k: v for k, v in art.signature.items() if k != "warning"},
                     "outputs": [{"name": n, "shape": list(o.shape), "dtype": str(o.dtype)}
                                 for n, o in zip(names, results)]}

@@ -18,7 +18,9 @@ def test_untuned_build_reports_every_kernel_as_default(fused, llvm_target):
     result = build(fused, target=llvm_target, database=None)
     names = {gv.name_hint for gv, f in fused.functions.items() if gv.name_hint != "main"}
     assert {k.name for k in result.kernels} == names
-    assert {k.schedule for k in result.kernels} == {"default"}
+    # the CPU default, and TVM's plain lowering for what it leaves (LayerNorm)
+    assert "cpu-default" in {k.schedule for k in result.kernels} <= {"cpu-default", "default"}
+    assert all(k.schedule == "cpu-default" for k in result.kernels if "layer_norm" not in k.name), result.kernels
     assert sorted(result.untuned) == sorted(names)
 
 

@@ -10,6 +10,8 @@ an unsupported graph or a missing torch gives an entry with ``available: false``
 """
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ class BenchConfig:
     verify: bool = True
     cuda_graph: bool = True
     precision: str = "model"
+    threads: int | None = None   # TVM's runtime threads (None: the physical cores; tvmfuse.threads)
 
 
 def _stats(samples_s: list[float]) -> dict:
@@ -95,6 +98,8 @@ def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if cfg.threads:   # the same CPU threads as TVM's runtime (onnxruntime's default is the physical cores too)
+        opts.intra_op_num_threads = int(cfg.threads)
     providers = ["CPUExecutionProvider"]
     if gpu and "CUDAExecutionProvider" in ort.get_available_providers():
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -141,6 +146,10 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
 
 def run_bench(cfg: BenchConfig) -> dict:
     """Build and time every requested backend on one set of random inputs; see module docstring."""
+    from tvmfuse.threads import apply_threads
+
+    threads = apply_threads(cfg.threads)   # before TVM runs anything in this process
+    cfg = dataclasses.replace(cfg, threads=threads)
     from tvmfuse import verify
     from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
     from tvmfuse._tvm import tvm
@@ -174,7 +183,7 @@ def run_bench(cfg: BenchConfig) -> dict:
     feeds = [feeds_d[n] for n in names]
     results: list[dict] = []
     outputs: dict[str, list] = {}
-    report: dict = {"model": str(cfg.model), "target": target.canonical, "device": target.device,
+    report: dict = {"model": str(cfg.model), "target": target.canonical, "device": target.device, "threads": threads,
                     "calls_per_sample": cfg.number, "results": results}
 
     mod = import_model(loaded)

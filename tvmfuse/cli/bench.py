@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from tvmfuse.cli.common import JsonOpt, VerboseOpt, emit_json, handle_errors, out, table
+from tvmfuse.cli.common import JsonOpt, ThreadsOpt, VerboseOpt, emit_json, handle_errors, out, table
 
 
 def bench_command(
@@ -28,6 +28,7 @@ def bench_command(
                                   "converted graph; the check is against onnxruntime on the model as stored."),
     cuda_graph: bool = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                                     help="On a GPU, tvmfuse's build replays as one CUDA graph (static shapes)."),
+    threads: Optional[str] = ThreadsOpt,
     as_json: bool = JsonOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
@@ -35,11 +36,12 @@ def bench_command(
     with handle_errors(verbose):
         from tvmfuse.bench import BenchConfig, run_bench
         from tvmfuse.frontend import parse_input_shapes
+        from tvmfuse.threads import check_threads
 
         cfg = BenchConfig(model=model, target=target, db=db, against=tuple(against.split(",")) if against else (),
                           planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat,
                           number=number, seed=seed, cuda_graph=cuda_graph,
-                          precision=precision)
+                          precision=precision, threads=None if threads is None else check_threads(threads))
         report = run_bench(cfg)
         if as_json:
             emit_json(report)
@@ -56,5 +58,5 @@ def bench_command(
                 note = f"{r['untuned_kernels']} untuned kernel(s)" + (", CUDA graph" if r.get("cuda_graph") else "")
             rows.append([r["backend"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
                          f"{r['median_ms'] / fast:.2f}x" if fast else "-", check, note])
-        out.print(table(f"{model.name} on {report['device']}",
+        out.print(table(f"{model.name} on {report['device']}, {report['threads']} thread(s)",
                         ["backend", "median ms", "p90 ms", "vs fastest", "vs onnxruntime", "note"], rows))

@@ -20,6 +20,8 @@ err = Console(stderr=True, soft_wrap=True)
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout instead of tables.")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Show tracebacks and TVM's logs.")
+ThreadsOpt = typer.Option(None, "--threads", help="CPU threads of TVM's runtime (default: the physical cores); "
+                          "tuning measures with the same count.")
 
 
 def _plain_flags(params: list) -> list:

@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from tvmfuse.cli.common import (FlagGroup, JsonOpt, VerboseOpt, emit_json, err, fmt_duration, fmt_ms, handle_errors,
-                                out, table)
+from tvmfuse.cli.common import (FlagGroup, JsonOpt, ThreadsOpt, VerboseOpt, emit_json, err, fmt_duration, fmt_ms,
+                                handle_errors, out, table)
 from tvmfuse.cli.progress import RichProgress, trials_text
 
 app = typer.Typer(
@@ -83,13 +83,21 @@ def _check_cell(check: dict | None) -> str:
 
 
 def _model_config(model: Path, target: str, db: Path, planner: Optional[str], input_shape: Optional[List[str]],
-                  precision: str = "model"):
+                  precision: str = "model", threads: Optional[str] = None):
     from tvmfuse.api import ModelConfig
     from tvmfuse.frontend import parse_input_shapes
     from tvmfuse.frontend.precision import check_precision
 
     return ModelConfig(model=model, target=target, db=db, planner=planner or _planner_default(),
-                       input_shapes=parse_input_shapes(input_shape), precision=check_precision(precision))
+                       input_shapes=parse_input_shapes(input_shape), precision=check_precision(precision),
+                       threads=_threads(threads))
+
+
+def _threads(value: Optional[str]) -> Optional[int]:
+    """``--threads``: a count, checked (one line and exit 2 when bad), or None for the default."""
+    from tvmfuse.threads import check_threads
+
+    return None if value is None else check_threads(value)
 
 
 def _command_line(ctx: typer.Context) -> str:
@@ -150,6 +158,7 @@ def tune_command(
     rpc_timeout: Optional[float] = typer.Option(None, "--rpc-timeout", min=1, help="Seconds one trial's RPC session "
                                                 "may take (upload, link, timing; default 30): past it the server "
                                                 "ends it and the trial fails."),
+    threads: Optional[str] = ThreadsOpt,
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Tune every fused kernel of MODEL with MetaSchedule into the database (resumable).
@@ -177,7 +186,7 @@ def tune_command(
             from tvmfuse.rpc import rpc_options
             from tvmfuse.tune import TuneConfig
 
-            cfg = _model_config(model, target, db, planner, input_shape, precision)
+            cfg = _model_config(model, target, db, planner, input_shape, precision, threads)
             rpc = rpc_options(rpc_tracker, rpc_key, workers=rpc_workers, session_timeout_s=rpc_timeout)
             tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune,
                               time_budget_s=time_budget, cost_model=cost_model, rpc=rpc)
@@ -293,6 +302,8 @@ def compile_command(
     untuned: bool = typer.Option(False, "--untuned", help="Ignore the database (a baseline build)."),
     cuda_graph: bool = CudaGraphOpt, precision: str = PrecisionOpt,
     rpc_tracker: Optional[str] = RpcTrackerOpt, rpc_key: Optional[str] = RpcKeyOpt,
+    threads: Optional[str] = typer.Option(None, "--threads", help="CPU threads of TVM's runtime, recorded in the "
+                                          "manifest for `run` (default: the physical cores)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Apply the best records and export an artifact folder (library, params, manifest).
@@ -305,7 +316,8 @@ def compile_command(
         from tvmfuse.rpc import rpc_options
 
         rpc = rpc_options(rpc_tracker, rpc_key)
-        report = api.compile(_model_config(model, target, db, planner, input_shape, precision), out=output, untuned=untuned,
+        report = api.compile(_model_config(model, target, db, planner, input_shape, precision, threads), out=output,
+                             untuned=untuned,
                              cuda_graph=cuda_graph, rpc=rpc)
         if json_out:
             emit_json(report)
@@ -345,6 +357,8 @@ def run_command(
                                         "unsigned or signed with another key (a warning says so)."),
     expect_digest: Optional[str] = typer.Option(None, "--expect-digest", help="Refuse the artifact unless its "
                                                 "manifest's digest is this one (`compile` prints it: sha256:HEX)."),
+    threads: Optional[str] = typer.Option(None, "--threads", help="CPU threads of TVM's runtime (default: the "
+                                          "manifest's, else the physical cores)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
 ):
     """Run an artifact: latency (median, p90) and, with --verify-against or --compare-to, the error against a reference.
@@ -361,7 +375,7 @@ def run_command(
             report = api.run(artifact, inputs=inputs, verify_against=verify_against, compare_to=compare_to,
                              outputs=outputs, repeat=repeat, warmup=warmup, duration_s=duration, profile=profile,
                              profile_runs=profile_runs, trace=trace, trust_unsigned=trust_unsigned,
-                             expect_digest=expect_digest)
+                             expect_digest=expect_digest, threads=_threads(threads))
         except VerificationError as e:
             report = getattr(e, "report", {})
             _print_warnings(report)
@@ -390,7 +404,8 @@ def _print_run(report: dict) -> None:
     lat = report.get("latency_ms")
     if lat:
         out.print(f"latency: median {lat['median']:.3f} ms, p90 {lat['p90']:.3f} ms ({lat['repeat']} runs in "
-                  f"{lat['seconds']:.2f} s, after {lat['warmup']} warm-up) on {report['device']}", highlight=False)
+                  f"{lat['seconds']:.2f} s, after {lat['warmup']} warm-up) on {report['device']}, "
+                  f"{report.get('threads')} thread(s)", highlight=False)
     if report.get("outputs_file"):
         out.print(f"outputs saved to {report['outputs_file']}", highlight=False)
     ver = report.get("verification")

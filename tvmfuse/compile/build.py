@@ -23,7 +23,8 @@ class KernelStatus:
     #                untuned: the flash template's default tiles) | wgmma-default (a GEMM or conv on sm_90a,
     #                untuned: the wgmma template's default tiles) | rows-default (a row kernel on cuda,
     #                untuned: the row program's default config) | pointwise-default (a pointwise kernel on
-    #                cuda, untuned: the pointwise template at the space's `untuned` knobs) | prescheduled
+    #                cuda, untuned: the pointwise template at the space's `untuned` knobs) | cpu-default (llvm,
+    #                untuned: tvmfuse/kernels/cpu's parallel, vectorised schedule) | prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:
@@ -49,8 +50,9 @@ def _normalized(func: PrimFunc) -> tvm.IRModule:
 def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> tuple[tvm.IRModule, list[KernelStatus]]:
     """Replace every PrimFunc that has a record for ``target`` with its best schedule.
 
-    ``database`` may be ``None`` (an untuned build). Unrecorded kernels get dlight's default GPU
-    schedules on CUDA and TVM's default lowering on llvm; each kernel's source is reported.
+    ``database`` may be ``None`` (an untuned build). Unrecorded kernels get a template's default (on llvm the
+    CPU default), else dlight's default GPU schedules on CUDA and TVM's default lowering on llvm; each kernel's
+    source is reported.
     """
     updates: dict = {}
     statuses: list[KernelStatus] = []

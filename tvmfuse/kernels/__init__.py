@@ -18,6 +18,7 @@ __all__ = ["KernelTemplate", "code_digest", "default_schedule", "expand", "get",
 def registry() -> tuple[KernelTemplate, ...]:
     """The templates, in the order an untuned build asks them for a kernel (the first that writes one wins) and
     a tuned module's kernels are expanded."""
+    from tvmfuse.kernels.cpu import CpuTemplate
     from tvmfuse.kernels.flash import FlashTemplate
     from tvmfuse.kernels.gemv import GemvTemplate
     from tvmfuse.kernels.pointwise import PointwiseTemplate
@@ -28,7 +29,7 @@ def registry() -> tuple[KernelTemplate, ...]:
 
     # gemv before wgmma: a GEMM of at most 64 rows is the weight's bytes, which wgmma's 64-row tiles would pad
     return (FlashTemplate(), GemvTemplate(), WgmmaTemplate(), RowsTemplate(), PointwiseTemplate(), TensorCoreTemplate(),
-            RowReductionTemplate())
+            RowReductionTemplate(), CpuTemplate())
 
 
 def get(name: str) -> KernelTemplate:
@@ -71,6 +72,8 @@ def default_schedule(mod, target, space):
 
     for t in registry():
         sch = traced_default(t, sketch_template(t.searched_in), mod, target, space)
+        if sch is None and target.kind.name in t.targets:
+            sch = t.traced_kernel(mod, target, space)
         if sch is not None:
             return sch
     return None

@@ -91,6 +91,12 @@ class KernelTemplate:
         file, for a template whose default is a point of its knobs."""
         return None
 
+    def traced_kernel(self, mod, target, space=None):
+        """For a template whose untuned kernel is a hand schedule rather than a point of a sketch (the CPU
+        default): that kernel of ``mod`` (``main``) as a traced Schedule, which the tuner measures first and keeps
+        as a record; None where it has none."""
+        return None
+
     def default_trace(self, func, target, space, sketches):
         """The untuned build's kernel as a point of the design space ``sketches`` (the Schedules MetaSchedule
         generated from :attr:`searched_in`'s sketch): ``(trace, post-process it)``, or None. By default the sketch

@@ -62,6 +62,8 @@ class CostModel:
         function of its :class:`~tvmfuse.plan.attention.AttentionSpec` giving the reason
     conv_layout : "NHWC" to run 2-D convolutions channels-last (the tensor-core template's implicit GEMM then
         reads its operands contiguously along K), or None to keep the model's layout
+    conv_kernel_layout : the filters' layout in a channels-last conv: OHWI (GPUs: K contiguous for the implicit
+        GEMM) or HWIO (CPUs: output channels contiguous, the axis the CPU default vectorises)
     im2col_k : channels-last convs with fewer than 16 input channels (a stem's 3) run as an im2col kernel and a
         GEMM where their K, padded to 64, is at most this; 0: never
     """
@@ -73,6 +75,7 @@ class CostModel:
     min_parallel_units: int = 132
     attention_decline: object = None   # a reason (str), or a function of the AttentionSpec giving one
     conv_layout: str | None = None
+    conv_kernel_layout: str = "OHWI"
     im2col_k: int = 0
 
     @classmethod
@@ -94,7 +97,15 @@ class CostModel:
                        conv_layout="NHWC", im2col_k=512)
         else:
             cores = int(attrs.get("num-cores", 2)) if attrs else 2
-            base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1))
+            # channels-last with HWIO filters: the CPU default (tvmfuse/kernels/cpu) vectorises a conv along its
+            # output channels, contiguous in both the output and the filter; NCHW left it the image's width
+            # (7 or 4 pixels in a MobileNet's last stages) to vectorise
+            # attention unfused: its GEMMs and softmax take the CPU default; the fused online-softmax kernel has no
+            # CPU schedule and ran scalar (BERT-style 2x128, hidden 256: 14 ms a layer against 2 ms unfused)
+            base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1),
+                       conv_layout="NHWC", conv_kernel_layout="HWIO",
+                       attention_decline="on CPUs the unfused GEMMs and softmax run the CPU default schedules, "
+                                         "the fused attention kernel has none")
         return base if not overrides else cls(**{**base.__dict__, **overrides})
 
     # -- estimates -------------------------------------------------------------------------------------

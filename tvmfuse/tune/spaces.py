@@ -266,5 +266,9 @@ def space_key(mod, spaces: SpaceFile | None) -> str:
         cls = "other"
     space = spaces.for_class(cls)
     template = sketch_template(space.template) if space.template != "stock" else None
-    text = "\n".join([spaces.digest, cls, space.template, code_digest(template) if template else "stock"])
+    # a stock space's first record is the untuned build's kernel: the code of the templates that write it for
+    # this target without a sketch of their own (the CPU default) keys it too
+    stock = ["stock"] + [code_digest(t) for t in registry() if spaces.target in t.targets
+                          and t.sketch_name is None and t.searched_in is None]
+    text = "\n".join([spaces.digest, cls, space.template, code_digest(template) if template else ",".join(stock)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

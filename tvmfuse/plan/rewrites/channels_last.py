@@ -1,4 +1,4 @@
-"""2-D convolutions run channels-last (NHWC activations, OHWI filters)."""
+"""2-D convolutions run channels-last (NHWC activations; OHWI filters on GPUs, HWIO on CPUs)."""
 from __future__ import annotations
 
 from tvmfuse._tvm import relax, tvm
@@ -7,15 +7,16 @@ from tvmfuse.plan.rewrites.compose_transposes import compose_transposes
 from tvmfuse.plan.tags import RewriteLog
 
 
-def channels_last(mod, *, log: RewriteLog):
-    """Run 2-D convolutions in NHWC with OHWI weights (Relax's ConvertLayout), then fold the weight and
+def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI"):
+    """Run 2-D convolutions in NHWC with ``kernel_layout`` weights (OHWI: the tensor-core template reads K
+    contiguously; HWIO: a CPU kernel vectorised along the output channels reads them contiguously) (Relax's ConvertLayout), then fold the weight and
     parameter transposes into the constants. Elementwise ops, pooling and the folded BatchNorm follow the
     layout, so one transpose stays at the input and one where the features leave the conv stack."""
     if not count_calls(mod, "relax.nn.conv2d"):
         return mod
     before = count_calls(mod, "relax.permute_dims")
     mod = tvm.transform.Sequential([
-        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", kernel_layout]}),
         relax.transform.FoldConstant(),
     ])(mod)
     added = count_calls(mod, "relax.permute_dims") - before
@@ -25,6 +26,6 @@ def channels_last(mod, *, log: RewriteLog):
     return mod
 
 
-def ChannelsLast(*, log: RewriteLog) -> tvm.transform.Pass:
+def ChannelsLast(*, log: RewriteLog, kernel_layout: str = "OHWI") -> tvm.transform.Pass:
     """:func:`channels_last` as a Relax module pass."""
-    return module_pass("ChannelsLast", lambda mod: channels_last(mod, log=log))
+    return module_pass("ChannelsLast", lambda mod: channels_last(mod, log=log, kernel_layout=kernel_layout))

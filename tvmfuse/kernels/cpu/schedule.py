@@ -1,0 +1,244 @@
+"""The CPU default schedules: every kernel parallel over its outer loops and vectorised along its innermost
+contiguous axis at the target's vector width, written with traceable schedule primitives (so the tuner keeps
+the default as a record, and a tuned build is never slower than it).
+
+* pointwise: the chain inlined into its outputs; each output's loops fused, the inner ``lanes`` vectorised, the
+  rest parallel;
+* contractions (GEMM, batched GEMM, a conv in any layout, depthwise too): the output tiled into register blocks
+  (a block of rows times a vector tile of the innermost output axis, up to two vectors wide), the reduction loops
+  between the tile loops and the register block, the accumulators kept in a tile-sized buffer that the epilogue
+  (bias, activation, residual) reads once the tile is done, the tile loops fused and parallel;
+* a single reduction over the innermost axes (a mean, a global pooling): the output's row loops fused and
+  parallel, every other block computed at the row, the row's elementwise loops vectorised. Softmax and LayerNorm
+  (several reductions of a row) are left to TVM's plain lowering, which measured faster than that.
+"""
+from __future__ import annotations
+
+from tvmfuse._tvm import tvm
+from tvmfuse.kernels.knobs import names_in
+from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
+
+
+# below this many multiply-adds (or elements of a pointwise kernel) a kernel runs on one thread: waking the pool's
+# threads costs a few microseconds, more than such a kernel takes
+MIN_PARALLEL_WORK = 1 << 15
+
+
+def vector_lanes(target, dtype_bits: int = 32) -> int:
+    """The target's vector width in elements of ``dtype_bits`` (AVX-512: 16 floats, AVX2: 8), from its mcpu."""
+    from tvm.target import codegen
+
+    try:
+        # on x86 from the mcpu's features: LLVM's own vector-width answer gave the host's 512 bits for haswell too
+        if codegen.target_has_features("avx512f", target):
+            bits = 512
+        elif codegen.target_has_features("avx", target):
+            bits = 256
+        elif codegen.target_has_features("sse2", target):
+            bits = 128
+        else:
+            bits = int(codegen.llvm_get_vector_width(target))
+    except Exception:  # noqa: BLE001 - no answer from LLVM: 128 bits (SSE, NEON), which every such CPU has
+        bits = 128
+    return max(1, max(bits, 128) // dtype_bits)
+
+
+def _extent(sch, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
+
+
+def _vector_tile(extent: int, lanes: int) -> int:
+    """The innermost tile: two vectors where they divide the axis, else one, else the largest divisor up to two
+    vectors (a 7-wide axis is one 7-lane vector: LLVM splits it into legal parts)."""
+    for t in (2 * lanes, lanes, lanes // 2, lanes // 4):
+        if t >= 4 and extent % t == 0:
+            return t
+    if extent <= 2 * lanes:
+        return extent
+    return max(d for d in range(1, 2 * lanes + 1) if extent % d == 0)
+
+
+def _row_tile(extent: int, most: int) -> int:
+    return next(t for t in (8, 6, 4, 3, 2, 1) if t <= most and extent % t == 0)
+
+
+def _vectorize_last(sch, block, lanes: int) -> None:
+    """Vectorise the innermost loop of ``block`` (split to ``lanes`` where it is longer and divides), if it is
+    spatial and at most two vectors long."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    ext = _extent(sch, loops[-1])
+    if ext is None or ext <= 1:
+        return
+    if ext > 2 * lanes:
+        if ext % lanes:
+            return
+        loops = list(sch.split(loops[-1], [None, lanes]))
+    sch.vectorize(loops[-1])
+
+
+def _dtype_bits(sch, block) -> int:
+    return int(tvm.runtime.DataType(str(sch.get(block).writes[0].source.dtype)).bits)
+
+
+def schedule_pointwise(sch, lanes_of, cores: int) -> None:
+    inline_all_but_outputs(sch)
+    for block in sch.get_output_blocks(sch.get_sblock("root")):
+        lanes = lanes_of(_dtype_bits(sch, block))
+        loops = sch.get_loops(block)
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        ext = _extent(sch, fused) or 0
+        inner = next((t for t in (lanes * 4, lanes * 2, lanes) if ext % t == 0 and ext // t >= cores), None)
+        if inner is None:
+            if ext >= MIN_PARALLEL_WORK:
+                sch.parallel(fused)
+            continue
+        outer, vec = sch.split(fused, [None, inner])
+        if ext >= MIN_PARALLEL_WORK:
+            sch.parallel(outer)
+        if inner > lanes:
+            _, vec = sch.split(vec, [None, lanes])
+        sch.vectorize(vec)
+
+
+def _contraction(sch, block) -> bool:
+    """A multiply-accumulate: two tensors read with the reduction variables (a GEMM, a conv)."""
+    b = sch.get(block)
+    rvars = {str(iv.var.name) for iv in b.iter_vars if int(iv.iter_type) == REDUCE}
+    with_r = {r.source.name for r in b.reads if any(names_in(rg.min) & rvars for rg in r.region)}
+    return len(with_r) >= 2
+
+
+def _loops_are_iters(sch, block) -> bool:
+    """The block's loops are its iteration variables one to one, in order (a planner kernel before scheduling)."""
+    loops = sch.get_loops(block)
+    b = sch.get(block)
+    if len(loops) != len(b.iter_vars):
+        return False
+    return all(int(iv.dom.extent) == _extent(sch, lp) for iv, lp in zip(b.iter_vars, loops))
+
+
+def _inner_spatial_extent(sch, block) -> int:
+    b = sch.get(block)
+    spatial = [iv for iv in b.iter_vars if int(iv.iter_type) == DATA_PAR]
+    return int(spatial[-1].dom.extent) if spatial and isinstance(spatial[-1].dom.extent, tvm.tirx.IntImm) else 0
+
+
+def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
+    """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
+    tile accumulators (the vector along the output's innermost axis)."""
+    types = iter_types(sch, block)
+    loops = sch.get_loops(block)
+    spatial = [lp for lp, t in zip(loops, types) if t == DATA_PAR]
+    reduce = [lp for lp, t in zip(loops, types) if t == REDUCE]
+    exts = [_extent(sch, lp) for lp in spatial]
+    if not spatial or None in exts or any(_extent(sch, lp) is None for lp in reduce):
+        raise ValueError("a dynamic or reduction-only contraction")
+    vt = _vector_tile(exts[-1], lanes)
+    # the register block's rows: the nearest outer spatial axis longer than 1 (the GEMM's M, a conv's width)
+    row_axis = next((i for i in range(len(spatial) - 2, -1, -1) if exts[i] > 1), None)
+    rows = 1 if row_axis is None else _row_tile(exts[row_axis], 8 if vt <= lanes else 6)
+    outers, inners = [], []
+    for i, lp in enumerate(spatial):
+        tile = vt if i == len(spatial) - 1 else (rows if i == row_axis else 1)
+        if tile == 1:
+            outers.append(lp)
+            continue
+        o, n = sch.split(lp, [None, tile])
+        outers.append(o)
+        inners.append(n)
+    sch.reorder(*outers, *reduce, *inners)
+    tile_loop = sch.fuse(*outers) if len(outers) > 1 else outers[0]
+    work = 1
+    for e in exts + [_extent(sch, lp) for lp in reduce]:
+        work *= e
+    if work >= MIN_PARALLEL_WORK:
+        sch.parallel(tile_loop)
+    acc = sch.cache_write(block, 0, "global")
+    sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
+    for consumer in sch.get_consumers(acc):
+        try:
+            sch.reverse_compute_inline(consumer)
+        except Exception:  # noqa: BLE001 - an epilogue that cannot fold into the write-back: computed per tile
+            sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
+            _vectorize_last(sch, consumer, lanes)
+    _vectorize_last(sch, acc, lanes)
+    # vectorised before the init is split off: the update alone is no longer a reduction block to the check
+    inner_loops = sch.get_loops(block)[-len(inners):] if inners else []
+    if inner_loops and (_extent(sch, inner_loops[-1]) or 0) > 1:
+        sch.vectorize(inner_loops[-1])
+        for lp in inner_loops[:-1]:
+            sch.unroll(lp)
+    if reduce:
+        init = sch.decompose_reduction(block, reduce[0])
+        # the init's loops copy the update's kinds; vectorise its last where that did not carry over
+        if int(sch.get(sch.get_loops(init)[-1]).kind) != int(tvm.tirx.ForKind.VECTORIZED):
+            _vectorize_last(sch, init, lanes)
+
+
+def schedule_rows(sch, lanes: int, cores: int) -> None:
+    """Rows in parallel: the output's outer loops (all but the last) fused and parallel, every other block at
+    that row, elementwise row loops vectorised."""
+    inline_all_but_outputs(sch)
+    root = sch.get_sblock("root")
+    outputs = sch.get_output_blocks(root)
+    if len(outputs) != 1:
+        raise ValueError("a row kernel with several outputs")
+    out = outputs[0]
+    loops = sch.get_loops(out)
+    types = iter_types(sch, out)
+    lead = next((i for i, t in enumerate(types) if t != DATA_PAR), len(types))
+    row_loops = loops[:lead] if lead < len(types) else loops[:-1] if len(loops) > 1 else loops
+    if not row_loops:
+        raise ValueError("no row loop to run in parallel")
+    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    blocks = [b for b in sch.get_child_blocks(root) if not sch.get(b).same_as(sch.get(out))]
+    for b in reversed(blocks):
+        sch.compute_at(b, row, preserve_unit_loops=True)
+    sch.parallel(row)
+    if len(loops) > 1 and lead == len(types):
+        _vectorize_last(sch, out, lanes)
+    for b in blocks:
+        if all(t == DATA_PAR for t in iter_types(sch, b)):
+            _vectorize_last(sch, b, lanes)
+
+
+def cpu_schedule(mod, target, cores: int):
+    """The default schedule of the kernel ``mod`` (``main``) on the llvm ``target``: a Schedule whose trace
+    replays it, and its kind (pointwise | contraction | rows), or None where the kernel is not one of them."""
+    sch = tvm.s_tir.Schedule(mod)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if not blocks:
+        return None
+
+    def lanes_of(bits: int) -> int:
+        return vector_lanes(target, bits)
+
+    reductions = [b for b in blocks if REDUCE in iter_types(sch, b)]
+    if any(t not in (DATA_PAR, REDUCE) for b in blocks for t in iter_types(sch, b)):
+        return None
+    # only flat kernels: each block under its own loops, one per iteration variable, nothing nested (a kernel
+    # written with serial in-place loops, the planner's attention, is not what these rules read)
+    if any(sch.get_child_blocks(b) or not _loops_are_iters(sch, b) for b in blocks):
+        return None
+    if not reductions:
+        schedule_pointwise(sch, lanes_of, cores)
+        return sch, "pointwise"
+    contractions = [b for b in reductions if _contraction(sch, b)]
+    # one reduction along an axis that is not the output's innermost (a GEMM, a conv, a pooling window): tiles
+    # vectorised along the output's innermost axis
+    if len(reductions) == 1 and (contractions or _inner_spatial_extent(sch, reductions[0]) >= 4):
+        inline_all_but_outputs(sch)
+        (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
+        if not _loops_are_iters(sch, block):
+            return None
+        schedule_contraction(sch, block, lanes_of(_dtype_bits(sch, block)), cores)
+        return sch, "contraction"
+    if contractions or len(reductions) > 1:
+        # softmax and LayerNorm (several reductions of a row) keep TVM's plain lowering: rows in parallel with
+        # each block at its row measured slower than it (BERT-style softmax 2x4x128x128: 2.3 ms against 0.47)
+        return None
+    schedule_rows(sch, lanes_of(_dtype_bits(sch, reductions[0])), cores)
+    return sch, "rows"
