@@ -149,7 +149,7 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix="rpc_gpu_models-"))
         for name in [c for c in args.cases.split(",") if c]:
             path = work / f"{name}.onnx"
-            onnx.save(getattr(case_defs, name)(**SIZES[name]), str(path))
+            onnx.save(getattr(case_defs, name)(**SIZES[name])[0], str(path))
             local = tune_case(path, work / f"{name}.local.db", args.trials, None, "")
             log(f"{name} local: rc {local['rc']}, {local['wall_s']:.0f} s")
             remote = tune_case(path, work / f"{name}.rpc.db", args.trials, tport, "h200")
