@@ -7,7 +7,6 @@ device is never returned for another.
 from __future__ import annotations
 
 import json
-import os
 import platform
 from dataclasses import dataclass
 from functools import lru_cache
@@ -126,10 +125,9 @@ def _cpu_model() -> str:
 
 
 def _cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    from tvmfuse.threads import usable_cpus
+
+    return usable_cpus()
 
 
 def _host_cpu() -> dict:

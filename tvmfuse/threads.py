@@ -21,7 +21,8 @@ class ThreadsError(TvmfuseError):
     exit_code = 2
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -30,7 +31,7 @@ def _usable_cpus() -> int:
 
 def physical_cores() -> int:
     """The physical cores this process may run on (psutil's count, at most the CPUs of its affinity mask)."""
-    usable = _usable_cpus()
+    usable = usable_cpus()
     try:
         import psutil
 
@@ -56,7 +57,7 @@ def apply_threads(value=None) -> int:
     may use, as TVM's pool caps it in the processes it starts) for this process and those it starts; returns it.
     It holds for this process only where its TVM thread pool has not started yet (call it before the first TVM
     run); the processes it starts later always see it."""
-    n = physical_cores() if value is None else min(check_threads(value), _usable_cpus())
+    n = physical_cores() if value is None else min(check_threads(value), usable_cpus())
     os.environ[ENV] = str(n)
     try:  # a pool that has started already is resized where TVM allows it
         import tvm_ffi

@@ -7,6 +7,13 @@ from tvmfuse._tvm import tvm
 DATA_PAR, REDUCE = 0, 2  # tirx.IterVar.DataPar / CommReduce
 
 
+def is_attention(func) -> bool:
+    """Whether ``func`` is the planner's attention kernel (``tvmfuse.plan.attention``), which only the attention
+    templates schedule."""
+    attrs = func.attrs
+    return attrs is not None and "tvmfuse.kernel" in attrs and str(attrs["tvmfuse.kernel"]) == "attention"
+
+
 def root_blocks(func) -> list:
     """The blocks under the root block (fused kernels here are flat: one level of blocks)."""
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))

@@ -11,7 +11,6 @@ a bare letter a flag), the number as log2(1 + n), one column per letter; configs
 """
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
 import numpy as np
@@ -19,9 +18,9 @@ import numpy as np
 from tvmfuse._tvm import derived_object, ms, tvm
 from tvmfuse.kernels import registry
 from tvmfuse.kernels.annotations import chosen
+from tvmfuse.kernels.mutator import knob_vector
 
 _LETTERS = 26
-_TOKEN = re.compile(r"([a-z]+)(\d*)")
 
 
 @lru_cache(maxsize=1)
@@ -57,16 +56,9 @@ def config_features(func) -> np.ndarray:
     template, name = found
     out[[n for n, _, _ in _keyed()].index(template)] = 1.0
     base = len(_keyed())
-    for token in name.split():
-        m = _TOKEN.fullmatch(token)
-        if m is None:
-            continue
-        letters, number = m.groups()
-        if number:
-            out[base + ord(letters[0]) - ord("a")] = np.log2(1.0 + int(number))
-        else:
-            for ch in letters:   # flags: "h", "hp"
-                out[base + ord(ch) - ord("a")] = 1.0
+    # a knob's column is its first letter; log2(1 + value) keeps tiles and counts comparable (a flag, "h", is 1)
+    for letters, value in knob_vector(name).items():
+        out[base + ord(letters[0]) - ord("a")] = np.log2(1.0 + value)
     return out
 
 

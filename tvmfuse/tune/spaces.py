@@ -26,7 +26,7 @@ from tvmfuse._tvm import ms, tvm
 from tvmfuse.errors import TvmfuseError
 from tvmfuse.kernels import code_digest, registry, sketch_template
 from tvmfuse.kernels.knobs import Knob, names_in
-from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, root_blocks
+from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, is_attention, root_blocks
 from tvmfuse.kernels.space import postprocessor, schedule_fn, sketch_info, tune_context
 
 # shipped inside the package (a non-editable install has no source tree); ``search_spaces/`` at the top of the
@@ -121,8 +121,7 @@ def load_spaces(target_kind: str, directory: str | Path | None = None) -> SpaceF
 # ----------------------------------------------------------------------------------- classification
 def classify(func) -> str:
     """The kernel class of a fused PrimFunc (see module docstring)."""
-    attrs = func.attrs
-    if attrs is not None and "tvmfuse.kernel" in attrs and str(attrs["tvmfuse.kernel"]) == "attention":
+    if is_attention(func):
         return "attention"
     blocks = root_blocks(func)
     if not blocks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.cpu.schedule import cpu_schedule, vector_lanes
+from tvmfuse.kernels.sketch import is_attention
 
 __all__ = ["CpuTemplate", "cpu_schedule", "vector_lanes"]
 
@@ -31,8 +32,7 @@ class CpuTemplate(KernelTemplate):
     def fits(self, func, target) -> str | None:
         if target.kind.name not in self.targets:
             return super().fits(func, target)
-        attrs = func.attrs
-        if attrs is not None and "tvmfuse.kernel" in attrs and str(attrs["tvmfuse.kernel"]) == "attention":
+        if is_attention(func):
             return "the planner's attention kernel"
         return None
 

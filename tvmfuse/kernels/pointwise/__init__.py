@@ -25,12 +25,11 @@ class PointwiseTemplate(KernelTemplate):
     knobs = ("vector_lanes", "threads", "vectors_per_thread", "loop", "grid_stride_waves", "unroll")
 
     def fits(self, func, target) -> str | None:
-        from tvmfuse.kernels.sketch import DATA_PAR, root_blocks
+        from tvmfuse.kernels.sketch import DATA_PAR, is_attention, root_blocks
 
         if target.kind.name not in self.targets:
             return super().fits(func, target)
-        attrs = func.attrs
-        if attrs is not None and "tvmfuse.kernel" in attrs and str(attrs["tvmfuse.kernel"]) == "attention":
+        if is_attention(func):
             return "the planner's attention kernel"
         blocks = root_blocks(func)
         if not blocks or not all(int(iv.iter_type) == DATA_PAR for b in blocks for iv in b.iter_vars):
