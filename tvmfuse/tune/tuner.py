@@ -270,7 +270,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
         workers = max(workers, min(_cores(target), int(getattr(config.rpc, "workers", None) or 1)))
     builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers,
                                       timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
-    runner = runner if runner is not None else _local_runner(config.runner_timeout_s)
+    runner = runner if runner is not None else _local_runner(config.runner_timeout_s, gpu=target.is_gpu)
     if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
         user_stop = stop
         stop = lambda: bool(ledger.gone) or bool(user_stop is not None and user_stop())  # noqa: E731
@@ -291,11 +291,16 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
 _WORKER_START_S = 60.0
 
 
-def _local_runner(timeout_s):
+def _local_runner(timeout_s, *, gpu: bool = True):
     from tvmfuse.tune.measure_args import alloc_arguments
 
+    # a record's time is the mean of ``repeat`` samples of at least 20 ms each. A CPU shares its cores with the
+    # builders of the next candidates (and often with other jobs): one sample there ranked a record above the
+    # default that ran slower in deployment, so CPU trials take five
+    repeat = 1 if gpu else 5
     runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S),
-                                   evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20),
+                                   evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=repeat,
+                                                                              min_repeat_ms=20),
                                    f_alloc_argument=alloc_arguments)
     inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper
     inst.timeout_sec = timeout_s
