@@ -1,4 +1,4 @@
-"""The GEMV template: which planner kernels it takes (GEMMs of at most 64 rows, fp16 or fp32, a [K, N] or [N, K]
+"""The GEMV template: which planner kernels it takes (GEMMs of at most 16 rows, fp16 or fp32, a [K, N] or [N, K]
 weight) and which it declines; its kernels against the planner's own PrimFunc on the CPU (the emulation, the same
 index arithmetic with the threads as loops) across configs, K splits and tails; its CUDA kernels built by nvcc
 with 16-byte loads and no spills; the space's sketch and an untuned CUDA build running it. (Built here, not run:
@@ -110,15 +110,15 @@ def test_fits_small_m_gemms_in_both_layouts_and_dtypes(tmp_path, cuda):
     assert spec.b_kmajor and (spec.rows, spec.n, spec.k) == (5, 40, 96)
     spec, info = gemv.analyze(_one(tmp_path, _matmul_model(2, 64, 48, dtype=TensorProto.FLOAT), cuda))
     assert info["dtype"] == "float32"
-    # a shared weight: the leading dims fold into M (2 x 32 = 64 rows: still in)
-    spec, _ = gemv.analyze(_one(tmp_path, _matmul_model(32, 64, 48, lead=(2,)), cuda))
-    assert spec.rows == 64
+    # a shared weight: the leading dims fold into M (2 x 8 = 16 rows: still in)
+    spec, _ = gemv.analyze(_one(tmp_path, _matmul_model(8, 64, 48, lead=(2,)), cuda))
+    assert spec.rows == 16
 
 
-def test_declines_m65_convs_and_non_matmuls(tmp_path, cuda):
+def test_declines_m17_convs_and_non_matmuls(tmp_path, cuda):
     tmpl = next(t for t in registry() if t.name == "gemv")
-    f = _one(tmp_path, _matmul_model(65, 64, 48), cuda)
-    assert "M = 65" in tmpl.fits(f, cuda.target)
+    f = _one(tmp_path, _matmul_model(17, 64, 48), cuda)
+    assert "M = 17" in tmpl.fits(f, cuda.target)
     assert tmpl.default_kernel(f, cuda.target) is None and tmpl.configs(f, cuda.target) == []
     _, (conv,) = _kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=1, cin=64, cout=64, hw=8)), cuda, ("conv",))
     assert tmpl.fits(conv.mod["main"], cuda.target) is not None
@@ -209,8 +209,8 @@ def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, 
     assert found is not None and found[2] in gemv.configs(found[0], "float16")
     src = cuda_source(tvm.compile(expand(sketch.mod), target=cuda.target))
     assert "blockIdx.z" in src   # the GEMV kernel swapped in (its K split; the placeholder binds x only)
-    # an M = 65 GEMM keeps the tensor-core sketches
-    big = _kernels(tmp_path, _matmul_model(65, 64, 64), cuda)[1][0].mod
+    # an M = 17 GEMM keeps the tensor-core sketches
+    big = _kernels(tmp_path, _matmul_model(17, 64, 64), cuda)[1][0].mod
     ctx = ms.TuneContext(mod=big, target=cuda.target, space_generator=select_space(big, cuda.target).generator,
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=0)
     assert all(gemv.annotated(s.mod["main"]) is None for s in ctx.generate_design_space())
@@ -244,7 +244,7 @@ def test_the_gpu_script_builds_its_kernels_without_a_gpu():
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_zoo_gemms_take_it_and_match_their_planner_functions(name, cuda):
-    """The tiny zoo models' GEMMs (a few tokens: all at most 64 rows) with their real epilogues (bias, GELU,
+    """The tiny zoo models' GEMMs (a few tokens: all at most 16 rows) with their real epilogues (bias, GELU,
     heads split off by a reshape + transpose): each one's default kernel, emulated, against its PrimFunc."""
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / f"tiny_{name}.float32.onnx"
     fused, _ = partition(import_model(load_model(fixture)), target=cuda)

@@ -27,7 +27,7 @@ def registry() -> tuple[KernelTemplate, ...]:
     from tvmfuse.kernels.tensorcore import TensorCoreTemplate
     from tvmfuse.kernels.wgmma import WgmmaTemplate
 
-    # gemv before wgmma: a GEMM of at most 64 rows is the weight's bytes, which wgmma's 64-row tiles would pad
+    # gemv before wgmma: a GEMM of at most 16 rows is the weight's bytes, which wgmma's 64-row tiles would pad
     return (FlashTemplate(), GemvTemplate(), WgmmaTemplate(), RowsTemplate(), PointwiseTemplate(), TensorCoreTemplate(),
             RowReductionTemplate(), CpuTemplate())
 

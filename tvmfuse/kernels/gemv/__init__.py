@@ -1,4 +1,4 @@
-"""A skinny-GEMM / GEMV template: decode-time GEMMs (at most 64 rows against a weight), memory-bound on the weight.
+"""A skinny-GEMM / GEMV template: decode-time GEMMs (at most 16 rows against a weight), memory-bound on the weight.
 
 The tensor-core templates tile M by 64-128 rows and waste most of a 1-16 row GEMM; this package writes the kernel
 whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector loads coalesced across a warp:
@@ -41,7 +41,7 @@ __all__ = ["ANNOTATION", "CANDIDATES", "KNOBS", "MAX_ROWS", "SPEC", "GemvConfig"
 
 
 class GemvTemplate(KernelTemplate):
-    """GEMMs of at most 64 rows on CUDA (fp16 or fp32), written whole from a config; the GEMM space's tensor-core
+    """GEMMs of at most 16 rows on CUDA (fp16 or fp32), written whole from a config; the GEMM space's tensor-core
     sketch offers its configs first where it fits."""
 
     name = "gemv"
@@ -74,7 +74,7 @@ class GemvTemplate(KernelTemplate):
         return None if found is None else found[2]
 
     def default_kernel(self, func, target, space=None):
-        # M <= 64: the weight's bytes are the kernel's time; wgmma's 64-row tiles would mostly multiply padding
+        # M <= 16: the weight's bytes are the kernel's time; wgmma's 64-row tiles would mostly multiply padding
         return default_kernel(func, target)
 
     def config_of(self, func) -> str | None:

@@ -1,6 +1,6 @@
 """The tensor-core template for GEMM and conv kernels with a fused epilogue (fp16 in, fp32 accumulate): wmma or
 ``ldmatrix`` + ``mma.sync`` tiles with every size a MetaSchedule decision, before them the GEMV template's sketch
-for GEMMs of at most 64 rows (``tvmfuse.kernels.gemv``), and on sm_90a the wgmma template's sketch
+for GEMMs of at most 16 rows (``tvmfuse.kernels.gemv``), and on sm_90a the wgmma template's sketch
 (``tvmfuse.kernels.wgmma``).
 
 The package: ``sketch`` (the schedule, one sketch per pipeline depth and intrinsic) and ``postprocs`` (MetaSchedule's

@@ -54,7 +54,7 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     sketches, error = [], None
     s = sch.copy()
     if info.get("target_kind", "cuda") == "cuda" and gemv_sketch(s, space) is not None:
-        return [s]   # at most 64 rows (tvmfuse.kernels.gemv): the weight streamed once, no tile of padding rows
+        return [s]   # at most 16 rows (tvmfuse.kernels.gemv): the weight streamed once, no tile of padding rows
     if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.kernels.wgmma) where it fits
         kinds = [k for k in kinds if k != "wgmma"]
         if info.get("target_arch") == "sm_90a":
