@@ -54,7 +54,9 @@ def test_pattern_and_bytes_come_from_the_plan(with_model, plan):
 
 def test_shapes_of_the_conv_kernel(with_model):
     conv = next(k for k in with_model["kernels"] if k["pattern"] == "conv_epilogue")
-    assert conv["inputs"][0]["shape"] == [1, 8, 16, 16] and conv["inputs"][0]["dtype"] == "float32"
+    # CPU plans run convs channels-last: the NHWC activation and the HWIO filter
+    assert conv["inputs"][0]["shape"] == [1, 16, 16, 8] and conv["inputs"][0]["dtype"] == "float32"
+    assert conv["inputs"][1]["shape"] == [3, 3, 8, 32]
     assert [o["shape"] for o in conv["outputs"]] == [[1, 64, 32]]
     assert conv["flops"] and conv["flops_per_byte"] > 1
 
