@@ -125,12 +125,16 @@ def _planned(model, target):
 
     from tvmfuse.frontend import import_model, load_model
     from tvmfuse.kernels.flash import spec_of
-    from tvmfuse.plan import partition
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
+    # attention fused on llvm too (--small checks the kernel's semantics there; CPU plans otherwise leave it
+    # unfused for the CPU defaults)
+    cost = CostModel.for_target(target, attention_decline=None)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "attention.onnx"
         onnx.save(model, path)
-        fused, plan = partition(import_model(load_model(path)), target=target)
+        fused, plan = plan_tvmfuse(import_model(load_model(path)), target, config=PlannerConfig(cost_model=cost))
     found = [(spec_of(f), f) for f in fused.functions.values() if getattr(f, "attrs", None) is not None
              and spec_of(f) is not None]
     spec, func = found[0] if len(found) == 1 else (None, None)

@@ -14,10 +14,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # benchmarks/: th
 from benchmarks.attention_causal_gpu import attention_onnx  # noqa: E402
 from conftest import build_and_run, import_proto, ort_run, rel_err  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
-from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec  # noqa: E402
+from tvmfuse.plan.cost import CostModel  # noqa: E402
+from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def partition(mod, *, target):
+    """The tvmfuse plan with attention fused as on GPUs (CPU plans leave it unfused for the CPU defaults): these
+    tests run the attention kernel's semantics on llvm."""
+    cost = CostModel.for_target(target, attention_decline=None)
+    return plan_tvmfuse(mod, target, config=PlannerConfig(cost_model=cost))
 
 
 def _specs(fused) -> list[AttentionSpec]:
