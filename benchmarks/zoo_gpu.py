@@ -52,8 +52,9 @@ def _cli(*args: str, timeout: float) -> tuple[int, dict | None, str]:
 
 
 def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
-    return f"{model}/{size}/{precision}/b{batch}" + ("" if model in ("resnet50", "mobilenet_v2", "efficientnet_b0",
-                                                                      "convnext_tiny", "squeezenet1_0") else f"s{seq}")
+    from model_zoo import VISION   # images have no sequence length
+
+    return f"{model}/{size}/{precision}/b{batch}" + ("" if model in VISION else f"s{seq}")
 
 
 def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path) -> dict:
@@ -94,10 +95,10 @@ def _summary(row: dict) -> dict:
     tf = res.get("tvmfuse", {})
     torch_ms = {k: v.get("median_ms") for k, v in res.items() if k.startswith("torch") and v.get("median_ms")}
     best = min((k for k in torch_ms if k != "torch-eager"), key=lambda k: torch_ms[k], default=None)
-    ok = tf.get("verification", {}).get("ok") if isinstance(tf.get("verification"), dict) else tf.get("ok")
+    # bench's verification puts ok and rel_error on each backend's result
     return {"tvmfuse_ms": tf.get("median_ms"), "eager_ms": torch_ms.get("torch-eager"), "best_compile": best,
-            "best_compile_ms": torch_ms.get(best) if best else None, "verify": ok,
-            "rel_error": tf.get("rel_error") or tf.get("max_rel_error"), "untuned": tf.get("untuned_kernels")}
+            "best_compile_ms": torch_ms.get(best) if best else None, "verify": tf.get("ok"),
+            "rel_error": tf.get("rel_error"), "untuned": tf.get("untuned_kernels")}
 
 
 def main() -> int:
