@@ -1,13 +1,19 @@
 """Check a tuned kernel against its reference on fresh random inputs, outputs poisoned before each run.
 
 The reference is the same PrimFunc under a schedule that does not come from the search space and is simple
-enough to trust (dlight's Fallback on CUDA: one thread per output element; TVM's plain lowering on llvm).
+enough to trust (dlight's Fallback on CUDA: one thread per output element; TVM's plain lowering on llvm). Those
+schedules reduce a row in order, one element after another in the kernel's own type: an fp16 softmax over 3648
+columns summed that way is 0.10 off the exact one, and on the H200 every tree-reduced (more accurate) tuned record
+of it was rejected while a slower record that rounded like the in-order sum was kept. So a kernel computing in
+fp16 or bf16 is also computed in float32, and a tuned record passes when it is within its output type's tolerance
+of either (``build_references``).
 dlight's tiling rules are not a reference: its Matmul rule once computed a padded GEMM's epilogue wrong,
 and every correct tuned record of that kernel was rejected against it. Whole models are checked against
 onnxruntime elsewhere (``tvmfuse run --verify``, ``tvmfuse bench``).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +29,7 @@ class KernelCheck:
     rel_error: float
     tolerance: float
     unwritten: int  # output elements still NaN after the run
+    reference: str = "kernel"  # the reference it was compared with: "float32" or "kernel" (see build_references)
 
     @property
     def ok(self) -> bool:
@@ -30,7 +37,7 @@ class KernelCheck:
 
     def to_json(self) -> dict:
         return {"name": self.name, "rel_error": self.rel_error, "tolerance": self.tolerance,
-                "unwritten": self.unwritten, "ok": self.ok}
+                "unwritten": self.unwritten, "ok": self.ok, "reference": self.reference}
 
 
 def _params(func) -> list[tuple[str, tuple, str]]:
@@ -53,11 +60,57 @@ def output_names(func) -> set[str]:
     return names
 
 
-def reference_module(mod, target_info):
-    """``mod`` under the reference schedule for the target (see ``reference_schedule``). For attention that is
-    the planner's scalar kernel, an implementation independent of the flash template a tuned record selects."""
+_HALF = re.compile(r"\b(b?float16)\b")
+
+
+def promoted(mod):
+    """``mod`` with every fp16 / bf16 buffer, cast and constant in float32 (the module itself where it has none, or
+    where the promoted text does not parse back): the kernel's computation without its rounding to half
+    precision. Inputs keep their values (each half value is exactly a float32)."""
+    text = mod["main"].script()
+    if not _HALF.search(text):
+        return mod
+    try:
+        func = tvm.script.from_source(_HALF.sub("float32", text))
+    except Exception:  # noqa: BLE001 - TVMScript this rewrite does not foresee: the kernel's own precision
+        return mod
+    return tvm.IRModule({"main": func})
+
+
+def reference_module(mod, target_info, *, promote: bool = True):
+    """``mod`` (in float32 with ``promote``, see ``promoted``) under the reference schedule for the target (see
+    ``reference_schedule``). For attention that is the planner's scalar kernel, an implementation independent of
+    the flash template a tuned record selects."""
+    if promote:
+        mod = promoted(mod)
     sch = reference_schedule(mod, target_info.target, is_gpu=target_info.is_gpu)
     return mod if sch is None else sch.mod
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A built reference of a kernel: its library, the dtypes of its parameters, and what it computes in."""
+    lib: object
+    dtypes: tuple
+    precision: str  # "float32" (a half kernel promoted) or "kernel" (the kernel's own types)
+
+
+def build_references(mod, target_info) -> list[Reference]:
+    """The references a tuned record is held to: the kernel in float32 first, where it computes in half precision,
+    then the kernel in its own types. A record passes against either: the float32 one admits the records that
+    round less than the in-order reference (a tree-reduced fp16 sum), the own-precision one those that round like
+    the untuned kernel (a CPU's in-order fp16 sum of a long row), which is no worse than what an untuned build
+    runs."""
+    refs = []
+    with build_context():
+        for promote in (True, False):
+            ref_mod = promoted(mod) if promote else mod
+            if promote and ref_mod is mod:
+                continue   # nothing in half precision: the kernel's own reference is the float32 one
+            lib = tvm.compile(reference_module(mod, target_info, promote=promote), target=target_info.target)
+            refs.append(Reference(lib, tuple(d for _, _, d in _params(ref_mod["main"])),
+                                  "float32" if promote else "kernel"))
+    return refs
 
 
 def random_args(func, rng) -> tuple[list[np.ndarray], list[int]]:
@@ -75,8 +128,11 @@ def random_args(func, rng) -> tuple[list[np.ndarray], list[int]]:
     return arrays, out_idx
 
 
-def run_kernel(lib, arrays: list[np.ndarray], out_idx: list[int], dev) -> list[np.ndarray]:
-    """Run a built kernel on copies of ``arrays``; outputs are poisoned (NaN) on the device first."""
+def run_kernel(lib, arrays: list[np.ndarray], out_idx: list[int], dev, dtypes=None) -> list[np.ndarray]:
+    """Run a built kernel on copies of ``arrays`` (each converted to its parameter's dtype in ``dtypes``, where
+    given: the float32 reference of a half kernel); outputs are poisoned (NaN) on the device first."""
+    if dtypes is not None:
+        arrays = [a.astype(d) for a, d in zip(arrays, dtypes)]
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
     lib["main"](*args)
     dev.sync()
@@ -84,25 +140,31 @@ def run_kernel(lib, arrays: list[np.ndarray], out_idx: list[int], dev) -> list[n
 
 
 def check_kernel(mod, tuned_mod, target_info, *, name: str = "main", seed: int = 0,
-                 ref_lib=None, tuned_lib=None) -> KernelCheck:
-    """Build (unless given) and compare ``tuned_mod`` with the reference schedule of ``mod``."""
+                 refs: list[Reference] | None = None, tuned_lib=None) -> KernelCheck:
+    """Build (unless given) and compare ``tuned_mod`` with the references of ``mod`` (see ``build_references``);
+    the check reports the reference that it matched best."""
     func = mod["main"]
     dev = target_info.tvm_device()
-    with build_context():
-        if ref_lib is None:
-            ref_lib = tvm.compile(reference_module(mod, target_info), target=target_info.target)
-        if tuned_lib is None:
+    if refs is None:
+        refs = build_references(mod, target_info)
+    if tuned_lib is None:
+        with build_context():
             tuned_lib = tvm.compile(expand(tuned_mod), target=target_info.target)
     rng = np.random.default_rng(seed)
     arrays, out_idx = random_args(func, rng)
-    ref = run_kernel(ref_lib, arrays, out_idx, dev)
     got = run_kernel(tuned_lib, arrays, out_idx, dev)
-    worst, unwritten, tol = 0.0, 0, 0.0
-    for o, r in zip(got, ref):
-        if np.issubdtype(o.dtype, np.floating):
-            unwritten += int(np.count_nonzero(np.isnan(o) & ~np.isnan(r)))
-        else:
-            unwritten += int(np.count_nonzero((o == -7) & (r != -7)))
-        worst = max(worst, relative_error(o, r))
-        tol = max(tol, tolerance(str(r.dtype)))
-    return KernelCheck(name, worst, tol, unwritten)
+    best = None
+    for ref_of in refs:
+        ref = run_kernel(ref_of.lib, arrays, out_idx, dev, dtypes=ref_of.dtypes)
+        worst, unwritten, tol = 0.0, 0, 0.0
+        for o, r in zip(got, ref):
+            if np.issubdtype(o.dtype, np.floating):
+                unwritten += int(np.count_nonzero(np.isnan(o) & ~np.isnan(r)))
+            else:
+                unwritten += int(np.count_nonzero((o == -7) & (r != -7)))
+            worst = max(worst, relative_error(o, r))
+            tol = max(tol, tolerance(str(o.dtype)))   # the tuned kernel's output type, not a float32 reference's
+        result = KernelCheck(name, worst, tol, unwritten, ref_of.precision)
+        if best is None or (result.ok, -result.rel_error) > (best.ok, -best.rel_error):
+            best = result
+    return best

@@ -471,21 +471,19 @@ def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 
     the next best is checked, up to ``attempts`` times: a build never applies a schedule that failed.
     Returns the check of the record that stays best, with ``rejected`` (how many were rejected).
     """
-    from tvmfuse._tvm import build_context, tvm
-    from tvmfuse.tune.check import check_kernel, reference_module
+    from tvmfuse.tune.check import build_references, check_kernel
 
     rejected = 0
     wid = database.workload_id(kernel.mod)
-    ref_lib = None  # built once, on the first record there is to check
+    refs = None  # built once, on the first record there is to check
     for _ in range(attempts):
         best = database.best_record(wid) if wid is not None else None
         if best is None:
             return {"ok": None, "rejected": rejected, "note": "no valid record"}
-        if ref_lib is None:
-            with build_context():
-                ref_lib = tvm.compile(reference_module(kernel.mod, target), target=target.target)
+        if refs is None:
+            refs = build_references(kernel.mod, target)
         result = check_kernel(kernel.mod, database.schedule_of(best, kernel.mod), target, name=kernel.name,
-                              seed=seed, ref_lib=ref_lib).to_json()
+                              seed=seed, refs=refs).to_json()
         if result["ok"]:
             return {**result, "rejected": rejected}
         log.warning("%s: the best schedule computes wrong results (relative error %.3g, %d unwritten); rejected",

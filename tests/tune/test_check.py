@@ -1,0 +1,81 @@
+"""The tuner's kernel check against references: a half-precision kernel is held to its float32 computation too.
+
+The reference schedules reduce a row in order in the kernel's own type. For an fp16 softmax over 3648 columns that
+sum is 0.1 off the exact softmax, so on the H200 every tree-reduced (more accurate) tuned record was rejected.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvmfuse._tvm import tvm
+from tvmfuse.tune.check import build_references, check_kernel, promoted, random_args, run_kernel
+
+ROWS, COLS = 40, 3648
+
+
+def _softmax(compute: str, scale: float = 1.0):
+    """softmax over the last axis of an fp16 [ROWS, COLS] tensor, fp16 out; ``compute``: the type it computes in
+    (float16: the planner's kernel, in order; float32: the exact one rounded once to fp16)."""
+    from tvm import te, topi
+
+    x = te.placeholder((ROWS, COLS), "float16", name="x")
+    xs = x if compute == "float16" else topi.cast(x, compute)
+    if scale != 1.0:
+        xs = topi.multiply(xs, tvm.tirx.const(scale, compute))
+    y = topi.nn.softmax(xs)
+    y = y if compute == "float16" else topi.cast(y, "float16")
+    return tvm.IRModule({"main": te.create_prim_func([x, y]).with_attr("global_symbol", "main")})
+
+
+@pytest.fixture(scope="module")
+def planner_kernel():
+    return _softmax("float16")
+
+
+@pytest.fixture(scope="module")
+def refs(planner_kernel, llvm_target):
+    return build_references(planner_kernel, llvm_target)
+
+
+def test_a_half_kernel_gets_a_float32_reference_that_computes_the_exact_softmax(planner_kernel, refs, llvm_target):
+    assert [r.precision for r in refs] == ["float32", "kernel"]
+    assert "float16" not in promoted(planner_kernel)["main"].script()
+    arrays, out_idx = random_args(planner_kernel["main"], np.random.default_rng(0))
+    x = arrays[0].astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    exact = e / e.sum(-1, keepdims=True)
+    errors = {}
+    for r in refs:
+        (out,) = run_kernel(r.lib, arrays, out_idx, llvm_target.tvm_device(), dtypes=r.dtypes)
+        errors[r.precision] = np.linalg.norm(out - exact) / np.linalg.norm(exact)
+    assert errors["float32"] < 1e-5
+    assert errors["kernel"] > 1e-2   # the in-order fp16 sum: why the kernel's own precision alone is no reference
+
+
+def test_a_more_accurate_record_passes_where_the_in_order_reference_alone_rejected_it(planner_kernel, refs,
+                                                                                       llvm_target):
+    accurate = _softmax("float32")
+    check = check_kernel(planner_kernel, accurate, llvm_target, refs=refs)
+    assert check.ok and check.reference == "float32"
+    own_only = check_kernel(planner_kernel, accurate, llvm_target, refs=[r for r in refs if r.precision == "kernel"])
+    assert not own_only.ok and own_only.rel_error > 1e-2
+
+
+def test_a_record_that_rounds_like_the_untuned_kernel_still_passes(planner_kernel, refs, llvm_target):
+    check = check_kernel(planner_kernel, planner_kernel, llvm_target, refs=refs)
+    assert check.ok and check.reference == "kernel" and check.rel_error == 0.0
+
+
+def test_a_wrong_record_fails_against_both_references(planner_kernel, refs, llvm_target):
+    check = check_kernel(planner_kernel, _softmax("float32", scale=1.5), llvm_target, refs=refs)
+    assert not check.ok and check.rel_error > 1e-2
+
+
+def test_a_float32_kernel_has_one_reference(llvm_target):
+    from tvm import te, topi
+
+    x = te.placeholder((4, 64), "float32", name="x")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, topi.nn.softmax(x)]).with_attr("global_symbol", "main")})
+    assert promoted(mod) is mod
+    assert [r.precision for r in build_references(mod, llvm_target)] == ["kernel"]
