@@ -85,6 +85,46 @@ def test_dlight_matmul_is_declined_where_it_would_pad(cuda_target):
     assert sch is not None and not _pads(sch.mod["main"])
 
 
+def _odd_gemm(epilogue: str):
+    """relu(x @ w + b), fp16 in, fp32 accumulate, over M, N, K that no Matmul tile divides; ``epilogue``
+    "elementwise", or "transposed" (the result stored as [N, M]: an epilogue that moves elements)."""
+    from tvm import te
+
+    from tvmfuse._tvm import tvm
+
+    m, n, kk = 300, 1135, 330
+    x = te.placeholder((m, kk), "float16", name="x")
+    w = te.placeholder((kk, n), "float16", name="w")
+    b = te.placeholder((n,), "float16", name="b")
+    k = te.reduce_axis((0, kk), name="k")
+    acc = te.compute((m, n), lambda i, j: te.sum(x[i, k].astype("float32") * w[k, j].astype("float32"), axis=k),
+                     name="matmul")
+    if epilogue == "elementwise":
+        out = te.compute((m, n), lambda i, j: te.max(acc[i, j].astype("float16") + b[j], te.const(0, "float16")),
+                         name="relu")
+    else:
+        out = te.compute((n, m), lambda j, i: te.max(acc[i, j].astype("float16") + b[j], te.const(0, "float16")),
+                         name="relu_t")
+    return tvm.IRModule({"main": te.create_prim_func([x, w, b, out])})
+
+
+def test_dlight_matmul_pads_a_gemm_whose_epilogue_is_elementwise(cuda_target):
+    """An odd GEMM with a bias + ReLU epilogue keeps dlight's padded Matmul (the padded tile's index is the
+    epilogue's own, so its guard is right): declining it left such GEMMs on one thread an output (1.97 s on the
+    H200 for 7674 x 11355 x 3294). An epilogue that moves elements is still declined."""
+    from tvmfuse._tvm import UnpaddedMatmul, _index_preserving_epilogue, _pads, dlight, tvm
+
+    elementwise, transposed = _odd_gemm("elementwise"), _odd_gemm("transposed")
+    assert _index_preserving_epilogue(elementwise["main"])
+    assert not _index_preserving_epilogue(transposed["main"])
+    assert not _index_preserving_epilogue(_heads_merged(16)["main"])
+    with cuda_target.target:
+        sch = UnpaddedMatmul().apply(elementwise["main"], cuda_target.target, False)
+        assert sch is not None and _pads(sch.mod["main"])
+        assert UnpaddedMatmul().apply(transposed["main"], cuda_target.target, False) is None
+    tvm.compile(sch.mod, target=cuda_target.target)   # nvcc builds it
+
+
 # T5's fp16 feed-forward output: GEMM, cast, residual add, and the isinf clamp T5 applies in fp16
 T5_CLAMP = """
 @T.prim_func(s_tir=True)
