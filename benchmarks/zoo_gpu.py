@@ -12,7 +12,9 @@ Rows already in ``--results`` (the JSON this script writes, carried back in) are
 across calls of at most 10 minutes; ``--deadline-s`` stops starting rows after that many seconds.
 
     python benchmarks/zoo_gpu.py --models resnet50,gpt2 --precisions fp32,fp16 --batches 1,32 --budget 120
-Writes ``$OUT/zoo_gpu.json`` and ``$OUT/zoo.db``; prints the table last.
+Writes ``$OUT/zoo_gpu.json`` (each row's failed kernels and failed checks under ``problems``) and ``$OUT/zoo.db``;
+prints the table last. ``--precisions fp16`` converts with onnxconverter-common, which the H200 machine lacks: carry
+its wheel (pure Python) in ``.whl/`` with the bundle's.
 """
 from __future__ import annotations
 
@@ -80,6 +82,11 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
     row["kernels"] = len(kernels)
     row["status"] = {s: sum(1 for k in kernels if k["status"] == s) for s in {k["status"] for k in kernels}}
     row["cost_model"] = rep.get("cost_model")
+    # what went wrong, kernel by kernel: the status counts alone left the GPT-2 / BERT rows' failed kernels
+    # unexplained once the call's output was gone
+    row["problems"] = [{"name": k["name"], "status": k["status"], "message": k.get("message", ""),
+                        "space": (k.get("space") or {}).get("space"), "check": k.get("check")}
+                       for k in kernels if k["status"] == "failed" or (k.get("check") or {}).get("ok") is False]
     rc, rep, err = _cli("bench", onnx_path, "--target", "cuda", "--db", str(db), "--precision", precision,
                         "--against", BASELINES, "--repeat", "20", "--number", "5", timeout=420)
     row["bench_rc"] = rc
