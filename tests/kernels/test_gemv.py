@@ -139,9 +139,46 @@ def test_configs_follow_the_shape():
         for kmajor in (False, True):
             s = GemmSpec((), m, n, k, False, False, kmajor)
             d = gemv.default_config(s, "float16")
-            assert d in gemv.configs(s, "float16") and d.lanes == 8   # 16-byte vectors
-            assert gemv.blocks(s, d) >= 132   # every SM a block at least
+            assert d in gemv.configs(s, "float16") and d.lanes >= 4   # 8- or 16-byte vectors
             assert gemv.parse_config(d.name) == d
+
+
+def test_defaults_read_the_weight_once_for_every_m_up_to_16():
+    """Every row of M in the block that reads a weight tile (one row tile: the weight leaves HBM once), a config
+    the space file offers, its cost the cheapest of the space's one-pass configs; both layouts, shapes nobody
+    tuned for, and a GPU of another SM count."""
+    from tvmfuse.kernels.gemv.config import streamed_bytes
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    space = load_spaces("cuda").for_class("gemm")
+    for m in range(1, 17):
+        for k, n in [(4096, 11008), (2880, 5120), (1000, 1500)]:
+            for kmajor in (False, True):
+                s = GemmSpec((), m, n, k, False, False, kmajor)
+                for sms in (132, 108):
+                    d = gemv.default_config(s, "float16", sms)
+                    assert -(-m // d.rows) == 1, (m, k, n, kmajor, d.name)
+                    offered = gemv.space_configs(s, "float16", space)
+                    assert d in offered, (m, k, n, kmajor, d.name)
+                    # against the one-pass configs whose rows of the weight fill whole bursts, as the rule's do
+                    rivals = [c for c in offered if c.rows == m and (kmajor or c.threads_n * c.lanes * 2 >= 64)]
+                    cost = streamed_bytes(s, d, "float16", sms)
+                    assert all(cost <= streamed_bytes(s, c, "float16", sms) for c in rivals), d.name
+
+
+def test_register_estimate_tracks_ptxas(tmp_path, cuda):
+    """The default rule's register estimate (occupancy, bytes in flight) against ptxas on defaults of 1, 5 and 16
+    rows: never below ptxas by more than one 8-register allocation unit (the rule's occupancy would then be
+    optimistic), and at most twice it ([N, K]: ptxas keeps fewer of x's vectors live than the estimate)."""
+    from tvmfuse.kernels.gemv.config import registers
+
+    for f in (_one(tmp_path, _matmul_model(16, 512, 1024), cuda), _one(tmp_path, _matmul_model(5, 512, 1024), cuda),
+              _one(tmp_path, _matmul_model(1, 512, 1024), cuda), _nk_func(16, 512, 1024)):
+        spec, info = gemv.analyze(f)
+        cfg = gemv.default_config(spec, info["dtype"])
+        used = max(int(r) for r in re.findall(r"Used (\d+) registers",
+                                              _nvcc(_cuda_of(f, spec, info, cfg, cuda.target), tmp_path)))
+        assert used - 8 <= registers(spec, cfg, info["dtype"]) <= 2 * used, (cfg.name, used)
 
 
 def test_kernels_match_the_planners_function_across_configs(tmp_path, cuda):
@@ -155,6 +192,23 @@ def test_kernels_match_the_planners_function_across_configs(tmp_path, cuda):
     _check(f, [gemv.default_config(*_spec_dtype(f)), C(8, 128, 2, 1, 5, 1), C(4, 64, 3, 2, 2, 2), C(2, 256, 1, 1, 4, 1)])
     f = _one(tmp_path, _matmul_model(2, 96, 48, dtype=TensorProto.FLOAT, act="none"), cuda)
     _check(f, [gemv.default_config(*_spec_dtype(f)), C(4, 64, 4, 2, 2, 2)])
+
+
+def test_all_rows_in_one_block_match_across_layouts_tails_and_splits(tmp_path, cuda):
+    """M = 3, 5 and 16 held whole by each block (the default's one pass over the weight): [K, N] with N and K off
+    every vector and step (100 and 36 columns: tail blocks; K 200 and 330), [N, K] with 37 and 21 columns and K
+    off the warp's step, with and without a K split (3: the last split blocks short), the defaults among them."""
+    C = gemv.GemvConfig
+    for m, k, n in [(16, 200, 100), (5, 330, 36), (3, 200, 100)]:
+        f = _one(tmp_path, _matmul_model(m, k, n), cuda)
+        d = gemv.default_config(*_spec_dtype(f))
+        assert d.rows == m
+        _check(f, [d, C(4, 128, 8, 1, m, 4), C(4, 256, 4, 3, m, 8), C(2, 64, 32, 2, m, 2)])
+    for m, k, n in [(16, 328, 37), (5, 600, 21), (3, 200, 37)]:
+        f = _nk_func(m, k, n)
+        d = gemv.default_config(*_spec_dtype(f))
+        assert d.rows == m
+        _check(f, [d, C(8, 128, 2, 1, m, 1), C(4, 64, 4, 2, m, 1), C(2, 256, 1, 3, m, 2)])
 
 
 def _spec_dtype(f):
@@ -180,9 +234,12 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
     for f in (_one(tmp_path, _matmul_model(16, 512, 1024), cuda), _nk_func(16, 512, 1024)):
         spec, info = gemv.analyze(f)
         cfg = gemv.default_config(spec, info["dtype"])
-        for c in (cfg, gemv.GemvConfig(cfg.lanes, 256, cfg.threads_n, 4, 16 if spec.b_kmajor else 8, 2)):
+        assert cfg.rows == 16   # the weight read once
+        for c in (cfg, gemv.GemvConfig(8, 256, cfg.threads_n, 4, 16 if spec.b_kmajor else 8, 2),
+                  gemv.GemvConfig(cfg.lanes, cfg.threads, cfg.threads_n, 2, 16, cfg.unroll)):
             src = _cuda_of(f, spec, info, c, cuda.target)
-            assert re.search(r"\*\(uint4\*\)\(w_ptr \+ \d+\) = \*\(uint4\*\)\(b_f_ptr", src), c.name   # the weight
+            vec = "uint4" if c.lanes == 8 else "half4"   # the weight in 16- or 8-byte loads
+            assert re.search(rf"\*\({vec}\*\)\(w_ptr \+ \d+\) = \*\({vec}\*\)\(b_f_ptr", src), (c.name, vec)
             assert src.count("__global__") == 2 * (1 + (c.split > 1))   # (declaration + definition) a kernel
             _nvcc(src, tmp_path)
 

@@ -7,14 +7,16 @@ whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector 
   threads: 512 contiguous bytes a row), the block's other threads along K, each ``unroll`` consecutive rows a
   step (that many loads in flight); the ``rows`` rows of M a block holds are accumulated in fp32 registers
   from x's values, read once per thread and K step and reused across the thread's columns; the K threads'
-  partials are summed through shared memory;
+  partials are summed through shared memory by all the block's threads;
 * an ``[N, K]`` weight (Gemm's transB, a Linear's): a warp per ``threads_n`` columns, each lane a vector of
   ``lanes`` K elements (a warp reads 32 contiguous vectors of a column), x's vectors reused across the columns,
   the partials summed by warp shuffles;
 * where the columns alone leave the GPU's SMs idle (N / columns a block < two blocks an SM), ``split`` thread
   blocks share K: each stores fp32 partials and a second kernel sums them;
-* M beyond a block's ``rows`` goes to adjacent blocks of the launch (blockIdx.x), which read the same weight
-  tile within microseconds, from L2;
+* the untuned kernel holds every row of M in the block that reads a weight tile, so the weight leaves HBM once
+  (a config of fewer ``rows`` puts the rest of M in adjacent blocks of the launch, blockIdx.x, which find the
+  tile in L2 only if it is still there); its other knobs come from a cost in bytes over the SMs' registers,
+  bytes in flight, waves and a split's launch (:func:`default_config`);
 * the fused kernel's epilogue (cast, bias, activation, residual) is applied once on the final sum, before the one
   store.
 

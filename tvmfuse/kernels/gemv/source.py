@@ -88,19 +88,35 @@ def _kn_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> s
                  f"            for m in {u_}({MR}):\n                for v in {u_}({V}):\n"
                  + _indent(fma.format(x=f"a_f[{rowc} * {K} + {kr}]", wi="v"), 20))
     code = f.threads(code)
-    if TK > 1:   # the K threads' partials into the first row of threads, a group of rows at a time
-        G = max(1, min(MR, _SHARED_BYTES // ((TK - 1) * CB * 4)))
+    if TK > 1:
+        # the K threads' partials summed by every thread of the block, a group of rows at a time: each thread
+        # stores its partials, then sums TK of them for its share of the group's outputs (rows x CB columns over
+        # the block's threads), and the first row of threads reads the sums back. A sum by the first row of
+        # threads alone would cost each of them (TK - 1) x rows x lanes serial adds, which at 64-128 threads along
+        # K and 16 rows is longer than the kernel's whole weight stream
+        G = max(1, min(MR, _SHARED_BYTES // (TK * CB * 4)))
+        T_ = TK * TN
         scope = "" if f.emulate else ", scope='shared'"
-        f.allocs += f"red = T.alloc_buffer(({(TK - 1) * G * CB},), 'float32'{scope})\n"
+        # the sums go to a buffer of their own: written in place, TVM's sync pass would see the partials read and
+        # written in one phase and ask for a barrier inside the thread's `if`
+        f.allocs += (f"red = T.alloc_buffer(({TK * G * CB},), 'float32'{scope})\n"
+                     f"rout = T.alloc_buffer(({G * CB},), 'float32'{scope})\n")
+        Rp = f.local("rsum", 1, "float32")
         for g0 in range(0, MR, G):
             gl = min(G, MR - g0)
-            code += f.threads(f"if ty > 0:\n    for mm in {u_}({gl}):\n        for v in {u_}({V}):\n"
-                              f"            red[((ty - 1) * {G} + mm) * {CB} + tx * {V} + v] = "
-                              f"acc[{A}({g0} + mm) * {V} + v]\n") + f.sync()
-            code += f.threads(f"if ty == 0:\n    for t in T.serial({TK - 1}):\n        for mm in {u_}({gl}):\n"
-                              f"            for v in {u_}({V}):\n"
-                              f"                acc[{A}({g0} + mm) * {V} + v] = acc[{A}({g0} + mm) * {V} + v] + "
-                              f"red[(t * {G} + mm) * {CB} + tx * {V} + v]\n") + f.sync()
+            code += f.threads(f"for mm in {u_}({gl}):\n    for v in {u_}({V}):\n"
+                              f"        red[(ty * {G} + mm) * {CB} + tx * {V} + v] = acc[{A}({g0} + mm) * {V} + v]\n")
+            code += f.sync()
+            o = f"(j * {T_} + ty * {TN} + tx)"
+            code += f.threads(f"for j in T.serial({-(-gl * CB // T_)}):\n    if {o} < {gl * CB}:\n"
+                              f"        rsum[{Rp}0] = red[{o}]\n        for t in T.serial(1, {TK}):\n"
+                              f"            rsum[{Rp}0] = rsum[{Rp}0] + red[t * {G * CB} + {o}]\n"
+                              f"        rout[{o}] = rsum[{Rp}0]\n")
+            code += f.sync()
+            code += f.threads(f"if ty == 0:\n    for mm in {u_}({gl}):\n        for v in {u_}({V}):\n"
+                              f"            acc[{A}({g0} + mm) * {V} + v] = rout[mm * {CB} + tx * {V} + v]\n")
+            if g0 + G < MR:   # the next group's sums overwrite what the first row of threads reads here
+                code += f.sync()
     row, col = f"(bx * {MR} + m)", f"({col0} + v)"
     stored = out.format(row=row, col=col, acc=f"acc[{A}m * {V} + v]")
     code += f.threads(f"if ty == 0:\n    for m in {u_}({MR}):\n        if {row} < {M} and {col0} < {N}:\n"
