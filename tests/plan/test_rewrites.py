@@ -30,10 +30,80 @@ def test_every_rewrite_is_a_module_pass():
     log = RewriteLog()
     passes = [rewrites.DropInferenceIdentities(), rewrites.FoldBatchNorm(log=log), rewrites.ChannelsLast(log=log),
               rewrites.ComposeTransposes(), rewrites.Im2colNarrowConvs(log=log), rewrites.FuseAttention(log=log),
-              rewrites.HorizontalGemm(log=log)]
+              rewrites.HorizontalGemm(log=log), rewrites.PairwiseExtrema(log=log)]
     assert all(isinstance(p, tvm.transform.Pass) for p in passes)
     assert [p.info.name for p in passes] == ["DropInferenceIdentities", "FoldBatchNorm", "ChannelsLast",
-                                             "ComposeTransposes", "Im2colNarrowConvs", "FuseAttention", "HorizontalGemm"]
+                                             "ComposeTransposes", "Im2colNarrowConvs", "FuseAttention", "HorizontalGemm",
+                                             "PairwiseExtrema"]
+
+
+# ---------------------------------------------------------------------------------------------- pairwise extrema
+@I.ir_module
+class StackedMaxMin:
+    """ONNX Max(x, lo) then Min(., hi), as TVM imports them with static shapes: reductions over a stacked axis."""
+
+    @R.function
+    def main(x: R.Tensor((2, 8), "float16"), lo: R.Tensor((), "float16"),
+             hi: R.Tensor((), "float16")) -> R.Tensor((2, 8), "float16"):
+        with R.dataflow():
+            a = R.broadcast_to(lo, R.shape([2, 8]))
+            s = R.stack((x, a), axis=0)
+            m = R.max(s, axis=[0], keepdims=False)
+            b = R.broadcast_to(hi, R.shape([2, 8]))
+            t = R.stack((m, b), axis=0)
+            out = R.min(t, axis=[0], keepdims=False)
+            R.output(out)
+        return out
+
+
+def test_variadic_max_and_min_become_pairwise_elementwise_ops():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 8), "float16"), lo: R.Tensor((), "float16"),
+                 hi: R.Tensor((), "float16")) -> R.Tensor((2, 8), "float16"):
+            with R.dataflow():
+                a = R.broadcast_to(lo, R.shape([2, 8]))
+                m = R.maximum(x, a)
+                b = R.broadcast_to(hi, R.shape([2, 8]))
+                out = R.minimum(m, b)
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    tvm.ir.assert_structural_equal(rewrites.PairwiseExtrema(log=log)(StackedMaxMin), Expected)
+    assert len(log.notes) == 2 and "relax.maximum" in log.notes[0]
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype("float16")
+    lo, hi = np.float16(-0.5), np.float16(0.25)
+    got = relax.VirtualMachine(tvm.compile(rewrites.pairwise_extrema(StackedMaxMin), "llvm"), tvm.cpu())["main"](
+        *(tvm.runtime.tensor(np.asarray(v)) for v in (x, lo, hi))).numpy()
+    np.testing.assert_array_equal(got, np.minimum(np.maximum(x, lo), hi))
+
+
+def test_a_stack_read_elsewhere_or_reduced_over_another_axis_is_left_as_it_is():
+    @I.ir_module
+    class StackKept:
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32"), y: R.Tensor((2, 8), "float32")):
+            with R.dataflow():
+                s = R.stack((x, y), axis=0)
+                m = R.max(s, axis=[0], keepdims=False)
+                out = (m, s)
+                R.output(out)
+            return out
+
+    @I.ir_module
+    class OtherAxis:
+        @R.function
+        def main(x: R.Tensor((2, 8), "float32"), y: R.Tensor((2, 8), "float32")) -> R.Tensor((2, 2), "float32"):
+            with R.dataflow():
+                s = R.stack((x, y), axis=0)
+                out = R.max(s, axis=[2], keepdims=False)
+                R.output(out)
+            return out
+
+    _unchanged(StackKept, rewrites.PairwiseExtrema())
+    _unchanged(OtherAxis, rewrites.PairwiseExtrema())
 
 
 # ---------------------------------------------------------------------------------------------- identities

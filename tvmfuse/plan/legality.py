@@ -65,6 +65,15 @@ def _creates_cycle(graph: Graph, a: Cluster, b: Cluster) -> Node | None:
     return None
 
 
+def _elements(shape) -> int:
+    return int(np.prod(shape)) if shape is not None else 0
+
+
+def _whole_tensor(shape) -> bool:
+    """Whether a reduction's result is one value (rank 0, or every dimension 1): the whole input reduced."""
+    return shape is not None and all(int(d) == 1 for d in shape)
+
+
 def _epilogue_ok(n: Node) -> bool:
     """Ops an anchor's epilogue can hold: pointwise, or a layout change that moves every element once."""
     if n.kind == POINTWISE:
@@ -151,6 +160,13 @@ def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
             return _no(f"layout op {c.op} after a reduction is not emitted")
         if c.kind == REDUCE and (p_anchor is not None):
             return _no(f"reduction {c.op} after {p_anchor.op}")
+        if _whole_tensor(t_shape) and _elements(c.out_shape) > 1 and any(
+                n.kind == REDUCE and _whole_tensor(n.out_shape) for n in producer.members):
+            # T5's fp16 clamp reduces isinf over the whole hidden state to one flag, then clamps and normalizes
+            # each row: in one kernel no rule splits that reduction over threads, and dlight's Fallback ran it in
+            # one thread (T5 fp16 took 15x its fp32 time on the H200). Its own kernel is a plain reduction.
+            return _no(f"{producer.ops} reduces a whole tensor to {t_shape}: its own kernel, not a prologue of "
+                       f"{c.op} over {c.out_shape}")
         if c.kind == POINTWISE and t_shape != c.out_shape:
             if REDUCE in producer.kinds or (p_anchor is not None and p_anchor.kind == NORM):
                 continue  # row statistics broadcast back over their row: one kernel (a normalization)

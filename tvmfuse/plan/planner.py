@@ -179,6 +179,8 @@ def _legalize(mod, target: TargetInfo):
 def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog, cost_model, dump: _Dump):
     import tvmfuse.plan.rewrites as rewrites
 
+    mod = rewrites.PairwiseExtrema(log=log)(mod)
+    dump("pairwise_extrema", mod)
     if config.fold_batchnorm:
         mod = rewrites.FoldBatchNorm(log=log)(mod)
         dump("fold_batchnorm", mod)

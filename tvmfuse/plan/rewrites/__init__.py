@@ -3,6 +3,9 @@
 One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a before/after test in
 ``tests/plan/test_rewrites.py``; the rewrites that are plain functions keep their ``f(mod, ...)`` form too:
 
+- :func:`pairwise_extrema` / :func:`PairwiseExtrema` (``pairwise_extrema``): ONNX's variadic Max / Min / Sum,
+  which the importer writes as a reduction over a stacked axis, as pairwise elementwise ops (first: a reduction
+  that reduces no row keeps a kernel from the row template and its elementwise neighbours).
 - :class:`FoldBatchNorm` (``fold_batchnorm``): conv2d followed by per-channel affine constants (inference
   BatchNorm, which the importer's ``DecomposeOpsForInference`` turned into add/subtract/divide/multiply)
   becomes conv2d with scaled weights plus one bias add; Dropout, the identity at inference, goes first
@@ -31,9 +34,10 @@ from tvmfuse.plan.rewrites.fuse_attention import FuseAttention
 from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
 from tvmfuse.plan.rewrites.identities import DropInferenceIdentities, drop_inference_identities
 from tvmfuse.plan.rewrites.im2col import Im2colNarrowConvs, im2col_narrow_convs
+from tvmfuse.plan.rewrites.pairwise_extrema import PairwiseExtrema, pairwise_extrema
 
 __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
     "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
-    "im2col_narrow_convs", "module_pass", "rebuild_main",
+    "im2col_narrow_convs", "module_pass", "PairwiseExtrema", "pairwise_extrema", "rebuild_main",
 ]
