@@ -40,6 +40,10 @@ OUT.mkdir(parents=True, exist_ok=True)
 T0 = time.time()
 KEEP: dict = {}   # per case: the PyTorch baselines' calls and tvmfuse's build, for --interleave
 TORCH_DEVICE = "cuda"   # the PyTorch side's device ("cpu": tests/bench/test_torch_replay.py runs it at tiny sizes)
+# _bench_torch's samples: ``repeat`` of them, each at least ``min_number`` calls and ``min_sample_s`` long, after
+# ``warmup_s`` of calls. The CPU test of the PyTorch side takes one call a sample: it checks that every case runs, not
+# how fast, and 100 calls of a case in fp16 on a CPU take minutes
+TORCH_TIMING = {"repeat": 10, "min_number": 10, "min_sample_s": 0.030, "warmup_s": 0.025}
 
 
 def log(*a):
@@ -61,10 +65,12 @@ def _bench_torch(fn):
     cuda = TORCH_DEVICE == "cuda"
     if cuda:
         torch.cuda.synchronize()
+    t = TORCH_TIMING
     once = max(call_samples(fn, repeat=1, number=3, cuda=cuda)[0], 1e-6)
-    call_samples(fn, repeat=1, number=max(1, int(0.025 / once)), cuda=cuda)    # warm-up
-    number = max(10, int(np.ceil(0.030 / once)))      # calls per repeat: at least 10, at least 30 ms
-    return float(np.median(call_samples(fn, repeat=10, number=number, cuda=cuda)))
+    call_samples(fn, repeat=1, number=max(1, int(t["warmup_s"] / once)), cuda=cuda)    # warm-up
+    # calls per repeat: at least min_number, and enough to last min_sample_s
+    number = max(t["min_number"], int(np.ceil(t["min_sample_s"] / once)))
+    return float(np.median(call_samples(fn, repeat=t["repeat"], number=number, cuda=cuda)))
 
 
 def copy_ceiling() -> float:

@@ -46,6 +46,17 @@ def example_artifact(tmp_path_factory, tuned_example):
     return out, report
 
 
+@pytest.fixture(scope="session")
+def untuned_example_artifact(tmp_path_factory, example_model):
+    """The example compiled without a database (seconds; no tuning). Tests only read it: one that edits an
+    artifact edits a copy."""
+    from tvmfuse import api
+
+    out = tmp_path_factory.mktemp("untuned") / "art"
+    api.compile(api.ModelConfig(model=example_model, target="llvm"), out=out, untuned=True)
+    return out
+
+
 # artifacts are signed with a per-user key (tvmfuse.runtime.signing): the tests' key lives in a folder of their own,
 # not the user's configuration (subprocesses inherit it)
 if "TVMFUSE_SIGNING_KEY" not in os.environ:

@@ -112,14 +112,9 @@ def test_cli_subprocess_bad_input_exit_code(tmp_path):
 # -- bad input: one line, exit 2 --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def untuned_artifact(tmp_path_factory, example_model):
-    """The example compiled without a database (seconds; no tuning)."""
-    from tvmfuse import api
-
-    out = tmp_path_factory.mktemp("untuned") / "art"
-    api.compile(api.ModelConfig(model=example_model, target="llvm"), out=out, untuned=True)
-    return out
+@pytest.fixture
+def untuned_artifact(untuned_example_artifact):
+    return untuned_example_artifact
 
 
 @pytest.mark.parametrize("db", ["/proc/nope/x.db", "{tmp}/a_file/x.db", "/proc/x.db"],

@@ -130,13 +130,48 @@ def _read_stderr_live(proc: subprocess.Popen, timeout: float = 600):
     return lines, "".join(stdout)
 
 
+# the three runs of the tests below, started at once: most of each is starting Python and planning the example, which
+# overlaps on two cores (each run still has a database of its own)
+RUNS = {"trials": ["--trials", "2", "--trials-per-kernel", "2"],
+        "time-bounded": ["--trials", "12", "--trials-per-kernel", "2", "--time-budget", "0.01"],
+        "time-bounded-json": ["--trials-per-kernel", "2", "--time-budget", "0.01", "--json"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{name: (return code, [(stderr line, whether tune was still running then)], stdout, db)} of each of RUNS."""
+    work = tmp_path_factory.mktemp("progress")
+    started = {name: (_tune(work / f"{name}.db", *args), work / f"{name}.db") for name, args in RUNS.items()}
+    done: dict = {}
+
+    def collect(name):
+        proc, db = started[name]
+        try:
+            lines, stdout = _read_stderr_live(proc)
+            done[name] = (proc.returncode, lines, stdout, db)
+        except BaseException as e:  # pytest.fail in the reader: raised again in the test
+            done[name] = e
+
+    readers = [threading.Thread(target=collect, args=(name,), daemon=True) for name in started]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    return done
+
+
+def _run(runs, name):
+    if isinstance(runs[name], BaseException):
+        raise runs[name]
+    return runs[name]
+
+
 @pytest.mark.slow
-def test_piped_progress_lines_arrive_while_tuning_and_count_searched_trials(tmp_path):
+def test_piped_progress_lines_arrive_while_tuning_and_count_searched_trials(runs):
     """--trials 2 on a fresh database: the first two kernels get one searched trial each (after their default
     schedule, which is not a trial), the others none. Kernel 1's line comes while kernel 2 is being tuned."""
-    proc = _tune(tmp_path / "x.db", "--trials", "2", "--trials-per-kernel", "2")
-    lines, stdout = _read_stderr_live(proc)
-    assert proc.returncode == 0, "\n".join(l for l, _ in lines)
+    returncode, lines, stdout, _ = _run(runs, "trials")
+    assert returncode == 0, "\n".join(l for l, _ in lines)
     progress = [(l, live) for l, live in lines if l.startswith("[")]
     # the example's kernels on llvm (its planned kernels and, with convs run channels-last, their layout changes)
     head = re.match(r"tuning (\d+) kernels: up to 2 trials", lines[0][0])
@@ -152,13 +187,10 @@ def test_piped_progress_lines_arrive_while_tuning_and_count_searched_trials(tmp_
 
 
 @pytest.mark.slow
-def test_a_time_bounded_run_says_what_is_left_and_how_to_continue(tmp_path):
-    db = tmp_path / "x.db"
-    args = ["--trials", "12", "--trials-per-kernel", "2", "--time-budget", "0.01"]
-    proc = _tune(db, *args)
-    lines, stdout = _read_stderr_live(proc)
+def test_a_time_bounded_run_says_what_is_left_and_how_to_continue(runs):
+    returncode, lines, stdout, db = _run(runs, "time-bounded")
     text = [l for l, _ in lines]
-    assert proc.returncode == 0, "\n".join(text)
+    assert returncode == 0, "\n".join(text)
     assert "skipped-time" in stdout
     left = next(l for l in text if "kernels left untuned" in l)
     m = re.search(r"(\d+) of (\d+) kernels left untuned", left)
@@ -172,13 +204,12 @@ def test_a_time_bounded_run_says_what_is_left_and_how_to_continue(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_time_bounded_run_in_json_names_the_kernels_left_and_the_command(tmp_path):
+def test_a_time_bounded_run_in_json_names_the_kernels_left_and_the_command(runs):
     import json
 
-    db = tmp_path / "x.db"
-    proc = _tune(db, "--trials-per-kernel", "2", "--time-budget", "0.01", "--json")
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err
+    returncode, lines, out, db = _run(runs, "time-bounded-json")
+    err = "\n".join(l for l, _ in lines)
+    assert returncode == 0, err
     report = json.loads(out)
     assert report["left_untuned"] == [k["name"] for k in report["kernels"] if k["status"] == "skipped-time"]
     assert len(report["left_untuned"]) >= 5

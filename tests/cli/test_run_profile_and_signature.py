@@ -13,13 +13,9 @@ from tvmfuse.cli.main import app
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory, example_model):
-    from tvmfuse import api
-
-    out = tmp_path_factory.mktemp("run") / "art"
-    api.compile(api.ModelConfig(model=example_model, target="llvm"), out=out, untuned=True)
-    return out
+@pytest.fixture
+def artifact(untuned_example_artifact):
+    return untuned_example_artifact
 
 
 def _one_line_error(stderr: str) -> str:

@@ -38,28 +38,37 @@ def _softmax(m, n):
     return k
 
 
-def _write_records(db, kernel, seconds_of) -> int:
-    """One record per row-program config of ``kernel``, timed ``seconds_of(config)``; how many."""
+def _config_traces(kernel) -> list:
+    """(config, trace) of every row-program config of ``kernel``: its scheduled kernels, as records hold them."""
     sch0 = config_schedule(kernel.mod, CUDA.target, "rows", lambda names: 0)
     names = str(sch0.mod["main"].body.block.annotations[ROWS]).split(";")
+    return [(parse_config(name), config_schedule(kernel.mod, CUDA.target, "rows", lambda _, i=i: i).trace)
+            for i, name in enumerate(names)]
+
+
+def _write_records(db, kernel, traces, seconds_of) -> int:
+    """One record per row-program config of ``kernel`` (``traces``: its ``_config_traces``), timed
+    ``seconds_of(config)``; how many."""
     workload = db.ms_database.commit_workload(kernel.mod)
     args = ms.arg_info.ArgInfo.from_prim_func(kernel.mod["main"])
-    for i, name in enumerate(names):
-        sch = config_schedule(kernel.mod, CUDA.target, "rows", lambda _, i=i: i)
+    for cfg, trace in traces:
         db.ms_database.commit_tuning_record(ms.database.TuningRecord(
-            sch.trace, workload, [seconds_of(parse_config(name))], CUDA.target, args))
-    return len(names)
+            trace, workload, [seconds_of(cfg)], CUDA.target, args))
+    return len(traces)
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    return {"new": _softmax(256, 4096), "seen": [_softmax(64, 2048), _softmax(128, 1024), _softmax(32, 4096)]}
+    # scheduling every config is most of the cost of writing records: done once here, the tests only time them
+    seen = [_softmax(64, 2048), _softmax(128, 1024), _softmax(32, 4096)]
+    return {"new": _softmax(256, 4096), "seen": seen, "traces": [_config_traces(k) for k in seen]}
 
 
 def _default(kernels, tmp_path, seconds_of):
     db = open_database(tmp_path / "t.db", target=CUDA)
     try:
-        written = sum(_write_records(db, k, seconds_of) for k in kernels["seen"]) if seconds_of else 0
+        written = (sum(_write_records(db, k, t, seconds_of) for k, t in zip(kernels["seen"], kernels["traces"]))
+                   if seconds_of else 0)
         model = make_cost_model("xgb")
         warm_start(model, db, CUDA)
         sch, source = model_default(kernels["new"].mod, CUDA, cost_model=model, database=db)
@@ -73,7 +82,7 @@ def test_no_records_of_the_template_keep_the_hand_rule(kernels, tmp_path):
     assert (template, source) == ("rows", "rule")
 
 
-@pytest.mark.slow   # ~40 s: three shapes' configs written, the model trained twice
+@pytest.mark.slow   # the model warm-started on three shapes' records, once per case
 @pytest.mark.parametrize("fast_threads", [128, 512])
 def test_the_default_is_the_config_the_data_favours(kernels, tmp_path, fast_threads):
     """Measured records (by hand) at three other shapes say one thread count runs fastest; the new shape's
@@ -90,7 +99,7 @@ def test_the_default_is_the_config_the_data_favours(kernels, tmp_path, fast_thre
 def test_template_records_counts_the_templates_records_of_other_workloads(kernels, tmp_path):
     db = open_database(tmp_path / "c.db", target=CUDA)
     try:
-        n = _write_records(db, kernels["seen"][0], lambda cfg: 1e-5)
+        n = _write_records(db, kernels["seen"][0], kernels["traces"][0], lambda cfg: 1e-5)
         assert template_records(db, ROWS) == n
         assert template_records(db, ROWS, exclude=db.workload_id(kernels["seen"][0].mod)) == 0
         assert template_records(db, get("wgmma").candidates_key) == 0
