@@ -18,7 +18,7 @@ from tvmfuse._tvm import PrimFunc, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
-from tvmfuse.plan.graph import CONV, GEMM, NOT_KERNEL, Graph, build_graph, kernel_bytes
+from tvmfuse.plan.graph import CONV, GEMM, NORM, NOT_KERNEL, REDUCE, Graph, build_graph, kernel_bytes
 from tvmfuse.plan.legality import results_stored, can_fuse
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify
@@ -110,19 +110,25 @@ def group_nodes(graph: Graph, cost_model) -> Grouping:
         c = cluster_of.get(id(n))
         if c is not None and id(c) not in seen:
             seen.add(id(c))
-            clusters.extend(_one_result(graph, c, reject))
+            clusters.extend(_one_result(graph, c, reject, getattr(cost_model, "reduction_results", 0)))
     return Grouping(clusters=clusters, rejected=rejected, scores=scores)
 
 
-def _one_result(graph: Graph, cluster: Cluster, reject) -> list[Cluster]:
+def _one_result(graph: Graph, cluster: Cluster, reject, reduction_results: int = 0) -> list[Cluster]:
     """``cluster``, or where a GEMM / conv kernel ended up storing more than one result (a pointwise reader that
     ``can_fuse`` let it expect to take in stayed out), the kernel of its first result and, apart, the members that
-    result does not need (they read it from memory)."""
+    result does not need (they read it from memory). With ``reduction_results`` (the cost model's), a kernel
+    holding a reduction that stores more results is split the same way."""
     anchors = cluster.anchors
-    if not anchors or anchors[0].kind not in (GEMM, CONV):
+    gemm = bool(anchors) and anchors[0].kind in (GEMM, CONV)
+    # row reductions (statistics a row): a whole-tensor reduction's scalar results are no row template's
+    reducing = reduction_results > 0 and (bool(anchors) and anchors[0].kind == NORM or any(
+        n.kind == REDUCE and n.out_shape is not None and any(int(d) != 1 for d in n.out_shape)
+        for n in cluster.members))
+    if not gemm and not reducing:
         return [cluster]
     stored = results_stored(graph, cluster, Cluster([]), final=True)
-    if len(stored) < 2:
+    if len(stored) < 2 or (not gemm and len(stored) <= reduction_results):
         return [cluster]
     first = min(stored, key=lambda n: n.index)
     keep, todo = {id(first)}, [first]
@@ -135,8 +141,13 @@ def _one_result(graph: Graph, cluster: Cluster, reject) -> list[Cluster]:
                 todo.append(p)
     kept = Cluster([n for n in cluster.members if id(n) in keep])
     rest = Cluster([n for n in cluster.members if id(n) not in keep])
-    reject(kept, rest, f"{anchors[0].op}'s kernel would store {len(stored)} results: its templates store one")
-    return [kept, rest]
+    if not rest.members:
+        return [cluster]
+    what = anchors[0].op if anchors else "a reduction"
+    reject(kept, rest, f"{what}'s kernel would store {len(stored)} results: its templates store one")
+    if gemm:
+        return [kept, rest]
+    return [*_one_result(graph, kept, reject, reduction_results), *_one_result(graph, rest, reject, reduction_results)]
 
 
 def _group_name(ops: tuple[str, ...], used: set[str]) -> str:
