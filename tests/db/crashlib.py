@@ -86,9 +86,20 @@ def kill_loop(path: Path, target_json: str, kills: int, *, seed: int = 0, max_de
             first = lines.get(60)
             assert first.startswith("pid "), first
             pid = int(first.split()[1])
-            time.sleep(rng.uniform(0, max_delay))
-            os.kill(pid, signal.SIGKILL)
-            while True:
+            exited = False
+            if k % 2:
+                # every other writer is killed at a moment counted from its first acknowledged commit, so it dies
+                # mid-stream however long its start (connection, the workload's first commit) takes on this
+                # machine; the others at a moment counted from their start, their first commit included
+                line = lines.get(60)
+                if line.startswith("ack "):
+                    _, seq, n = line.split()
+                    acked[int(seq)] = int(n)
+                exited = line.startswith("exit ")
+            if not exited:
+                time.sleep(rng.uniform(0, max_delay))
+                os.kill(pid, signal.SIGKILL)
+            while not exited:
                 line = lines.get(60)
                 if line.startswith("exit "):
                     break

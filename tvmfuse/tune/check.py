@@ -77,12 +77,9 @@ def promoted(mod):
     return tvm.IRModule({"main": func})
 
 
-def reference_module(mod, target_info, *, promote: bool = True):
-    """``mod`` (in float32 with ``promote``, see ``promoted``) under the reference schedule for the target (see
-    ``reference_schedule``). For attention that is the planner's scalar kernel, an implementation independent of
-    the flash template a tuned record selects."""
-    if promote:
-        mod = promoted(mod)
+def reference_module(mod, target_info):
+    """``mod`` under the reference schedule for the target (see ``reference_schedule``). For attention that is
+    the planner's scalar kernel, an implementation independent of the flash template a tuned record selects."""
     sch = reference_schedule(mod, target_info.target, is_gpu=target_info.is_gpu)
     return mod if sch is None else sch.mod
 
@@ -101,15 +98,14 @@ def build_references(mod, target_info) -> list[Reference]:
     round less than the in-order reference (a tree-reduced fp16 sum), the own-precision one those that round like
     the untuned kernel (a CPU's in-order fp16 sum of a long row), which is no worse than what an untuned build
     runs."""
+    wide = promoted(mod)
+    # nothing in half precision: the kernel's own reference is the float32 one
+    candidates = [("kernel", mod)] if wide is mod else [("float32", wide), ("kernel", mod)]
     refs = []
     with build_context():
-        for promote in (True, False):
-            ref_mod = promoted(mod) if promote else mod
-            if promote and ref_mod is mod:
-                continue   # nothing in half precision: the kernel's own reference is the float32 one
-            lib = tvm.compile(reference_module(mod, target_info, promote=promote), target=target_info.target)
-            refs.append(Reference(lib, tuple(d for _, _, d in _params(ref_mod["main"])),
-                                  "float32" if promote else "kernel"))
+        for precision, ref_mod in candidates:
+            lib = tvm.compile(reference_module(ref_mod, target_info), target=target_info.target)
+            refs.append(Reference(lib, tuple(d for _, _, d in _params(ref_mod["main"])), precision))
     return refs
 
 
