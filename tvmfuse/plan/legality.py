@@ -69,7 +69,7 @@ def _elements(shape) -> int:
     return int(np.prod(shape)) if shape is not None else 0
 
 
-def _whole_tensor(shape) -> bool:
+def whole_tensor(shape) -> bool:
     """Whether a reduction's result is one value (rank 0, or every dimension 1): the whole input reduced."""
     return shape is not None and all(int(d) == 1 for d in shape)
 
@@ -160,8 +160,8 @@ def can_fuse(graph: Graph, producer: Cluster, consumer: Cluster) -> Verdict:
             return _no(f"layout op {c.op} after a reduction is not emitted")
         if c.kind == REDUCE and (p_anchor is not None):
             return _no(f"reduction {c.op} after {p_anchor.op}")
-        if _whole_tensor(t_shape) and _elements(c.out_shape) > 1 and any(
-                n.kind == REDUCE and _whole_tensor(n.out_shape) for n in producer.members):
+        if whole_tensor(t_shape) and _elements(c.out_shape) > 1 and any(
+                n.kind == REDUCE and whole_tensor(n.out_shape) for n in producer.members):
             # T5's fp16 clamp reduces isinf over the whole hidden state to one flag, then clamps and normalizes
             # each row: in one kernel no rule splits that reduction over threads, and dlight's Fallback ran it in
             # one thread (T5 fp16 took 15x its fp32 time on the H200). Its own kernel is a plain reduction.

@@ -19,7 +19,7 @@ from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
 from tvmfuse.plan.graph import CONV, GEMM, NORM, NOT_KERNEL, REDUCE, Graph, build_graph, kernel_bytes
-from tvmfuse.plan.legality import results_stored, can_fuse
+from tvmfuse.plan.legality import can_fuse, results_stored, whole_tensor
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify
 from tvmfuse.plan.report import Group, Plan, Rejection
@@ -123,8 +123,7 @@ def _one_result(graph: Graph, cluster: Cluster, reject, reduction_results: int =
     gemm = bool(anchors) and anchors[0].kind in (GEMM, CONV)
     # row reductions (statistics a row): a whole-tensor reduction's scalar results are no row template's
     reducing = reduction_results > 0 and (bool(anchors) and anchors[0].kind == NORM or any(
-        n.kind == REDUCE and n.out_shape is not None and any(int(d) != 1 for d in n.out_shape)
-        for n in cluster.members))
+        n.kind == REDUCE and n.out_shape is not None and not whole_tensor(n.out_shape) for n in cluster.members))
     if not gemm and not reducing:
         return [cluster]
     stored = results_stored(graph, cluster, Cluster([]), final=True)

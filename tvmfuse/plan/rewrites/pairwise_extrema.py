@@ -13,7 +13,8 @@ import functools
 from tvmfuse._tvm import relax, tvm
 from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, module_pass, op_name, rebuild_main, users_of
 
-_PAIRWISE = {"relax.max": relax.op.maximum, "relax.min": relax.op.minimum, "relax.sum": relax.op.add}
+_PAIRWISE = {"relax.max": (relax.op.maximum, "maximum"), "relax.min": (relax.op.minimum, "minimum"),
+             "relax.sum": (relax.op.add, "add")}
 
 
 def _stacked_inputs(value, defs: dict, users: dict):
@@ -50,7 +51,7 @@ def pairwise_extrema(mod, log=None) -> tvm.IRModule:
         fields = _stacked_inputs(b.value, defs, users)
         if fields is None:
             continue
-        op = _PAIRWISE[op_name(b.value)]
+        op, pairwise = _PAIRWISE[op_name(b.value)]
 
         def emit(bb, vmap, fields=fields, op=op):
             args = [vmap.get(f, f) for f in fields]
@@ -59,7 +60,7 @@ def pairwise_extrema(mod, log=None) -> tvm.IRModule:
         plan[b.var] = emit
         if log is not None:
             log.notes.append(f"{op_name(b.value)} over a stack of {len(fields)} ({b.var.name}) -> pairwise "
-                             f"{op_name(op(fields[0], fields[1]))}")
+                             f"relax.{pairwise}")
     if not plan:
         return mod
     return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set()))
