@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import PrimFunc, build_context, const_value, default_schedule, is_scheduled, relax, tvm
+from tvmfuse._tvm import (PrimFunc, WholeReduction, build_context, const_value, default_schedule, is_scheduled, relax,
+                         tvm)
 from tvmfuse.target import TargetInfo
 from tvmfuse.kernels import expand
 from tvmfuse.tune.defaults import untuned_kernel
@@ -24,7 +25,9 @@ class KernelStatus:
     #                untuned: the wgmma template's default tiles) | rows-default (a row kernel on cuda,
     #                untuned: the row program's default config) | pointwise-default (a pointwise kernel on
     #                cuda, untuned: the pointwise template at the space's `untuned` knobs) | cpu-default (llvm,
-    #                untuned: tvmfuse/kernels/cpu's parallel, vectorised schedule) | prescheduled
+    #                untuned: tvmfuse/kernels/cpu's parallel, vectorised schedule) | whole-reduction (cuda,
+    #                untuned: a whole tensor reduced to one element by one block, _tvm.WholeReduction) |
+    #                prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:
@@ -78,7 +81,8 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             updates[gv] = kernel.with_attr("global_symbol", name)
             statuses.append(KernelStatus(name, source))
         else:
-            statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
+            gpu = "whole-reduction" if WholeReduction.takes(_normalized(func)["main"], target.target) else "dlight"
+            statuses.append(KernelStatus(name, gpu if target.is_gpu else "default"))
     # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)
     mod = expand(tvm.IRModule({gv: updates.get(gv, f) for gv, f in fused_mod.functions.items()},
                               attrs=fused_mod.attrs))

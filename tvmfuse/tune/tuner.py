@@ -436,6 +436,12 @@ def _finish_kernel(kernel, result, state, *, target, database, config, spent, pr
     if result.status != "failed":
         if measured == 0 and spent:
             result.status = "exhausted"  # the design space had no unmeasured candidate left
+        elif measured == 0 and state.extra:
+            # the default schedule was measured and stored, so a build runs it; the search added nothing. Not a
+            # failure (BERT fp32's GEMM + GELU on the H200 ended here and ran correctly on its default)
+            result.status = "exhausted"
+            result.message = ("the search yielded no candidate to measure; the default schedule, measured, is "
+                              "what runs")
         elif measured == 0:
             # e.g. the tensor-core space on a shape where every sampled candidate fails verification
             result.status = "failed"
