@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, ms
 from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_model  # noqa: F401 (their home was here)
 from tvmfuse.target import TargetInfo
-from tvmfuse.tune.builder import fast_build
+from tvmfuse.tune.builder import PooledBuilder, fast_build
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -268,8 +268,8 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     if config.rpc is not None and config.max_workers is None:
         # candidates are built here for every server at once: more builders, up to this machine's cores
         workers = max(workers, min(_cores(target), int(getattr(config.rpc, "workers", None) or 1)))
-    builder = ms.builder.LocalBuilder(f_build=fast_build, max_workers=workers,
-                                      timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
+    builder = PooledBuilder(f_build=fast_build, max_workers=workers,
+                            timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
     runner = runner if runner is not None else _local_runner(config.runner_timeout_s, gpu=target.is_gpu)
     if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
         user_stop = stop
@@ -281,6 +281,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
                          spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress,
                          stop=stop, cost_model=cost_model, ledger=ledger)
     finally:
+        builder.close()
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
 
