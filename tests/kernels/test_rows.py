@@ -374,17 +374,22 @@ def test_a_row_too_wide_for_registers_is_offered_streamed_and_every_streamed_con
     hold; the space offers it streamed (the untuned build leaves a row this narrow to dlight, faster there on the
     H200 than the streamed row, and streams from 16384 columns), and every streamed config
     (shared memory or re-read from L2; 4099 is no whole number of vectors, so each row has an unaligned head and
-    tail) computes the exact softmax to the rounding of its fp16 output when its threads run as loops."""
+    tail) computes the exact softmax to the rounding of its fp16 output when its threads run as loops. Untuned,
+    the row is held whole in the registers of the fewest threads that take it in 32 elements each (its ragged
+    last vectors guarded)."""
     _, (k,) = _row_kernels("softmax", cuda, M=5, N=cols)
     func = k.mod["main"]
     prog = rows.analyze(func)
     assert not [c for c in rows.configs(prog) if c.mode == rows.REGISTERS]
-    assert rows.default_config(prog) is None
+    assert rows.default_config(prog) == rows.RowConfig(256 if cols == 5000 else 128, 1, 0, rows.SHARED,
+                                                       3 if cols == 5000 else 4, 1)
     streamed = rows.configs(prog)
     assert {c.mode for c in streamed} == {rows.SHARED, rows.L2} and all(rows.parse_config(c.name) == c for c in streamed)
     x = np.random.default_rng(3).standard_normal([5, cols]).astype("float16")
     exact = _exact_softmax(x)
     for cfg in streamed:
+        if cfg.online:   # (test_online_and_kept_streamed_rows_compute_softmax_and_log_softmax)
+            continue
         got = _run(rows.kernel_for(func, cfg, emulate=True), [x, np.zeros_like(x)])
         assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 1e-3, cfg
 
@@ -414,12 +419,12 @@ def test_streamed_norms_with_an_unaligned_row_equal_the_planners_kernel(kind, cu
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_a_vocabulary_wide_softmax_builds_with_aligned_vectors_and_a_dynamic_shared_row(tmp_path, cuda):
     """fp16 softmax over a 50257-wide vocabulary (odd: no row after the first starts 16-byte aligned): the
-    untuned config stages the 100 KB row in dynamic shared memory, loads the row's aligned interior as 16-byte
+    untuned config stages the 100 KB row in dynamic shared memory (its max and sum in one pass), loads the row's aligned interior as 16-byte
     vectors (an index TVM proves aligned, or it would load element by element) and builds without spills."""
     _, (k,) = _row_kernels("softmax", cuda, M=4, N=50257)
     func = k.mod["main"]
     cfg = rows.default_config(rows.analyze(func))
-    assert cfg == rows.RowConfig(1024, 1, 0, rows.SHARED)
+    assert cfg == rows.RowConfig(1024, 1, 0, rows.SHARED, online=1)
     with build_context():
         src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
                           target=SM90A).mod.imports[0].inspect_source()
@@ -428,4 +433,76 @@ def test_a_vocabulary_wide_softmax_builds_with_aligned_vectors_and_a_dynamic_sha
     assert re.search(r"\*\(uint4\*\)\(x_v_ptr \+ 0\) = \*\(uint4\*\)\(x_f_ptr \+ ", body)
     assert re.search(r"\*\(uint4\*\)\(T_softmax_norm_f_ptr \+ ", body)
     assert "make_uint4(x_f_ptr" not in body   # (a gather: TVM could not prove the vector aligned)
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+
+
+def _softmax_kernel(op: str, m: int, n: int, cuda):
+    """The planner's row kernel of an fp16 ``Softmax`` or ``LogSoftmax`` over [m, n]."""
+    from onnx import TensorProto, helper
+
+    x, y = (helper.make_tensor_value_info(v, TensorProto.FLOAT16, [m, n]) for v in "xy")
+    model = helper.make_model(helper.make_graph([helper.make_node(op, ["x"], ["y"], axis=-1)], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    (k,) = [k for k in extract_kernels(_fused(model, cuda), target=cuda) if classify(k.mod["main"]) == "row_reduction"]
+    return k.mod["main"]
+
+
+@pytest.mark.parametrize("op,m,n", [("Softmax", 1, 4099), ("LogSoftmax", 9, 12007)])
+def test_online_and_kept_streamed_rows_compute_softmax_and_log_softmax(op, m, n, cuda):
+    """fp16 softmax over one row and log-softmax (whose sum and output buffers share a name, read as printed)
+    over nine, of odd widths (each row after the first starts unaligned; no thread count splits them evenly): the max
+    and the sum of exp(x - max) fuse into one online pass, and every online config and every config keeping
+    vectors in registers (the rest staged or re-read; the whole row held, ragged) computes the exact result
+    to fp16 rounding when its threads run as loops."""
+    func = _softmax_kernel(op, m, n, cuda)
+    prog = rows.analyze(func)
+    assert rows.online_pairs(prog) == ({0: 2} if op == "Softmax" else {0: 1})
+    x = 3 * np.random.default_rng(6).standard_normal([m, n]).astype("float16")
+    exact = _exact_softmax(x)
+    exact = exact if op == "Softmax" else np.log(exact)
+    cfgs = [c for c in rows.configs(prog) if c.mode and c.online and (c.keep or c.threads == 256)]
+    assert {c.mode for c in cfgs if c.keep} == ({rows.SHARED} if n < 8192 else {rows.SHARED, rows.L2})
+    assert any(c.keep * c.threads * 8 >= n for c in cfgs) and any(0 < c.keep * c.threads * 8 < n for c in cfgs)
+    for cfg in cfgs:
+        got = _run(rows.kernel_for(func, cfg, emulate=True), [x, np.zeros_like(x)])
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 1e-3, cfg
+
+
+def test_streamed_defaults_follow_the_gpus_room():
+    """What an untuned build streams: a ragged LayerNorm row narrower than 16384 whole in registers (dlight's
+    schedule before), softmax rows staged two an SM with the online pass, a 128256-wide row (256 KB, more than a
+    block's shared memory) on chip, 2 vectors a thread in registers and the rest staged, one block an SM, where
+    re-reading it would overflow the L2 (132 SMs x 2 rows x 256 KB > 50 MB), and re-read through L2 keeping 4
+    vectors a thread where the L2 holds two rows an SM; LayerNorm keeps no online pair."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from rows_gpu import row_kernel
+
+    ln = rows.analyze(row_kernel("layernorm", dict(M=16, N=4099)))
+    assert rows.online_pairs(ln) == {} and rows.default_config(ln) == rows.parse_config("t128 r1 m1 k4")
+    for n, want in ((32000, "t512 r1 m1 o1"), (50257, "t1024 r1 m1 o1"), (128256, "t1024 r1 m1 k2 o1")):
+        assert rows.default_config(rows.analyze(row_kernel("softmax", dict(M=4, N=n)))).name == want, n
+    wide = rows.analyze(row_kernel("softmax", dict(M=4, N=128256)))
+    big_l2 = rows.Room(l2_bytes=256 << 20)
+    assert rows.default_config(wide, room=big_l2).name == "t1024 r1 m2 k4 o1"
+    assert rows.default_config(wide) in rows.configs(wide)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("case,n", [("softmax", 128256), ("layernorm", 4099)])
+def test_the_new_streamed_defaults_build_without_spills(tmp_path, case, n):
+    """The defaults above build for sm_90a without spills: the 128256-wide row's registers and dynamic shared
+    memory (218.5 KB, over the 48 KB a block gets without opting in: TVM's CUDA runtime sets the function's
+    dynamic shared memory attribute at launch), the ragged LayerNorm's row in registers (only its head and tail,
+    under 16 bytes each, in shared memory)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from rows_gpu import row_kernel
+
+    func = row_kernel(case, dict(M=4, N=n))
+    cfg = rows.default_config(rows.analyze(func))
+    with build_context():
+        src = tvm.compile(tvm.IRModule({"main": rows.kernel_for(func, cfg).with_attr("global_symbol", "main")}),
+                          target=SM90A).mod.imports[0].inspect_source()
+    body = src[src.index('extern "C" __global__'):]
+    assert "extern __shared__" in body and "x_k_ptr[" in body   # (the kept vectors: a local array in registers)
+    assert re.search(r"\*\(uint4\*\)\(x_v_ptr \+ 0\) = \*\(uint4\*\)\(x_f_ptr \+ ", body)
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")

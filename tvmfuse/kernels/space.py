@@ -18,6 +18,7 @@ def sketch_info(space, target) -> dict:
     if target.kind.name == "cuda":
         fig = device_figures(target)
         info.update(sm_count=int(space.extra.get("sm_count", fig.sm_count)), shared_per_sm=fig.shared_per_sm,
+                    shared_per_block=fig.shared_per_block, l2_bytes=fig.l2_bytes,
                     device_source="space file" if "sm_count" in space.extra else fig.source)
     return info
 

@@ -10,7 +10,8 @@ shuffles; across warps through a few words of shared memory), per-row blocks onc
 input element read once and each output element written once.
 
 A row too wide for its threads' registers is *streamed* instead (``stream.py``): a pass over the row per
-reduction, the inputs staged in shared memory or re-read through L2.
+reduction (softmax's max and sum in one, ``online``), the inputs kept in registers (``keep`` vectors a thread:
+all of a ragged row that no thread count splits evenly), staged in shared memory or re-read through L2.
 
 The schedule-based ``registers`` sketch of the row-reduction template cannot lay a row out like this: TVM 0.27
 compacts a thread's register cache only to a contiguous slice (an interleaved one keeps the whole row, 2048
@@ -27,14 +28,15 @@ register program and ``stream`` the streamed one; this module is the template's 
 from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.rows.configs import configs, default_config, staged_bytes_for, streamed_configs, untuned_config
+from tvmfuse.kernels.rows.configs import (Room, configs, default_config, room_for, staged_bytes_for, streamed_configs,
+                                          untuned_config)
 from tvmfuse.kernels.rows.program import (ANNOTATION, CANDIDATES, L2, REGISTERS, SHARED, SOURCE, STREAMED, Misfit,
                                           RowConfig, RowProgram, _widened, analyze, parse_config)
 from tvmfuse.kernels.rows.source import register_source
-from tvmfuse.kernels.rows.stream import stream_source
+from tvmfuse.kernels.rows.stream import online_pairs, stream_source
 
-__all__ = ["ANNOTATION", "CANDIDATES", "L2", "REGISTERS", "SHARED", "SOURCE", "STREAMED", "Misfit", "RowConfig",
-           "RowProgram", "RowsTemplate", "analyze", "annotate", "annotated", "configs", "default_config",
+__all__ = ["ANNOTATION", "CANDIDATES", "L2", "REGISTERS", "SHARED", "SOURCE", "STREAMED", "Misfit", "Room",
+           "RowConfig", "RowProgram", "RowsTemplate", "online_pairs", "room_for", "analyze", "annotate", "annotated", "configs", "default_config",
            "default_kernel", "expand", "kernel_for", "parse_config", "row_source", "streamed_configs",
            "untuned_config", "_widened"]
 
@@ -98,7 +100,7 @@ def program_sketch(sch, space, info: dict | None = None):
     swaps the whole PrimFunc for the program, generated from these blocks). None where the kernel is not a row
     program or no config fits."""
     from tvmfuse.kernels.knobs import sample_option
-    from tvmfuse.kernels.rows.configs import staged_limit
+    from tvmfuse.kernels.rows.configs import room_of
     from tvmfuse.kernels.sketch import bind_placeholder
 
     try:
@@ -107,9 +109,7 @@ def program_sketch(sch, space, info: dict | None = None):
         return None
     knobs = {"threads": space.knobs.get("threads"), "rows_per_block": space.knobs.get("rows_per_block")}
     options = configs(prog, **{k: v.values for k, v in knobs.items() if v is not None},
-                           max_elements=int(space.extra.get("row_register_elements", 64)),
-                           **({"staged_bytes": staged_limit(int(info["shared_per_sm"]))}
-                              if info and "shared_per_sm" in info else {}))
+                           max_elements=int(space.extra.get("row_register_elements", 64)), room=room_of(info))
     if not options:
         return None
     s = sch.copy()
@@ -128,7 +128,8 @@ class RowsTemplate(KernelTemplate):
     searched_in = "row_reduction"
     config_field = "row_program_config"
     config_words = ("the row program {config} (threads per row, rows per block, v: vector lanes, m1 / m2: the row "
-                    "streamed through shared memory / L2)")
+                    "streamed through shared memory / L2, k: vectors a thread keeps in registers, o1: max and sum "
+                    "in one pass)")
     knobs = ("threads", "rows_per_block", "row_register_elements")
 
     candidates_key, index_key = CANDIDATES, ANNOTATION
@@ -137,7 +138,7 @@ class RowsTemplate(KernelTemplate):
         if target.kind.name not in self.targets:
             return super().fits(func, target)
         try:
-            fitting = default_config(analyze(func), staged_bytes_for(target)) is not None
+            fitting = default_config(analyze(func), room=room_for(target)) is not None
         except Misfit as err:
             return str(err) or "not a row program"
         except TypeError:
@@ -149,7 +150,7 @@ class RowsTemplate(KernelTemplate):
             return []
         knobs = {k: space.knobs[k].values for k in ("threads", "rows_per_block") if space and k in space.knobs}
         extra = {"max_elements": int(space.extra.get("row_register_elements", 64))} if space else {}
-        return configs(analyze(func), **knobs, **extra, staged_bytes=staged_bytes_for(target))
+        return configs(analyze(func), **knobs, **extra, room=room_for(target))
 
     def default_config(self, func, target):
         return None if target.kind.name not in self.targets else untuned_config(func, target)

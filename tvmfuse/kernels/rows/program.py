@@ -31,11 +31,18 @@ class RowConfig:
     lanes: int = 0           # elements a vector; 0: 16 bytes of the widest whole-row parameter. Narrower only
     #                          where no thread count splits the row into 16-byte vectors (a row under 256 fp16)
     mode: int = 0            # where the row lives between its steps: REGISTERS, SHARED or L2 (see STREAMED)
+    keep: int = 0            # streamed: the first ``keep`` vectors of each thread's part of the row kept in its
+    #                          registers (the rest staged in shared memory or re-read): a row split between the
+    #                          register file and shared memory stays on chip where neither alone holds it, and a
+    #                          ragged row (no whole number of vectors a thread) held whole in registers
+    online: int = 0          # streamed: a max reduction and the sum of exp(x - max) after it in one pass (the
+    #                          running max rescales the running sum), one pass over the row less
 
     @property
     def name(self) -> str:
         return (f"t{self.threads} r{self.rows_per_block}" + (f" v{self.lanes}" if self.lanes else "")
-                + (f" m{self.mode}" if self.mode else ""))
+                + (f" m{self.mode}" if self.mode else "") + (f" k{self.keep}" if self.keep else "")
+                + (" o1" if self.online else ""))
 
 
 REGISTERS, SHARED, L2 = 0, 1, 2
@@ -52,7 +59,8 @@ _COL = "@col@"   # a streamed step's column, until a pass's part puts its own in
 
 def parse_config(name: str) -> RowConfig:
     f = dict((part[0], int(part[1:])) for part in name.split())
-    return RowConfig(threads=f["t"], rows_per_block=f["r"], lanes=f.get("v", 0), mode=f.get("m", 0))
+    return RowConfig(threads=f["t"], rows_per_block=f["r"], lanes=f.get("v", 0), mode=f.get("m", 0),
+                     keep=f.get("k", 0), online=f.get("o", 0))
 
 
 @dataclass
@@ -106,6 +114,14 @@ def analyze(func) -> RowProgram:
     blocks = root_blocks(func)
     if not blocks or not params:
         raise Misfit("no blocks")
+    names = [p.name for p in params] + [b.writes[0].source.name for b in blocks if len(b.writes) == 1]
+    if len(set(names)) < len(names):
+        # two buffers of one name (log-softmax's sum and its output are both "compute"): the program names its
+        # registers after buffers, so read the kernel as its TVMScript prints it, every name made unique
+        from tvmfuse.kernels.wgmma.ptx import parse
+
+        func = parse(func.script())
+        params, blocks = _param_buffers(func), root_blocks(func)
     full_shape = None
     for b in blocks:
         if len(b.writes) != 1:
