@@ -75,11 +75,17 @@ def _configs(m, k, n, how: str):
     spec = GemmSpec((), m, n, k, False, False, False)
     default = default_config(spec, "float16")
     space = space_configs(spec, "float16", load_spaces("cuda").for_class("gemm"))
-    rest = [c for c in space if c != default]
-    if how != "all":   # an even stride through the space's order (every knob's values covered)
-        count = int(how)
-        rest = [rest[int(i * len(rest) / count)] for i in range(min(count, len(rest)))]
-    return default, [default] + rest, len(space)
+    # each kernel's own best by the rule (CUDA cores, tensor cores), then the sample: half of it from each
+    firsts = list(dict.fromkeys([default] + [c for c in (default_config(spec, "float16", mma=(p,)) for p in (0, 1))
+                                             if c is not None and c in space]))
+    rest = [c for c in space if c not in firsts]
+    if how != "all":   # an even stride through each kernel's configs in the space's order (every knob's values)
+        count, rest = int(how), []
+        for p in (0, 1):
+            pool = [c for c in space if c.mma == p and c not in firsts]
+            share = count // 2 if p == 0 else count - count // 2
+            rest += [pool[int(i * len(pool) / share)] for i in range(min(share, len(pool)))]
+    return default, firsts + rest, len(space)
 
 
 def _time_tvm(lib, args, dev) -> float:
@@ -134,7 +140,8 @@ def run(args) -> dict:
     for m, k, n in shapes:
         default, cfgs, size = _configs(m, k, n, args.configs)
         for epi in EPILOGUES:
-            names = [c.name for c in cfgs] if epi == "none" or args.sweep_epilogue else [default.name]
+            # with the epilogue: the default and the other kernel's best by the rule (cfgs' first two)
+            names = [c.name for c in cfgs] if epi == "none" or args.sweep_epilogue else [c.name for c in cfgs[:2]]
             plan.append(((m, k, n), epi, default.name, names, size))
     tmp = Path(tempfile.mkdtemp(prefix="gemv_gpu_"))
     jobs = [(*shape, epi, name, str(tmp / f"{'_'.join(map(str, shape))}_{epi}_{name.replace(' ', '_')}.so"))
@@ -208,16 +215,18 @@ def run(args) -> dict:
 
 
 def dry_run(args) -> None:
-    """Build (CUDA, no GPU needed) each shape's default and the first and last config of its sample."""
+    """Build (CUDA, no GPU needed) the kernels the run would time: each shape's sample without the epilogue, its
+    default and each kernel's (CUDA cores, tensor cores) best by the rule with the bias + SiLU epilogue."""
     shapes = SMALL if args.small else SHAPES
     jobs = []
     tmp = Path(tempfile.mkdtemp(prefix="gemv_dry_"))
     for m, k, n in shapes:
         default, cfgs, size = _configs(m, k, n, args.configs)
         for epi in EPILOGUES:
-            for c in dict.fromkeys([default, cfgs[1], cfgs[-1]] if len(cfgs) > 1 else [default]):
+            for c in (cfgs if epi == "none" else cfgs[:2]):
                 jobs.append((m, k, n, epi, c.name, str(tmp / f"{len(jobs)}.so")))
-        print(f"{m}x{k}x{n}: {size} configs in the space, {len(cfgs)} would be timed, default {default.name}")
+        print(f"{m}x{k}x{n}: {size} configs in the space ({sum(c.mma for c in cfgs)} of the {len(cfgs)} timed on "
+              f"tensor cores), default {default.name}", flush=True)
     bad = [(j, e) for j, (_, e) in zip(jobs, map(_build, jobs)) if e is not None]
     for j, e in bad:
         print("FAILED", j[:5], e)

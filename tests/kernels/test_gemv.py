@@ -160,8 +160,10 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
                     assert -(-m // d.rows) == 1, (m, k, n, kmajor, d.name)
                     offered = gemv.space_configs(s, "float16", space)
                     assert d in offered, (m, k, n, kmajor, d.name)
-                    # against the one-pass configs whose rows of the weight fill whole bursts, as the rule's do
-                    rivals = [c for c in offered if c.rows == m and (kmajor or c.threads_n * c.lanes * 2 >= 64)]
+                    # against the one-pass configs whose rows of the weight fill whole bursts, as the rule's do (a
+                    # tensor-core warp reads 8 vectors of a row)
+                    rivals = [c for c in offered if c.rows == m and (kmajor or (8 if c.mma else c.threads_n)
+                                                                     * c.lanes * 2 >= 64)]
                     cost = streamed_bytes(s, d, "float16", sms)
                     assert all(cost <= streamed_bytes(s, c, "float16", sms) for c in rivals), d.name
 
@@ -209,6 +211,94 @@ def test_all_rows_in_one_block_match_across_layouts_tails_and_splits(tmp_path, c
         d = gemv.default_config(*_spec_dtype(f))
         assert d.rows == m
         _check(f, [d, C(8, 128, 2, 1, m, 1), C(4, 64, 4, 2, m, 1), C(2, 256, 1, 3, m, 2)])
+
+
+def test_mma_fragment_layouts_are_ptxs_and_tvms():
+    """The fragment maps the emulated mma reads its operands through (source.MMA_A / MMA_B / MMA_C: matrix element ->
+    lane, element of the lane's fragment) against the PTX ISA's table for m16n8k16 .f16 (groupID = lane >> 2,
+    threadID_in_group = lane % 4; a_i: row groupID + 8 for i in {2, 3, 6, 7}, column 2 tig + (i & 1) + 8 for i >= 4;
+    b_i: row 2 tig + (i & 1) + 8 for i >= 2, column groupID; c_i: row groupID + 8 for i >= 2, column 2 tig +
+    (i & 1)) and against TVM's own ldmatrix / mma layout (the 16 x 16 map its tensorized m16n8k16 schedules use,
+    whose first n8 half holds B's and C's elements 0, 1, 4, 5 / 0..3)."""
+    from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as tvm_map
+
+    from tvmfuse.kernels.gemv.source import MMA_A, MMA_B, MMA_C
+
+    def at(maps, **kw):
+        return tuple(eval(x.format(**kw)) for x in maps)   # noqa: S307 - our own integer expressions
+
+    for lane in range(32):
+        g, tig = lane >> 2, lane % 4
+        for i in range(8):
+            assert at(MMA_A, row=g + 8 * (i in (2, 3, 6, 7)), k=2 * tig + (i & 1) + 8 * (i >= 4)) == (lane, i)
+        for i in range(4):
+            assert at(MMA_B, col=g, k=2 * tig + (i & 1) + 8 * (i >= 2)) == (lane, i)
+            assert at(MMA_C, row=g + 8 * (i >= 2), col=2 * tig + (i & 1)) == (lane, i)
+    half = {0: 0, 1: 1, 4: 2, 5: 3}   # TVM's 16 x 16 B (as N x K) and C: the first n8 tile's elements
+    for r in range(16):
+        for c in range(16):
+            assert at(MMA_A, row=r, k=c) == tuple(int(v) for v in tvm_map(r, c))
+            if c < 8:
+                lane, e = (int(v) for v in tvm_map(c, r))
+                assert at(MMA_B, col=c, k=r) == (lane, half[e])
+                lane, e = (int(v) for v in tvm_map(r, c))
+                assert at(MMA_C, row=r, col=c) == (lane, e)
+
+
+def test_mma_kernels_match_the_planners_function_with_tails(tmp_path, cuda):
+    """The tensor-core kernel emulated (its threads as loops, each mma computed from the operands the fragment
+    layouts put in each lane) against the planner's PrimFunc: M = 1, 3, 8 and 16 (one n8 tile, a padded one, two),
+    odd K (its last k16 step masked, in the last warp along K) and N off the warp's 8 x lanes columns (tail warps
+    past N), warps along K summed through shared memory, K splits (the last blocks short), fewer rows a block than M."""
+    C = gemv.GemvConfig
+    cases = [((1, 203, 104), [C(8, 64, 1, 1, 1, 1, 1), C(4, 128, 2, 2, 1, 2, 1)]),
+             ((3, 333, 100), [C(4, 128, 2, 1, 3, 1, 1), C(2, 64, 2, 3, 3, 2, 1), C(4, 64, 1, 1, 2, 1, 1)]),
+             ((8, 197, 72), [C(8, 128, 1, 1, 8, 2, 1)]),
+             ((16, 161, 104), [C(8, 64, 1, 2, 16, 1, 1), C(4, 128, 1, 1, 16, 1, 1)])]
+    for (m, k, n), cfgs in cases:
+        f = _one(tmp_path, _matmul_model(m, k, n), cuda)
+        spec, dtype = _spec_dtype(f)
+        assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
+        _check(f, cfgs)
+    # no tensor-core configs for an [N, K] weight, fp32, or N that no 2-lane vector divides
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, True), "float16"))
+    assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, False), "float32"))
+    assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 97, 64, False, False, False), "float16"))
+
+
+def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
+    """The tensor-core configs in CUDA: the weight in 16-byte loads, one mma.sync a tile, n8 tile and k16 step,
+    built by nvcc for sm_90a with no spills: 16 rows (two n8 tiles), warps along K (their partials in shared
+    memory) and a K split (the second kernel), and 3 rows with odd K (the masked tail)."""
+    f = _one(tmp_path, _matmul_model(16, 512, 1024), cuda)
+    spec, info = gemv.analyze(f)
+    C = gemv.GemvConfig
+    for c in (C(8, 256, 2, 2, 16, 4, 1), C(8, 128, 4, 1, 16, 2, 1)):
+        src = _cuda_of(f, spec, info, c, cuda.target)
+        assert re.search(r"\*\(uint4\*\)\(w_ptr \+ \d+\) = \*\(uint4\*\)\(b_f_ptr", src), c.name
+        n = src.count("mma_sync_aligned_m16n8k16_row_col_f32_f16_f16_f32(acc")   # calls: tiles x n8 tiles x steps
+        assert n == (c.lanes // 2) * 2 * c.unroll, (c.name, n)
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+        assert src.count("__global__") == 2 * (1 + (c.split > 1))
+        _nvcc(src, tmp_path)
+    f = _one(tmp_path, _matmul_model(3, 203, 104), cuda)
+    spec, info = gemv.analyze(f)
+    _nvcc(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1), cuda.target), tmp_path)
+
+
+def test_defaults_take_tensor_cores_where_multiply_adds_outlast_the_stream():
+    """The rule's kernel for the H200's decode shapes: tensor cores at 8 and 16 rows (fp32 multiply-adds a row of M
+    each would take longer than the weight's stream), both kernels' names round-trip, and an [N, K] weight keeps
+    the CUDA-core kernel."""
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    for m, k, n in [(16, 4096, 11008), (8, 11008, 4096)]:
+        d = gemv.default_config(GemmSpec((), m, n, k, False, False, False), "float16")
+        assert d.mma == 1 and d.rows == m and gemv.parse_config(d.name) == d, d.name
+        assert not gemv.default_config(GemmSpec((), m, n, k, False, False, True), "float16").mma
+    assert gemv.parse_config("v8 t256 n4 s1 m1 u8") == gemv.GemvConfig(8, 256, 4, 1, 1, 8)
 
 
 def _spec_dtype(f):

@@ -96,9 +96,12 @@ def k_step(spec: GemmSpec, cfg: GemvConfig) -> int:
 def register_words(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
     """32-bit registers a thread's accumulators, weight vectors and x values take (an estimate)."""
     per_word = 4 // dtype_bytes(dtype)
-    if cfg.mma:   # fp32 accumulators of its tiles, 4 weight vectors a step, x's 4 halves a step and n8 tile, A's words
+    if cfg.mma:
+        # fp32 accumulators of its tiles, one k16 step's 4 weight vectors, A's words and x's: ptxas issues a step's
+        # loads just before its mmas whatever ``unroll`` (sm_90a, CUDA 13.0: 76 registers at v8 m16 u4 and u2, 44 at
+        # v4 m16 u8), so a step, not ``unroll`` of them, is what a lane holds
         tn, t8 = mma_tiles(cfg)
-        return 4 * tn * t8 + 2 * cfg.lanes * cfg.unroll + 2 * t8 * cfg.unroll + 4 * tn
+        return 4 * tn * t8 + 2 * cfg.lanes + 4 * tn + 2 * t8
     if spec.b_kmajor:
         acc = cfg.rows * cfg.threads_n
         w = cfg.unroll * cfg.threads_n * cfg.lanes // per_word
@@ -234,8 +237,11 @@ def inflight_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
         return 0.0
     nb = blocks(spec, cfg)
     waves = -(-nb // (res * sms))
-    cols = 4 if cfg.mma else 1 if not spec.b_kmajor else cfg.threads_n   # vectors a thread loads a step
-    return nb * cfg.threads * cfg.unroll * cols * cfg.lanes * dtype_bytes(dtype) / (waves * sms)
+    if cfg.mma:   # a k16 step's 4 vectors a lane: ptxas issues the next step's loads after this step's mmas
+        per_thread = 4 * cfg.lanes * dtype_bytes(dtype)
+    else:
+        per_thread = cfg.unroll * (1 if not spec.b_kmajor else cfg.threads_n) * cfg.lanes * dtype_bytes(dtype)
+    return nb * cfg.threads * per_thread / (waves * sms)
 
 
 def streamed_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) -> float:
@@ -262,7 +268,7 @@ def _multiply_add_bytes(spec: GemmSpec, cfg: GemvConfig) -> float:
 
 
 @lru_cache(maxsize=256)   # a pure function of its arguments, asked per kernel by fits, the sketch and the build
-def default_config(spec: GemmSpec, dtype: str, sms: int = SMS) -> GemvConfig | None:
+def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 1)) -> GemvConfig | None:
     """The config an untuned build runs, by a rule over the shape and the GPU's SM count (``sms``).
 
     Every row of M (up to :data:`MAX_ROWS`) is held by the block that reads a weight tile, so the weight leaves
@@ -278,10 +284,9 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS) -> GemvConfig | N
     rows = min(spec.rows, MAX_ROWS)
     vec = _VECTOR_BYTES // dtype_bytes(dtype)
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too
-    cands = configs(spec, dtype, lanes=lanes, threads=(128, 256, 512), threads_n=_DEFAULT_N,
-                    split=_SPLITS, rows=(rows,), unroll=(8, 4, 2), mma=(0,))
-    cands += configs(spec, dtype, lanes=lanes, threads=(128, 256, 512), threads_n=_DEFAULT_N_MMA,
-                     split=_SPLITS, rows=(rows,), unroll=(8, 4, 2), mma=(1,))
+    cands = [c for tc in mma for c in configs(spec, dtype, lanes=lanes, threads=(128, 256, 512),
+                                              threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,
+                                              rows=(rows,), unroll=(8, 4, 2), mma=(tc,))]
     segment = min(_MIN_SEGMENT, spec.n * dtype_bytes(dtype))
 
     def row_bytes(c: GemvConfig) -> int:   # contiguous bytes of a weight row a warp reads together
@@ -297,5 +302,5 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS) -> GemvConfig | N
 
     best = min(cands, key=key, default=None)
     if best is None:   # an odd small shape none of the rule's candidates take: the first config that fits
-        return next(iter(configs(spec, dtype)), None)
+        return next(iter(configs(spec, dtype, mma=mma)), None)
     return best
