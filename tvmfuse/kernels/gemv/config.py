@@ -11,9 +11,10 @@ from tvmfuse.kernels.wgmma.spec import GemmSpec
 ANNOTATION = "tvmfuse.gemv_config"
 CANDIDATES = "tvmfuse.gemv_candidates"
 SPEC = "tvmfuse.gemv_spec"
-# the template takes GEMMs of at most this many rows (decode: a few tokens). Its multiply-adds run on fp32 CUDA
-# cores: each weight element read costs ``rows`` of them, and on the H200 (about 33.5 T FMA/s, 2.1 T fp16 weight
-# elements/s at the copy ceiling) the two meet at about 16 rows; above that wgmma's tensor cores are faster
+# the template takes GEMMs of at most this many rows (decode: a few tokens). Its CUDA-core kernel's multiply-adds
+# run on fp32 CUDA cores: each weight element read costs ``rows`` of them, and on the H200 (about 33.5 T FMA/s, 2.1 T
+# fp16 weight elements/s at the copy ceiling) the two meet at about 16 rows; its tensor-core kernel holds M in two
+# n8 tiles of an m16n8k16 mma (16 rows); above that wgmma's 64-row tiles waste less
 MAX_ROWS = 16
 _VECTOR_BYTES = 16     # one 128-bit load per vector
 # per-thread register words a config may ask for (accumulators + vectors in flight + x); above it ptxas spills
@@ -237,8 +238,8 @@ def inflight_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
         return 0.0
     nb = blocks(spec, cfg)
     waves = -(-nb // (res * sms))
-    if cfg.mma:   # a k16 step's 4 vectors a lane: ptxas issues the next step's loads after this step's mmas
-        per_thread = 4 * cfg.lanes * dtype_bytes(dtype)
+    if cfg.mma:   # the next iteration's `unroll` k16 steps prefetched into L2, and this step's 4 vectors a lane
+        per_thread = (cfg.unroll + 1) * 4 * cfg.lanes * dtype_bytes(dtype)
     else:
         per_thread = cfg.unroll * (1 if not spec.b_kmajor else cfg.threads_n) * cfg.lanes * dtype_bytes(dtype)
     return nb * cfg.threads * per_thread / (waves * sms)
@@ -279,8 +280,11 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     line, [K, N] rows read :data:`_MIN_SEGMENT` bytes at a time) are costed by :func:`streamed_bytes`: the bytes
     an SM keeps in flight (registers bound them: more rows, more fp32 accumulators, fewer loads in flight), whole
     waves of blocks, and a K split's launch and partials; the cheapest wins, ties to fewer split blocks, then to
-    wider vectors (fewer x conversions a multiply-add), then fewer threads along K (a shorter reduction). Nothing
-    in it is fitted to a benchmark shape."""
+    wider vectors (fewer x conversions a multiply-add), then fewer threads along K (a shorter reduction). The
+    multiply-adds count too (:data:`_FMA_BYTES`): a CUDA-core config's grow with M (at 8-16 rows longer than the
+    stream), a tensor-core config's (fp16 [K, N] weights) are a few percent at any M, so it wins wherever it fits.
+    ``mma``: the kernels to choose from (0 CUDA cores, 1 tensor cores). Nothing in it is fitted to a benchmark
+    shape; the multiply-adds' rate is the H200's."""
     rows = min(spec.rows, MAX_ROWS)
     vec = _VECTOR_BYTES // dtype_bytes(dtype)
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too

@@ -282,7 +282,13 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
     if f.emulate:
         code += f"for it in T.serial({per}):\n" + _indent(steps(kb, U, False, f"it < {ext}"), 4)
     else:
-        code += f"for it in T.serial({ext}):\n" + _indent(steps(kb, U, False, "True"), 4)
+        # the next iteration's weight rows prefetched into L2 first: ptxas issues a step's loads just before its
+        # mmas (the registers of `unroll` steps' loads are not held), so the prefetches are what keeps `unroll` steps
+        # a lane in flight; past the warp's last iteration they fetch the next warp's rows (clamped to K)
+        kn = f"T.min(({kz} * {per} + it + 1) * {chunk} + u * 16 + {t} * 4 + s, {K - 1})"
+        pf = (f"for u in {u_}({U}):\n    for s in {u_}(4):\n"
+              f"        T.evaluate(T.ptx['prefetch.global.L2'](T.address_of(b_f[{kn} * {N} + {colc}])))\n")
+        code += f"for it in T.serial({ext}):\n" + _indent(pf + steps(kb, U, False, "True"), 4)
     rem = K - tiles * chunk
     if rem:   # the rows past the last whole chunk: k16 steps (the last one masked) of the last warp along K
         last = f"{kz} == {S * TK - 1}"
