@@ -129,7 +129,9 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     elif spec.b_kmajor:
         if cfg.threads_n > spec.n:
             return False
-    elif cfg.threads % cfg.threads_n or cfg.threads_n * cfg.lanes > spec.n * 2:
+    elif cfg.threads % cfg.threads_n or cfg.threads_n * cfg.lanes > spec.n * 2 or cfg.threads_n == 1:
+        # one thread along N (the space's threads_n = 1 is the tensor-core kernel's one warp along N): a warp reads
+        # one vector of 32 rows, and at 16 rows the 256-512 K threads' sums spilled (ptxas, sm_90a)
         return False
     # every split block has at least one whole K step (a split of less is all launch and reduction), and a
     # split is offered only where half of it leaves the SMs short of blocks (more is only a bigger reduction)
