@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -50,8 +51,32 @@ def _kernel_source(m: int, k: int, n: int, epilogue: str, cfg_name: str) -> str:
     return gemv_source(spec, parse_config(cfg_name), params, "p0", "p1", _store(epilogue), "float16")
 
 
-def _build(job) -> tuple[str, str | None]:
-    """Build one kernel to a shared library (a worker process); (path, error)."""
+def _ptxas_check(exe, path: str) -> str | None:
+    """nvcc's ptxas on the kernel's CUDA source (sm_90a): None, or why not (a spill, an error)."""
+    import subprocess
+
+    srcs, mods, seen = [], [exe.mod], set()
+    while mods:
+        mod = mods.pop()
+        if id(mod) not in seen:
+            seen.add(id(mod))
+            srcs += [mod.inspect_source()] if mod.kind == "cuda" else []
+            mods.extend(mod.imports)
+    cu = Path(path).with_suffix(".cu")
+    cu.write_text("\n".join(srcs))
+    out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")),
+                          str(cu)], capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        return "nvcc: " + out.stderr.strip().splitlines()[-1][:200]
+    usage = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
+    if not usage or any(int(v) for u in usage for v in u):
+        return "ptxas spills: " + " ".join(ln.strip() for ln in out.stderr.splitlines() if "spill" in ln)[:200]
+    return None
+
+
+def _build(job, ptxas: bool = False) -> tuple[str, str | None]:
+    """Build one kernel to a shared library (a worker process); (path, error). ``ptxas``: also nvcc's ptxas on its
+    source, a spill an error."""
     m, k, n, epilogue, cfg_name, path = job
     try:
         from tvmfuse._tvm import tvm
@@ -61,7 +86,7 @@ def _build(job) -> tuple[str, str | None]:
         func = parse(_kernel_source(m, k, n, epilogue, cfg_name)).with_attr("global_symbol", "gemv")
         exe = tvm.compile(tvm.IRModule({"main": func}), target=resolve_target("cuda").target)
         exe.export_library(path)
-        return path, None
+        return path, _ptxas_check(exe, path) if ptxas else None
     except Exception as err:  # noqa: BLE001 - reported in the results, the rest of the sweep goes on
         return path, f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else ''}"
 
@@ -75,11 +100,17 @@ def _configs(m, k, n, how: str):
     spec = GemmSpec((), m, n, k, False, False, False)
     default = default_config(spec, "float16")
     space = space_configs(spec, "float16", load_spaces("cuda").for_class("gemm"))
-    rest = [c for c in space if c != default]
-    if how != "all":   # an even stride through the space's order (every knob's values covered)
-        count = int(how)
-        rest = [rest[int(i * len(rest) / count)] for i in range(min(count, len(rest)))]
-    return default, [default] + rest, len(space)
+    # each kernel's own best by the rule (CUDA cores, tensor cores), then the sample: half of it from each
+    firsts = list(dict.fromkeys([default] + [c for c in (default_config(spec, "float16", mma=(p,)) for p in (0, 1))
+                                             if c is not None and c in space]))
+    rest = [c for c in space if c not in firsts]
+    if how != "all":   # an even stride through each kernel's configs in the space's order (every knob's values)
+        count, rest = int(how), []
+        for p in (0, 1):
+            pool = [c for c in space if c.mma == p and c not in firsts]
+            share = count // 2 if p == 0 else count - count // 2
+            rest += [pool[int(i * len(pool) / share)] for i in range(min(share, len(pool)))]
+    return default, firsts + rest, len(space)
 
 
 def _time_tvm(lib, args, dev) -> float:
@@ -134,7 +165,8 @@ def run(args) -> dict:
     for m, k, n in shapes:
         default, cfgs, size = _configs(m, k, n, args.configs)
         for epi in EPILOGUES:
-            names = [c.name for c in cfgs] if epi == "none" or args.sweep_epilogue else [default.name]
+            # with the epilogue: the default and the other kernel's best by the rule (cfgs' first two)
+            names = [c.name for c in cfgs] if epi == "none" or args.sweep_epilogue else [c.name for c in cfgs[:2]]
             plan.append(((m, k, n), epi, default.name, names, size))
     tmp = Path(tempfile.mkdtemp(prefix="gemv_gpu_"))
     jobs = [(*shape, epi, name, str(tmp / f"{'_'.join(map(str, shape))}_{epi}_{name.replace(' ', '_')}.so"))
@@ -208,20 +240,23 @@ def run(args) -> dict:
 
 
 def dry_run(args) -> None:
-    """Build (CUDA, no GPU needed) each shape's default and the first and last config of its sample."""
+    """Build (CUDA, no GPU needed) the kernels the run would time: each shape's sample without the epilogue, its
+    default and each kernel's (CUDA cores, tensor cores) best by the rule with the bias + SiLU epilogue; each also
+    through nvcc's ptxas for sm_90a, a register spill a failure."""
     shapes = SMALL if args.small else SHAPES
     jobs = []
     tmp = Path(tempfile.mkdtemp(prefix="gemv_dry_"))
     for m, k, n in shapes:
         default, cfgs, size = _configs(m, k, n, args.configs)
         for epi in EPILOGUES:
-            for c in dict.fromkeys([default, cfgs[1], cfgs[-1]] if len(cfgs) > 1 else [default]):
+            for c in (cfgs if epi == "none" else cfgs[:2]):
                 jobs.append((m, k, n, epi, c.name, str(tmp / f"{len(jobs)}.so")))
-        print(f"{m}x{k}x{n}: {size} configs in the space, {len(cfgs)} would be timed, default {default.name}")
-    bad = [(j, e) for j, (_, e) in zip(jobs, map(_build, jobs)) if e is not None]
+        print(f"{m}x{k}x{n}: {size} configs in the space ({sum(c.mma for c in cfgs)} of the {len(cfgs)} timed on "
+              f"tensor cores), default {default.name}", flush=True)
+    bad = [(j, e) for j, (_, e) in zip(jobs, (_build(j, ptxas=True) for j in jobs)) if e is not None]
     for j, e in bad:
         print("FAILED", j[:5], e)
-    print(f"dry run: built {len(jobs) - len(bad)} of {len(jobs)} kernels for CUDA")
+    print(f"dry run: built {len(jobs) - len(bad)} of {len(jobs)} kernels for CUDA (nvcc sm_90a, no spills)")
     if bad:
         sys.exit(1)
 

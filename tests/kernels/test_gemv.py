@@ -5,6 +5,7 @@ with 16-byte loads and no spills; the space's sketch and an untuned CUDA build r
 benchmarks/gemv_gpu.py times and checks them on the H200.)"""
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -160,8 +161,10 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
                     assert -(-m // d.rows) == 1, (m, k, n, kmajor, d.name)
                     offered = gemv.space_configs(s, "float16", space)
                     assert d in offered, (m, k, n, kmajor, d.name)
-                    # against the one-pass configs whose rows of the weight fill whole bursts, as the rule's do
-                    rivals = [c for c in offered if c.rows == m and (kmajor or c.threads_n * c.lanes * 2 >= 64)]
+                    # against the one-pass configs whose rows of the weight fill whole bursts, as the rule's do (a
+                    # tensor-core warp reads 8 vectors of a row)
+                    rivals = [c for c in offered if c.rows == m and (kmajor or (8 if c.mma else c.threads_n)
+                                                                     * c.lanes * 2 >= 64)]
                     cost = streamed_bytes(s, d, "float16", sms)
                     assert all(cost <= streamed_bytes(s, c, "float16", sms) for c in rivals), d.name
 
@@ -211,6 +214,103 @@ def test_all_rows_in_one_block_match_across_layouts_tails_and_splits(tmp_path, c
         _check(f, [d, C(8, 128, 2, 1, m, 1), C(4, 64, 4, 2, m, 1), C(2, 256, 1, 3, m, 2)])
 
 
+def test_mma_fragment_layouts_are_ptxs_and_tvms():
+    """The fragment maps the emulated mma reads its operands through (source.MMA_A / MMA_B / MMA_C: matrix element ->
+    lane, element of the lane's fragment) against the PTX ISA's table for m16n8k16 .f16 (groupID = lane >> 2,
+    threadID_in_group = lane % 4; a_i: row groupID + 8 for i in {2, 3, 6, 7}, column 2 tig + (i & 1) + 8 for i >= 4;
+    b_i: row 2 tig + (i & 1) + 8 for i >= 2, column groupID; c_i: row groupID + 8 for i >= 2, column 2 tig +
+    (i & 1)) and against TVM's own ldmatrix / mma layout (the 16 x 16 map its tensorized m16n8k16 schedules use,
+    whose first n8 half holds B's and C's elements 0, 1, 4, 5 / 0..3)."""
+    import ast
+    import importlib.util
+
+    from tvmfuse.kernels.gemv.source import MMA_A, MMA_B, MMA_C
+
+    # TVM's function read from its source (importing the module registers every tensor intrinsic: a minute here)
+    origin = importlib.util.find_spec("tvm.s_tir.tensor_intrin.cuda").origin
+    (fn,) = [n for n in ast.parse(Path(origin).read_text()).body
+             if isinstance(n, ast.FunctionDef) and n.name == "shared_16x16_to_ldmatrix_32x8_layout"]
+    scope: dict = {}
+    exec(compile(ast.Module([fn], []), origin, "exec"), scope)   # noqa: S102 - TVM's own two-line function
+    tvm_map = scope[fn.name]
+
+    def at(maps, **kw):
+        return tuple(eval(x.format(**kw)) for x in maps)   # noqa: S307 - our own integer expressions
+
+    for lane in range(32):
+        g, tig = lane >> 2, lane % 4
+        for i in range(8):
+            assert at(MMA_A, row=g + 8 * (i in (2, 3, 6, 7)), k=2 * tig + (i & 1) + 8 * (i >= 4)) == (lane, i)
+        for i in range(4):
+            assert at(MMA_B, col=g, k=2 * tig + (i & 1) + 8 * (i >= 2)) == (lane, i)
+            assert at(MMA_C, row=g + 8 * (i >= 2), col=2 * tig + (i & 1)) == (lane, i)
+    half = {0: 0, 1: 1, 4: 2, 5: 3}   # TVM's 16 x 16 B (as N x K) and C: the first n8 tile's elements
+    for r in range(16):
+        for c in range(16):
+            assert at(MMA_A, row=r, k=c) == tuple(int(v) for v in tvm_map(r, c))
+            if c < 8:
+                lane, e = (int(v) for v in tvm_map(c, r))
+                assert at(MMA_B, col=c, k=r) == (lane, half[e])
+                lane, e = (int(v) for v in tvm_map(r, c))
+                assert at(MMA_C, row=r, col=c) == (lane, e)
+
+
+def test_mma_kernels_match_the_planners_function_with_tails(tmp_path, cuda):
+    """The tensor-core kernel emulated (its threads as loops, each mma computed from the operands the fragment
+    layouts put in each lane) against the planner's PrimFunc: M = 1, 3, 8 and 16 (one n8 tile, a padded one, two),
+    odd K (its last k16 step masked, in the last warp along K) and N off the warp's 8 x lanes columns (tail warps
+    past N), warps along K summed through shared memory, K splits (the last blocks short), fewer rows a block than M."""
+    C = gemv.GemvConfig
+    cases = [((1, 203, 104), [C(8, 64, 1, 1, 1, 1, 1), C(4, 128, 2, 2, 1, 2, 1)]),
+             ((3, 333, 100), [C(4, 128, 2, 1, 3, 1, 1), C(2, 64, 2, 3, 3, 2, 1), C(4, 64, 1, 1, 2, 1, 1)]),
+             ((8, 197, 72), [C(8, 128, 1, 1, 8, 2, 1)]),
+             ((16, 161, 104), [C(8, 64, 1, 2, 16, 1, 1), C(4, 128, 1, 1, 16, 1, 1)])]
+    for (m, k, n), cfgs in cases:
+        f = _one(tmp_path, _matmul_model(m, k, n), cuda)
+        spec, dtype = _spec_dtype(f)
+        assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
+        _check(f, cfgs)
+    # no tensor-core configs for an [N, K] weight, fp32, or N that no 2-lane vector divides
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, True), "float16"))
+    assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, False), "float32"))
+    assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 97, 64, False, False, False), "float16"))
+
+
+def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
+    """The tensor-core configs in CUDA: the weight in 16-byte loads, one mma.sync a tile, n8 tile and k16 step,
+    built by nvcc for sm_90a with no spills: 16 rows (two n8 tiles), warps along K (their partials in shared
+    memory) and a K split (the second kernel), and 3 rows with odd K (the masked tail)."""
+    f = _one(tmp_path, _matmul_model(16, 512, 1024), cuda)
+    spec, info = gemv.analyze(f)
+    C = gemv.GemvConfig
+    for c in (C(8, 256, 2, 2, 16, 4, 1), C(8, 128, 4, 1, 16, 2, 1)):
+        src = _cuda_of(f, spec, info, c, cuda.target)
+        assert re.search(r"\*\(uint4\*\)\(w_ptr \+ \d+\) = \*\(uint4\*\)\(b_f_ptr", src), c.name
+        n = src.count("mma_sync_aligned_m16n8k16_row_col_f32_f16_f16_f32(acc")   # calls: tiles x n8 tiles x steps
+        assert n == (c.lanes // 2) * 2 * c.unroll, (c.name, n)
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+        assert src.count("__global__") == 2 * (1 + (c.split > 1))
+        _nvcc(src, tmp_path)
+    f = _one(tmp_path, _matmul_model(3, 203, 104), cuda)
+    spec, info = gemv.analyze(f)
+    _nvcc(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1), cuda.target), tmp_path)
+
+
+def test_defaults_take_tensor_cores_where_multiply_adds_outlast_the_stream():
+    """The rule's kernel for the H200's decode shapes: tensor cores at 8 and 16 rows (fp32 multiply-adds a row of M
+    each would take longer than the weight's stream), both kernels' names round-trip, and an [N, K] weight keeps
+    the CUDA-core kernel."""
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    for m, k, n in [(16, 4096, 11008), (8, 11008, 4096)]:
+        d = gemv.default_config(GemmSpec((), m, n, k, False, False, False), "float16")
+        assert d.mma == 1 and d.rows == m and gemv.parse_config(d.name) == d, d.name
+        assert not gemv.default_config(GemmSpec((), m, n, k, False, False, True), "float16").mma
+    assert gemv.parse_config("v8 t256 n4 s1 m1 u8") == gemv.GemvConfig(8, 256, 4, 1, 1, 8)
+
+
 def _spec_dtype(f):
     spec, info = gemv.analyze(f)
     return spec, info["dtype"]
@@ -235,8 +335,9 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
         spec, info = gemv.analyze(f)
         cfg = gemv.default_config(spec, info["dtype"])
         assert cfg.rows == 16   # the weight read once
-        for c in (cfg, gemv.GemvConfig(8, 256, cfg.threads_n, 4, 16 if spec.b_kmajor else 8, 2),
-                  gemv.GemvConfig(cfg.lanes, cfg.threads, cfg.threads_n, 2, 16, cfg.unroll)):
+        # the default (on tensor cores for [K, N]), a CUDA-core config with a K split, the default split in two
+        for c in (cfg, gemv.GemvConfig(8, 256, 2 if spec.b_kmajor else 32, 4, 16 if spec.b_kmajor else 8, 2),
+                  dataclasses.replace(cfg, split=2)):
             src = _cuda_of(f, spec, info, c, cuda.target)
             vec = "uint4" if c.lanes == 8 else "half4"   # the weight in 16- or 8-byte loads
             assert re.search(rf"\*\({vec}\*\)\(w_ptr \+ \d+\) = \*\({vec}\*\)\(b_f_ptr", src), (c.name, vec)
@@ -247,10 +348,12 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
 @pytest.mark.slow
 def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
     space = load_spaces("cuda").for_class("gemm")
-    for f in (_one(tmp_path, _matmul_model(1, 128, 64), cuda), _nk_func(1, 128, 64)):   # 99 and 12 configs
+    for f in (_one(tmp_path, _matmul_model(1, 128, 64), cuda), _nk_func(1, 128, 64)):   # 99 (+ 44 mma) and 15 configs
         spec, info = gemv.analyze(f)
         cfgs = gemv.space_configs(spec, info["dtype"], space)
         assert cfgs
+        mma = [c for c in cfgs if c.mma]   # the tensor-core configs: every fifth (each knob's values), nvcc's time
+        cfgs = [c for c in cfgs if not c.mma] + mma[::5]
         for c in cfgs:
             _nvcc(_cuda_of(f, spec, info, c, cuda.target), tmp_path)
 
@@ -265,7 +368,8 @@ def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, 
     found = gemv.annotated(sketch.mod["main"])
     assert found is not None and found[2] in gemv.configs(found[0], "float16")
     src = cuda_source(tvm.compile(expand(sketch.mod), target=cuda.target))
-    assert "blockIdx.z" in src   # the GEMV kernel swapped in (its K split; the placeholder binds x only)
+    # the GEMV kernel swapped in (its column blocks, K split; the placeholder binds x only)
+    assert "blockIdx.y" in src or "blockIdx.z" in src
     # an M = 17 GEMM keeps the tensor-core sketches
     big = _kernels(tmp_path, _matmul_model(17, 64, 64), cuda)[1][0].mod
     ctx = ms.TuneContext(mod=big, target=cuda.target, space_generator=select_space(big, cuda.target).generator,
@@ -290,10 +394,11 @@ def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):
 
 @pytest.mark.slow
 def test_the_gpu_script_builds_its_kernels_without_a_gpu():
-    """benchmarks/gemv_gpu.py --dry-run --small: every shape's default and sampled configs, with and without the
-    bias + SiLU epilogue, built for CUDA (the H200 run has one attempt)."""
+    """benchmarks/gemv_gpu.py --dry-run --small: every shape's default, both kernels' best by the rule and a sample
+    of 4 configs, with and without the bias + SiLU epilogue, built for CUDA and through ptxas with no spills (the
+    H200 run has one attempt)."""
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small"], cwd=root,
+    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small", "--configs", "4"], cwd=root,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(r"dry run: built (\d+) of \1 kernels", out.stdout), out.stdout[-500:]

@@ -11,6 +11,13 @@ whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector 
 * an ``[N, K]`` weight (Gemm's transB, a Linear's): a warp per ``threads_n`` columns, each lane a vector of
   ``lanes`` K elements (a warp reads 32 contiguous vectors of a column), x's vectors reused across the columns,
   the partials summed by warp shuffles;
+* a ``[K, N]`` fp16 weight also has a tensor-core kernel (``mma``, ``c1`` in a config's name): D = W^T x^T on
+  ``mma.sync.m16n8k16``, the weight tile the A operand (16 columns of N a tile) and M's rows, zero-padded, one or
+  two n8 tiles of B, so a weight element costs no fp32 multiply-add per row of M (at 8-16 rows those took longer
+  than the weight's stream). A lane's four 16-byte loads a k16 step are its own A fragment (the K order and the
+  column order within a warp chosen so), warps along N and K (their partials summed through shared memory), the
+  next iteration's rows prefetched into L2 (ptxas issues a step's loads just before its mmas, so registers do not
+  hold more in flight); an ``[N, K]`` weight keeps the CUDA-core kernel;
 * where the columns alone leave the GPU's SMs idle (N / columns a block < two blocks an SM), ``split`` thread
   blocks share K: each stores fp32 partials and a second kernel sums them;
 * the untuned kernel holds every row of M in the block that reads a weight tile, so the weight leaves HBM once
@@ -53,7 +60,8 @@ class GemvTemplate(KernelTemplate):
     candidates_key, index_key = CANDIDATES, ANNOTATION
     config_field = "gemv_config"
     config_words = ("the GEMV template's config {config} (v: vector lanes, t: threads a block, n: threads along N "
-                    "/ columns a warp, s: K split over blocks, m: rows a block, u: vectors in flight a thread)")
+                    "/ columns a warp, s: K split over blocks, m: rows a block, u: vectors in flight a thread, c1: on "
+                    "tensor cores, n then warps along N)")
     knobs = tuple(f"gemv_{k}" for k in KNOBS)
 
     def fits(self, func, target) -> str | None:

@@ -11,9 +11,10 @@ from tvmfuse.kernels.wgmma.spec import GemmSpec
 ANNOTATION = "tvmfuse.gemv_config"
 CANDIDATES = "tvmfuse.gemv_candidates"
 SPEC = "tvmfuse.gemv_spec"
-# the template takes GEMMs of at most this many rows (decode: a few tokens). Its multiply-adds run on fp32 CUDA
-# cores: each weight element read costs ``rows`` of them, and on the H200 (about 33.5 T FMA/s, 2.1 T fp16 weight
-# elements/s at the copy ceiling) the two meet at about 16 rows; above that wgmma's tensor cores are faster
+# the template takes GEMMs of at most this many rows (decode: a few tokens). Its CUDA-core kernel's multiply-adds
+# run on fp32 CUDA cores: each weight element read costs ``rows`` of them, and on the H200 (about 33.5 T FMA/s, 2.1 T
+# fp16 weight elements/s at the copy ceiling) the two meet at about 16 rows; its tensor-core kernel holds M in two
+# n8 tiles of an m16n8k16 mma (16 rows); above that wgmma's 64-row tiles waste less
 MAX_ROWS = 16
 _VECTOR_BYTES = 16     # one 128-bit load per vector
 # per-thread register words a config may ask for (accumulators + vectors in flight + x); above it ptxas spills
@@ -28,7 +29,14 @@ class GemvConfig:
     each reading ``threads_n`` columns along K, a vector of ``lanes`` K elements a lane. ``split``: thread
     blocks along K (their partial sums reduced by a second kernel, which applies the epilogue), ``rows``: rows
     of M a block holds in registers (fewer than M: more blocks, adjacent in the launch, each reading the weight
-    tile again, from L2 where it is still there), ``unroll``: vectors each thread loads before it multiplies (loads in flight)."""
+    tile again, from L2 where it is still there), ``unroll``: vectors each thread loads before it multiplies (loads in flight).
+
+    ``mma`` (1; a [K, N] fp16 weight only): the products on tensor cores (``mma.sync`` m16n8k16, the weight tile
+    the A operand, its rows N, and M zero-padded to one or two n8 tiles the B operand), so a weight element costs
+    no fp32 multiply-add per row of M. The knobs then read: ``threads_n`` warps along N a block (the others along
+    K, their partials summed through shared memory), each warp ``8 * lanes`` columns (a lane a vector of ``lanes``
+    columns, ``lanes / 2`` m16 tiles); ``unroll``: k16 steps a lane loads before its mmas (four vectors a step).
+    """
 
     lanes: int = 8
     threads: int = 256
@@ -36,25 +44,41 @@ class GemvConfig:
     split: int = 1
     rows: int = 1
     unroll: int = 4
+    mma: int = 0
 
     @property
     def name(self) -> str:
-        return f"v{self.lanes} t{self.threads} n{self.threads_n} s{self.split} m{self.rows} u{self.unroll}"
+        name = f"v{self.lanes} t{self.threads} n{self.threads_n} s{self.split} m{self.rows} u{self.unroll}"
+        return name + " c1" if self.mma else name   # c: tensor cores (a name without it: the CUDA-core kernel)
 
 
 def parse_config(name: str) -> GemvConfig:
-    """The config :attr:`GemvConfig.name` names (``"v8 t256 n32 s4 m1 u4"``)."""
+    """The config :attr:`GemvConfig.name` names (``"v8 t256 n32 s4 m1 u4"``, ``"v8 t256 n1 s1 m16 u4 c1"``)."""
     f = dict((part[0], int(part[1:])) for part in name.split())
-    return GemvConfig(lanes=f["v"], threads=f["t"], threads_n=f["n"], split=f["s"], rows=f["m"], unroll=f["u"])
+    return GemvConfig(lanes=f["v"], threads=f["t"], threads_n=f["n"], split=f["s"], rows=f["m"], unroll=f["u"],
+                      mma=f.get("c", 0))
 
 
 def dtype_bytes(dtype: str) -> int:
     return {"float16": 2, "bfloat16": 2, "float32": 4}[dtype]
 
 
+def mma_tiles(cfg: GemvConfig) -> tuple[int, int]:
+    """(m16 tiles of N a warp, n8 tiles of M) of a tensor-core config: a lane's vector of ``lanes`` columns is
+    two rows of each of ``lanes / 2`` tiles; M's rows, zero-padded, fill one n8 tile or two."""
+    return cfg.lanes // 2, -(-cfg.rows // 8)
+
+
+def warps_k(cfg: GemvConfig) -> int:
+    """Warps along K a block of a tensor-core config."""
+    return cfg.threads // 32 // cfg.threads_n
+
+
 def blocks(spec: GemmSpec, cfg: GemvConfig) -> int:
     """Thread blocks of the main kernel."""
-    if spec.b_kmajor:
+    if cfg.mma:
+        cols = cfg.threads_n * 8 * cfg.lanes
+    elif spec.b_kmajor:
         cols = (cfg.threads // 32) * cfg.threads_n
     else:
         cols = cfg.threads_n * cfg.lanes
@@ -63,6 +87,8 @@ def blocks(spec: GemmSpec, cfg: GemvConfig) -> int:
 
 def k_step(spec: GemmSpec, cfg: GemvConfig) -> int:
     """K elements a block's threads consume per main-loop iteration."""
+    if cfg.mma:
+        return 16 * cfg.unroll * warps_k(cfg)
     if spec.b_kmajor:
         return 32 * cfg.lanes * cfg.unroll
     return (cfg.threads // cfg.threads_n) * cfg.unroll
@@ -71,6 +97,12 @@ def k_step(spec: GemmSpec, cfg: GemvConfig) -> int:
 def register_words(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
     """32-bit registers a thread's accumulators, weight vectors and x values take (an estimate)."""
     per_word = 4 // dtype_bytes(dtype)
+    if cfg.mma:
+        # fp32 accumulators of its tiles, one k16 step's 4 weight vectors, A's words and x's: ptxas issues a step's
+        # loads just before its mmas whatever ``unroll`` (sm_90a, CUDA 13.0: 76 registers at v8 m16 u4 and u2, 44 at
+        # v4 m16 u8), so a step, not ``unroll`` of them, is what a lane holds
+        tn, t8 = mma_tiles(cfg)
+        return 4 * tn * t8 + 2 * cfg.lanes + 4 * tn + 2 * t8
     if spec.b_kmajor:
         acc = cfg.rows * cfg.threads_n
         w = cfg.unroll * cfg.threads_n * cfg.lanes // per_word
@@ -86,40 +118,60 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     """Whether ``cfg`` takes ``spec``: whole vectors along the weight's contiguous axis, a K split every block
     of which has work, registers under the spill line, threads a block that a warp divides."""
     contiguous = spec.k if spec.b_kmajor else spec.n
+    if cfg.mma and not _fits_mma(spec, cfg, dtype):
+        return False
     if contiguous % cfg.lanes or cfg.lanes * dtype_bytes(dtype) > _VECTOR_BYTES or cfg.threads % 32:
         return False
     if cfg.rows > spec.rows or register_words(spec, cfg, dtype) > _REGISTER_WORDS:
         return False
-    if spec.b_kmajor:
+    if cfg.mma:
+        pass   # _fits_mma took its warps
+    elif spec.b_kmajor:
         if cfg.threads_n > spec.n:
             return False
-    elif cfg.threads % cfg.threads_n or cfg.threads_n * cfg.lanes > spec.n * 2:
+    elif cfg.threads % cfg.threads_n or cfg.threads_n * cfg.lanes > spec.n * 2 or cfg.threads_n == 1:
+        # one thread along N (the space's threads_n = 1 is the tensor-core kernel's one warp along N): a warp reads
+        # one vector of 32 rows, and at 16 rows the 256-512 K threads' sums spilled (ptxas, sm_90a)
         return False
     # every split block has at least one whole K step (a split of less is all launch and reduction), and a
     # split is offered only where half of it leaves the SMs short of blocks (more is only a bigger reduction)
     if spec.k // k_step(spec, cfg) < cfg.split:
         return False
-    half = GemvConfig(cfg.lanes, cfg.threads, cfg.threads_n, cfg.split // 2, cfg.rows, cfg.unroll)
+    half = GemvConfig(cfg.lanes, cfg.threads, cfg.threads_n, cfg.split // 2, cfg.rows, cfg.unroll, cfg.mma)
     return cfg.split == 1 or blocks(spec, half) < 4 * SMS
+
+
+def _fits_mma(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
+    """The tensor-core kernel's own limits: a [K, N] fp16 weight (mma.sync's f16 operands; an [N, K] weight keeps
+    the CUDA-core kernel), at most two n8 tiles of M (16 rows), 2-8 lanes (1-4 m16 tiles a warp), whole warps
+    along N and K, a warp's columns not more than twice N, its partials' shared memory under the cap."""
+    if spec.b_kmajor or dtype != "float16" or cfg.lanes not in (2, 4, 8) or cfg.rows > 16:
+        return False
+    warps = cfg.threads // 32
+    if cfg.threads % 32 or warps % cfg.threads_n or cfg.threads_n * 8 * cfg.lanes > 2 * spec.n:
+        return False
+    return shared_bytes(spec, cfg) <= _SHARED_BYTES
 
 
 _SPLITS = (1, 2, 4, 8, 16)   # the default's splits: among every space's (the space file's gemv_split too)
 
 
 def configs(spec: GemmSpec, dtype: str, *, lanes=(8, 4, 2, 1), threads=(256, 128, 512), threads_n=(32, 8, 16, 1, 2, 4),
-            split=_SPLITS, rows=(1, 2, 4, 8, 16), unroll=(4, 2, 8, 1)) -> list[GemvConfig]:
+            split=_SPLITS, rows=(1, 2, 4, 8, 16), unroll=(4, 2, 8, 1), mma=(0, 1)) -> list[GemvConfig]:
     """The configs (from the given choices) that fit ``spec`` (:func:`fits_shape`); the rows of a block are
-    capped at the kernel's (``min(rows, M)``, so a 3-row GEMM gets a 3-row config)."""
+    capped at the kernel's (``min(rows, M)``, so a 3-row GEMM gets a 3-row config). The CUDA-core configs come
+    first, then the tensor-core ones (``mma``)."""
     out = []
-    for v in lanes:
-        for t in threads:
-            for n in threads_n:
-                for s in split:
-                    for m in sorted({min(int(r), spec.rows) for r in rows}):
-                        for u in unroll:
-                            c = GemvConfig(int(v), int(t), int(n), int(s), int(m), int(u))
-                            if c not in out and fits_shape(spec, c, dtype):
-                                out.append(c)
+    for c_ in mma:
+        for v in lanes:
+            for t in threads:
+                for n in threads_n:
+                    for s in split:
+                        for m in sorted({min(int(r), spec.rows) for r in rows}):
+                            for u in unroll:
+                                c = GemvConfig(int(v), int(t), int(n), int(s), int(m), int(u), int(c_))
+                                if c not in out and fits_shape(spec, c, dtype):
+                                    out.append(c)
     return out
 
 
@@ -135,8 +187,20 @@ _LAUNCH_BYTES = 8 << 20
 # [K, N]: bytes of a weight row a warp's threads along N read together; 64 bytes: two whole 32-byte sectors, the
 # HBM's burst (narrower rows fetch sectors in other rows per load: more DRAM row activations a byte)
 _MIN_SEGMENT = 64
-# the default's threads_n: the space file's gemv_threads_n, so a tuned search can reach the untuned kernel
+# the default's threads_n: the space file's gemv_threads_n, so a tuned search can reach the untuned kernel (a
+# tensor-core config's warps along N: 1 to 8)
 _DEFAULT_N = (2, 4, 8, 32)
+_DEFAULT_N_MMA = (1, 2, 4, 8)
+# The multiply-adds, counted as the weight bytes the HBM streams in their time (the rule adds them to the stream:
+# in the kernels measured they did not hide under it). CUDA cores: one fp32 multiply-add a weight element and row
+# of M, with the conversions of fp16 operands to fp32 around it. The H200 (2026-12, fp16, the CUDA-core defaults):
+# 16 rows against a 4096 x 11008 weight took 59.8 us over the weight's 21.3 us at the copy ceiling (721 M
+# multiply-adds), 8 rows of 11008 x 4096 22.4 us over it (361 M): 0.35 and 0.26 byte-times a multiply-add, 0.3
+# here (2.3x its peak rate's 0.13: 33.5 T multiply-adds a second, 4.2 TB/s). Tensor cores: mma.sync's m16n8k16
+# fp16 at about 330 T multiply-adds a second on Hopper (two thirds of wgmma's dense peak), 0.013 byte-times,
+# 0.02 here; it multiplies M's padding too (8 or 16 columns). Unmeasured: the benchmark times both kernels.
+_FMA_BYTES = 0.3
+_MMA_FMA_BYTES = 0.02
 
 
 def registers(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
@@ -151,6 +215,9 @@ def registers(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
 def shared_bytes(spec: GemmSpec, cfg: GemvConfig) -> int:
     """Shared memory of a block: the [K, N] kernel's partials of a group of rows and their sums (source's
     ``red``, ``rout``)."""
+    if cfg.mma:   # the partials of the warps along K past the first, a lane's accumulators each
+        tn, t8 = mma_tiles(cfg)
+        return (warps_k(cfg) - 1) * cfg.threads_n * 4 * tn * t8 * 32 * 4
     if spec.b_kmajor or cfg.threads == cfg.threads_n:
         return 0
     tk, cb = cfg.threads // cfg.threads_n, cfg.threads_n * cfg.lanes
@@ -173,8 +240,11 @@ def inflight_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
         return 0.0
     nb = blocks(spec, cfg)
     waves = -(-nb // (res * sms))
-    cols = 1 if not spec.b_kmajor else cfg.threads_n
-    return nb * cfg.threads * cfg.unroll * cols * cfg.lanes * dtype_bytes(dtype) / (waves * sms)
+    if cfg.mma:   # the next iteration's `unroll` k16 steps prefetched into L2, and this step's 4 vectors a lane
+        per_thread = (cfg.unroll + 1) * 4 * cfg.lanes * dtype_bytes(dtype)
+    else:
+        per_thread = cfg.unroll * (1 if not spec.b_kmajor else cfg.threads_n) * cfg.lanes * dtype_bytes(dtype)
+    return nb * cfg.threads * per_thread / (waves * sms)
 
 
 def streamed_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) -> float:
@@ -186,14 +256,22 @@ def streamed_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
     flight = inflight_bytes(spec, cfg, dtype, sms)
     if flight <= 0:
         return float("inf")
-    cost = weight * max(1.0, _INFLIGHT_PER_SM / flight)
+    cost = weight * max(1.0, _INFLIGHT_PER_SM / flight) + _multiply_add_bytes(spec, cfg)
     if cfg.split > 1:
         cost += _LAUNCH_BYTES + 2 * 4 * cfg.split * spec.rows * spec.n
     return cost
 
 
+def _multiply_add_bytes(spec: GemmSpec, cfg: GemvConfig) -> float:
+    """A config's multiply-adds counted as weight bytes streamed meanwhile (:data:`_FMA_BYTES`)."""
+    row_tiles = -(-spec.rows // cfg.rows)
+    if cfg.mma:
+        return _MMA_FMA_BYTES * spec.n * spec.k * row_tiles * 8 * mma_tiles(cfg)[1]
+    return _FMA_BYTES * spec.n * spec.k * spec.rows
+
+
 @lru_cache(maxsize=256)   # a pure function of its arguments, asked per kernel by fits, the sketch and the build
-def default_config(spec: GemmSpec, dtype: str, sms: int = SMS) -> GemvConfig | None:
+def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 1)) -> GemvConfig | None:
     """The config an untuned build runs, by a rule over the shape and the GPU's SM count (``sms``).
 
     Every row of M (up to :data:`MAX_ROWS`) is held by the block that reads a weight tile, so the weight leaves
@@ -204,22 +282,31 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS) -> GemvConfig | N
     line, [K, N] rows read :data:`_MIN_SEGMENT` bytes at a time) are costed by :func:`streamed_bytes`: the bytes
     an SM keeps in flight (registers bound them: more rows, more fp32 accumulators, fewer loads in flight), whole
     waves of blocks, and a K split's launch and partials; the cheapest wins, ties to fewer split blocks, then to
-    wider vectors (fewer x conversions a multiply-add), then fewer threads along K (a shorter reduction). Nothing
-    in it is fitted to a benchmark shape."""
+    wider vectors (fewer x conversions a multiply-add), then fewer threads along K (a shorter reduction). The
+    multiply-adds count too (:data:`_FMA_BYTES`): a CUDA-core config's grow with M (at 8-16 rows longer than the
+    stream), a tensor-core config's (fp16 [K, N] weights) are a few percent at any M, so it wins wherever it fits.
+    ``mma``: the kernels to choose from (0 CUDA cores, 1 tensor cores). Nothing in it is fitted to a benchmark
+    shape; the multiply-adds' rate is the H200's."""
     rows = min(spec.rows, MAX_ROWS)
     vec = _VECTOR_BYTES // dtype_bytes(dtype)
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too
-    cands = configs(spec, dtype, lanes=lanes, threads=(128, 256, 512), threads_n=_DEFAULT_N,
-                    split=_SPLITS, rows=(rows,), unroll=(8, 4, 2))
+    cands = [c for tc in mma for c in configs(spec, dtype, lanes=lanes, threads=(128, 256, 512),
+                                              threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,
+                                              rows=(rows,), unroll=(8, 4, 2), mma=(tc,))]
     segment = min(_MIN_SEGMENT, spec.n * dtype_bytes(dtype))
-    wide = [c for c in cands if spec.b_kmajor or c.threads_n * c.lanes * dtype_bytes(dtype) >= segment]
+
+    def row_bytes(c: GemvConfig) -> int:   # contiguous bytes of a weight row a warp reads together
+        return 8 * c.lanes * dtype_bytes(dtype) if c.mma else c.threads_n * c.lanes * dtype_bytes(dtype)
+
+    wide = [c for c in cands if spec.b_kmajor or row_bytes(c) >= segment]
     cands = wide or cands
 
     def key(c: GemvConfig):
-        tk = 1 if spec.b_kmajor else c.threads // c.threads_n
-        return (streamed_bytes(spec, c, dtype, sms), c.split, -c.lanes, tk, c.threads, -c.unroll, c.threads_n)
+        tk = warps_k(c) if c.mma else 1 if spec.b_kmajor else c.threads // c.threads_n
+        return (streamed_bytes(spec, c, dtype, sms), c.split, -c.lanes, tk, c.threads, -c.unroll, c.threads_n,
+                c.mma)
 
     best = min(cands, key=key, default=None)
     if best is None:   # an odd small shape none of the rule's candidates take: the first config that fits
-        return next(iter(configs(spec, dtype)), None)
+        return next(iter(configs(spec, dtype, mma=mma)), None)
     return best

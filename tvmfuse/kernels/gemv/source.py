@@ -8,7 +8,7 @@ cross-thread reductions and the epilogue numerically.
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.gemv.config import _SHARED_BYTES, GemvConfig, dtype_bytes
+from tvmfuse.kernels.gemv.config import _SHARED_BYTES, GemvConfig, dtype_bytes, mma_tiles, warps_k
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
@@ -177,6 +177,145 @@ def _nk_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> s
     return code
 
 
+# mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32's fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with
+# floating point type"): lane = 4 * groupID + threadID_in_group; a lane's A halves a0..a7 (four .f16x2 registers,
+# the first element of a pair in the low 16 bits), B's b0..b3, C / D's c0..c3. As (lane, element) of a matrix
+# element: A (16 x 16, row x k), B (16 x 8, k x col), C (16 x 8, row x col). The emulation's mma reads its operands
+# through these maps; tests/kernels/test_gemv.py checks them against TVM's own mma layouts.
+MMA_A = ("{row} % 8 * 4 + {k} % 8 // 2", "({row} // 8 + {k} // 8 * 2) * 2 + {k} % 2")
+MMA_B = ("{col} * 4 + {k} % 8 // 2", "{k} // 8 * 2 + {k} % 2")
+MMA_C = ("{row} % 8 * 4 + {col} // 2", "{row} // 8 * 2 + {col} % 2")
+_MMA = "T.ptx.mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+
+
+def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> str:
+    """The [K, N] weight on tensor cores: D (N x M) = W^T (N x K) . x^T (K x M), an m16n8k16 mma a k16 step, an m16
+    tile of columns and an n8 tile of M's rows (zero-padded: their columns of D are not stored).
+
+    A lane (group g = lane / 4, t = lane % 4) of a warp loads, each k16 step, four vectors of ``lanes`` columns
+    (8g .. 8g + lanes - 1 of the warp's 8 x lanes) at the rows k0 + 4t + s (s = 0..3): the warp's loads of a
+    slot s cover four weight rows of 8 x lanes contiguous columns. The sum over K and the rows of D being any
+    order of them, the mma's logical k (2t, 2t + 1, 2t + 8, 2t + 9 in a lane) is the weight's row k0 + 4t + s
+    (s = 0, 1, 2, 3), and tile i's logical rows g and g + 8 are columns 8g + 2i and 8g + 2i + 1: a lane's A
+    fragment is its own loads, two halves paired across rows (no exchange between lanes), and its B fragment
+    x[m][k0 + 4t .. k0 + 4t + 3], one 8-byte load. The lane's D is then its own columns 8g .. 8g + lanes - 1
+    at M's rows 2t, 2t + 1 (+ 8 in the second n8 tile)."""
+    M, N, K = spec.rows, spec.n, spec.k
+    V, TN, MR, U, S = cfg.lanes, cfg.threads_n, cfg.rows, cfg.unroll, cfg.split
+    TK = warps_k(cfg)
+    T8, NT = mma_tiles(cfg)
+    chunk = 16 * U
+    tiles = K // chunk
+    per = -(-tiles // (S * TK))
+    kz = f"(bz * {TK} + ty // {TN})"
+    ext = str(per) if tiles % (S * TK) == 0 else f"T.max(T.min({per}, {tiles} - {kz} * {per}), 0)"
+    n_acc = 4 * T8 * NT
+    A = f.local("acc", n_acc, "float32")
+    Wp = f.local("w", U * 4 * V, dt)
+    Xp = f.local("xh", U * NT * 4, dt)
+    Fp = f.local("afh", T8 * 8, dt)
+    if not f.emulate:   # the fragments' 32-bit registers: views of the half arrays
+        f.allocs += (f"xw = T.decl_buffer(({U * NT * 2},), 'uint32', data=xh.data, scope='local')\n"
+                     f"afw = T.decl_buffer(({T8 * 4},), 'uint32', data=afh.data, scope='local')\n")
+    u_, v_ = f.unroll, f.vec
+    g, t = "(tx // 4)", "(tx % 4)"
+    col0 = f"((by * {TN} + ty % {TN}) * 8 + {g}) * {V}"
+    colc = f"T.min({col0}, {N - V})"   # a warp past N's end reads the last columns and stores nothing
+
+    def row_of(j: str) -> str:   # x's row of this lane's B column in n8 tile j (padding columns: a real row)
+        return f"T.min(bx * {MR} + T.min({g} + {j} * 8, {MR - 1}), {M - 1})"
+
+    def loads(k: str, steps: int, masked: bool) -> str:
+        """The weight vectors and x's halves of ``steps`` k16 steps at K offset ``k`` (of u, s). ``masked``:
+        past K, the weight's row clamped (a real value) and x zero, so the product is 0."""
+        kw = f"T.min({k}, {K - 1})" if masked else f"({k})"
+        xv = v_ if not masked and K % 4 == 0 else u_   # 8-byte x loads where aligned
+        xload = f"a_f[{row_of('j')} * {K} + {kw}]"
+        if masked:
+            xload = f"T.if_then_else({k} < {K}, {xload}, T.{dt}(0))"
+        return (f"for u in {u_}({steps}):\n    for s in {u_}(4):\n        for v in {v_}({V}):\n"
+                f"            w[{Wp}(u * 4 + s) * {V} + v] = b_f[{kw} * {N} + {colc} + v]\n"
+                f"    for j in {u_}({NT}):\n        for s in {xv}(4):\n"
+                f"            xh[{Xp}(u * {NT} + j) * 4 + s] = {xload}\n")
+
+    def build(u: str) -> str:   # A's halves of step u: register r of tile i pairs slots 2 (r // 2), + 1 at column 2i + r % 2
+        return (f"for i in {u_}({T8}):\n    for r in {u_}(4):\n        for h in {u_}(2):\n"
+                f"            afh[{Fp}i * 8 + r * 2 + h] = w[{Wp}({u} * 4 + r // 2 * 2 + h) * {V} + i * 2 + r % 2]\n")
+
+    def mmas(u: str) -> str:
+        if not f.emulate:
+            code = ""
+            for j in range(NT):
+                for i in range(T8):
+                    c = ", ".join(f"acc[{(j * T8 + i) * 4 + q}]" for q in range(4))
+                    a = ", ".join(f"afw[{i * 4 + r}]" for r in range(4))
+                    b = ", ".join(f"xw[({u} * {NT} + {j}) * 2 + {r}]" for r in range(2))
+                    code += f"T.evaluate({_MMA}({c}, {a}, {b}, {c}))\n"
+            return code
+        # the mma as the hardware computes it: D[row][col] += sum over k of A[row][k] B[k][col], each operand
+        # read from the lane (of this warp) and element the fragment layouts give
+        row, col = f"({g} + q // 2 * 8)", f"({t} * 2 + q % 2)"
+        la, ea = (x.format(row=row, k="kk") for x in MMA_A)
+        lb, eb = (x.format(col=col, k="kk") for x in MMA_B)
+        sa, sx = T8 * 8, U * NT * 4
+        ai = f"(ty * 32 + {la}) * {sa} + i * 8 + {ea}"
+        bi = f"(ty * 32 + {lb}) * {sx} + ({u} * {NT} + j) * 4 + {eb}"
+        ci = f"(j * {T8} + i) * 4 + q"
+        return (f"for j in T.serial({NT}):\n    for i in T.serial({T8}):\n        for q in T.serial(4):\n"
+                f"            for kk in T.serial(16):\n"
+                f"                acc[{A}{ci}] = acc[{A}{ci}] + T.Cast('float32', afh[{ai}]) * "
+                f"T.Cast('float32', xh[{bi}])\n")
+
+    def steps(k: str, n: int, masked: bool, guard: str) -> str:
+        """Loads, then per step A's registers and the mmas. Emulated: each its own phase over the block's threads
+        (the mma reads other lanes' fragments); ``guard``: the threads that take part."""
+        if not f.emulate:
+            return loads(k, n, masked) + f"for u in {u_}({n}):\n" + _indent(build("u") + mmas("u"), 4)
+
+        def grd(c: str) -> str:
+            return f.threads(f"if {guard}:\n" + _indent(c, 4))
+
+        return grd(loads(k, n, masked)) + f"for u in T.serial({n}):\n" + _indent(grd(build("u")) + grd(mmas("u")), 4)
+
+    code = f.threads(f"for a in {u_}({n_acc}):\n    acc[{A}a] = T.float32(0)\n")
+    kb = f"({kz} * {per} + it) * {chunk} + u * 16 + {t} * 4 + s"
+    if f.emulate:
+        code += f"for it in T.serial({per}):\n" + _indent(steps(kb, U, False, f"it < {ext}"), 4)
+    else:
+        # the next iteration's weight rows prefetched into L2 first: ptxas issues a step's loads just before its
+        # mmas (the registers of `unroll` steps' loads are not held), so the prefetches are what keeps `unroll` steps
+        # a lane in flight; past the warp's last iteration they fetch the next warp's rows (clamped to K)
+        kn = f"T.min(({kz} * {per} + it + 1) * {chunk} + u * 16 + {t} * 4 + s, {K - 1})"
+        pf = (f"for u in {u_}({U}):\n    for s in {u_}(4):\n"
+              f"        T.evaluate(T.ptx['prefetch.global.L2'](T.address_of(b_f[{kn} * {N} + {colc}])))\n")
+        code += f"for it in T.serial({ext}):\n" + _indent(pf + steps(kb, U, False, "True"), 4)
+    rem = K - tiles * chunk
+    if rem:   # the rows past the last whole chunk: k16 steps (the last one masked) of the last warp along K
+        last = f"{kz} == {S * TK - 1}"
+        kr = f"{tiles * chunk} + u * 16 + {t} * 4 + s"
+        if f.emulate:
+            code += steps(kr, -(-rem // 16), True, last)
+        else:
+            code += f"if {last}:\n" + _indent(steps(kr, -(-rem // 16), True, "True"), 4)
+    if TK > 1:   # the warps along K past the first hand their partials to the first through shared memory
+        scope = "" if f.emulate else ", scope='shared'"
+        f.allocs += f"red = T.alloc_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32'{scope})\n"
+        slot = f"((ty // {TN} - 1) * {TN} + ty % {TN}) * {n_acc}"
+        code += f.sync() + f.threads(f"if ty >= {TN}:\n    for a in {u_}({n_acc}):\n"
+                                     f"        red[({slot} + a) * 32 + tx] = acc[{A}a]\n")
+        code += f.sync() + f.threads(
+            f"if ty < {TN}:\n    for p in T.serial({TK - 1}):\n        for a in {u_}({n_acc}):\n"
+            f"            acc[{A}a] = acc[{A}a] + red[((p * {TN} + ty) * {n_acc} + a) * 32 + tx]\n")
+    # a lane's D: tile i's c(q) is column 8g + 2i + q // 2, M's row 2t + q % 2 + 8j of the block
+    mloc = f"({t} * 2 + q % 2 + j * 8)"
+    row, col = f"(bx * {MR} + {mloc})", f"({col0} + i * 2 + q // 2)"
+    stored = out.format(row=row, col=col, acc=f"acc[{A}(j * {T8} + i) * 4 + q]")
+    code += f.threads(f"if ty < {TN} and {col0} < {N}:\n    for j in {u_}({NT}):\n        for i in {u_}({T8}):\n"
+                      f"            for q in {u_}(4):\n                if {mloc} < {MR} and {row} < {M}:\n"
+                      + _indent(stored, 20))
+    return code
+
+
 def gemv_source(spec: GemmSpec, cfg: GemvConfig, params: list[str], a: str, b: str, store: str, dtype: str,
                 emulate: bool = False) -> str:
     """TVMScript of the GEMV kernel of ``spec`` under ``cfg``: ``params`` the PrimFunc's parameter declarations,
@@ -184,7 +323,10 @@ def gemv_source(spec: GemmSpec, cfg: GemvConfig, params: list[str], a: str, b: s
     ``{acc}`` fields, :func:`tvmfuse.kernels.wgmma.analyze`'s). With a K split the main kernel stores fp32
     partials and a second kernel sums them and applies ``store``."""
     M, N, K, S = spec.rows, spec.n, spec.k, cfg.split
-    if spec.b_kmajor:
+    if cfg.mma:
+        ty, tx = cfg.threads // 32, 32
+        nb = -(-N // (cfg.threads_n * 8 * cfg.lanes))
+    elif spec.b_kmajor:
         ty, tx = cfg.threads // 32, 32
         nb = -(-N // ((cfg.threads // 32) * cfg.threads_n))
     else:
@@ -194,7 +336,7 @@ def gemv_source(spec: GemmSpec, cfg: GemvConfig, params: list[str], a: str, b: s
     f = _Frame(emulate, ty, tx)
     final = store.replace("{bz}", "0")
     out = final if S == 1 else "part[(bz * " + str(M) + " + {row}) * " + str(N) + " + {col}] = {acc}"
-    body = (_nk_body if spec.b_kmajor else _kn_body)(spec, cfg, dtype, f, out)
+    body = (_mma_body if cfg.mma else _nk_body if spec.b_kmajor else _kn_body)(spec, cfg, dtype, f, out)
     views = (f"a_f = T.decl_buffer(({M * K},), '{dtype}', data={a}.data)\n"
              f"b_f = T.decl_buffer(({N * K},), '{dtype}', data={b}.data)\n")
     if S > 1:
