@@ -148,8 +148,14 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
         else:
             got = torch.full_like(want, float("nan"))
             args = [tvm.runtime.from_dlpack(t) for t in (*inputs, got)]
-            lib["main"](*args)
-            dev.sync()
+            try:   # (a staged row past the block's shared memory fails at launch: that config's row says so)
+                lib["main"](*args)
+                dev.sync()
+            except Exception as err:  # noqa: BLE001 - report and go on
+                rec["error"] = str(err).strip().splitlines()[-1][:160]
+                out["configs"].append(rec)
+                print(json.dumps(rec), flush=True)
+                continue
             diff = (got.float() - want.float()).nan_to_num(nan=float("inf")).norm() / want.float().norm()
             rec["unwritten"] = int(torch.isnan(got).sum())
             rec["rel_error"] = float(diff)

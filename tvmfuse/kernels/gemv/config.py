@@ -201,6 +201,11 @@ _DEFAULT_N_MMA = (1, 2, 4, 8)
 # 0.02 here; it multiplies M's padding too (8 or 16 columns). Unmeasured: the benchmark times both kernels.
 _FMA_BYTES = 0.3
 _MMA_FMA_BYTES = 0.02
+# The tensor-core kernel streams its weight less efficiently than the CUDA-core one: at one row, where the
+# multiply-adds cost neither kernel anything, its untuned config took 1.44x the CUDA-core kernel's time against a
+# 4096 x 11008 fp16 weight (38.1 vs 26.4 us) and 2.1x against 4096 x 4096 (14.7 vs 6.9 us) on the H200; at 16
+# rows it took half the CUDA-core kernel's (41.4 vs 81 us). Its weight term is stretched by the smaller factor.
+_MMA_STREAM = 1.45
 
 
 def registers(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
@@ -256,7 +261,8 @@ def streamed_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
     flight = inflight_bytes(spec, cfg, dtype, sms)
     if flight <= 0:
         return float("inf")
-    cost = weight * max(1.0, _INFLIGHT_PER_SM / flight) + _multiply_add_bytes(spec, cfg)
+    cost = (weight * max(1.0, _INFLIGHT_PER_SM / flight) * (_MMA_STREAM if cfg.mma else 1.0)
+            + _multiply_add_bytes(spec, cfg))
     if cfg.split > 1:
         cost += _LAUNCH_BYTES + 2 * 4 * cfg.split * spec.rows * spec.n
     return cost
@@ -284,7 +290,8 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     waves of blocks, and a K split's launch and partials; the cheapest wins, ties to fewer split blocks, then to
     wider vectors (fewer x conversions a multiply-add), then fewer threads along K (a shorter reduction). The
     multiply-adds count too (:data:`_FMA_BYTES`): a CUDA-core config's grow with M (at 8-16 rows longer than the
-    stream), a tensor-core config's (fp16 [K, N] weights) are a few percent at any M, so it wins wherever it fits.
+    stream), a tensor-core config's (fp16 [K, N] weights) are a few percent at any M, but it streams its weight
+    more slowly (:data:`_MMA_STREAM`): it wins from a few rows on.
     ``mma``: the kernels to choose from (0 CUDA cores, 1 tensor cores). Nothing in it is fitted to a benchmark
     shape; the multiply-adds' rate is the H200's."""
     rows = min(spec.rows, MAX_ROWS)
