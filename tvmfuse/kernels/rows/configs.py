@@ -137,7 +137,14 @@ def default_config(prog: RowProgram, staged_bytes: int | None = None, room: Room
               and c.keep * c.threads >= vectors and c.keep * per <= 32]
     if prog.cols < _STREAM_DEFAULT_FROM:
         # (from 16384 columns 32 elements a thread take 1024 threads a row and a block an SM of their registers:
-        # the staged row below keeps more rows in flight)
+        # the staged row below keeps more rows in flight). One reduction only: on the H200 the ragged row in
+        # registers took RMSNorm 16384 x 4099 fp16 to 79.8 us (86% of copy; dlight 147.3) but LayerNorm, two
+        # reductions and two unaligned parameter rows, to 102.1 us, where dlight took 83.8 (softmax's max and sum, an
+        # online pair, count as one: dlight's softmax is far slower, 1118 us at 4096 x 50257 against 273)
+        from tvmfuse.kernels.rows.stream import online_pairs
+
+        if sum(s.kind == "reduce" for s in prog.steps) - len(online_pairs(prog)) > 1:
+            return None
         return min(ragged, key=lambda c: c.threads) if ragged else None
     threads = next((t for t in _STREAM_THREADS if -(-vectors // t) <= 8), _STREAM_THREADS[-1])
     # a row staged whole: the plain passes (on the H200 the online max and sum took 2048 x 32000 softmax from 71.0
