@@ -62,6 +62,11 @@ def untuned_example_artifact(tmp_path_factory, example_model):
 if "TVMFUSE_SIGNING_KEY" not in os.environ:
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="tvmfuse-tests-config-")
 
+# the CUDA compile cache (tvmfuse.nvcc_cache): one folder for the whole session, shared by its processes (the tuner's
+# workers, the CLI's subprocesses), never the user's; a test of the cache itself uses one of its own
+if "TVMFUSE_NVCC_CACHE" not in os.environ:
+    os.environ["TVMFUSE_NVCC_CACHE"] = tempfile.mkdtemp(prefix="tvmfuse-tests-nvcc-")
+
 # the checkout's root, for ``benchmarks`` (the long runs whose generators some tests share, e.g. the fuzzer's)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
