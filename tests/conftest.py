@@ -72,6 +72,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def pytest_configure(config):
-    # MetaSchedule's builder workers import tvmfuse (our build function): make the checkout importable
+    # MetaSchedule's builder workers import tvmfuse (our build function): make the checkout importable; and every
+    # process the tests start imports TVM without PyTorch (tests/_site/sitecustomize.py says why), this one too
     root = str(Path(__file__).resolve().parents[1])
-    os.environ["PYTHONPATH"] = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    site = str(Path(__file__).resolve().parent / "_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join([site, root] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH")
+                                                               else []))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_tvmfuse_tests_site", os.path.join(site, "sitecustomize.py"))
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
