@@ -6,7 +6,7 @@ import functools
 import logging
 
 from tvmfuse import nvcc_cache
-from tvmfuse._tvm import build_context, cuda_compile, cuda_sources, ms
+from tvmfuse._tvm import build_context, cuda_compile, cuda_sources, derived_object, ms
 from tvmfuse.kernels import expand
 
 log = logging.getLogger("tvmfuse.tune")
@@ -39,9 +39,59 @@ def fast_build(mod, target, _params, *, precompile: bool = False):
     return built
 
 
+# builds a worker serves before it is replaced: MetaSchedule's LocalBuilder starts new workers for every batch
+# (for a memory leak of long-lived workers); each start imports TVM and tvmfuse, seconds of CPU a worker
+WORKER_USES = 32
+
+
+@derived_object
+class PooledBuilder(ms.builder.PyBuilder):
+    """MetaSchedule's LocalBuilder (the same worker function, results and messages) with its worker processes kept
+    from one batch to the next, each replaced after ``max_uses`` builds or a timeout. A tuning run of small batches
+    (the first pass of a time-bounded run: one candidate a kernel) spent more on starting workers than on building."""
+
+    def __init__(self, *, f_build, max_workers: int, timeout_sec: float, initializer=None,
+                 max_uses: int = WORKER_USES):
+        super().__init__()
+        self.f_build, self.max_workers, self.timeout_sec = f_build, max_workers, timeout_sec
+        self.initializer, self.max_uses = initializer, max_uses
+        self.pool = None
+
+    def build(self, build_inputs):
+        from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+        from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+
+        if self.pool is None:
+            self.pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
+                                          initializer=self.initializer, maximum_process_uses=self.max_uses)
+        results = []
+        jobs = [(self.f_build, None, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+        for r in self.pool.map_with_error_catching(lambda x: _worker_func(*x), jobs):
+            if r.status == StatusKind.COMPLETE:
+                results.append(ms.builder.BuilderResult(r.value, None))
+            elif r.status == StatusKind.TIMEOUT:
+                results.append(ms.builder.BuilderResult(
+                    None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"))
+            else:
+                results.append(ms.builder.BuilderResult(None, "LocalBuilder: An exception occurred\n" + str(r.value)))
+        return results
+
+    def close(self) -> None:
+        """Stop the workers (a later build starts new ones)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+
 def make_builder(*, workers: int, timeout_s: float, precompile: bool = False):
-    """The LocalBuilder of a tuning run: tvmfuse's build function, and in every worker the nvcc cache this process
-    compiles through (``precompile``: see :func:`fast_build`)."""
+    """The builder of a tuning run (:class:`PooledBuilder`): tvmfuse's build function, and in every worker the nvcc
+    cache this process compiles through (``precompile``: see :func:`fast_build`). Close it (``close_builder``)."""
     f_build = functools.partial(fast_build, precompile=True) if precompile else fast_build
-    return ms.builder.LocalBuilder(f_build=f_build, max_workers=workers, timeout_sec=timeout_s,
-                                   initializer=nvcc_cache.worker_initializer())
+    return PooledBuilder(f_build=f_build, max_workers=workers, timeout_sec=timeout_s,
+                         initializer=nvcc_cache.worker_initializer())
+
+
+def close_builder(builder) -> None:
+    inst = getattr(builder, "_inst", builder)   # the Python object behind TVM's derived-object wrapper
+    if hasattr(inst, "close"):
+        inst.close()

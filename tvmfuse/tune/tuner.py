@@ -19,7 +19,7 @@ from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrins
 from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_model  # noqa: F401 (their home was here)
 from tvmfuse.target import TargetInfo
 from tvmfuse import nvcc_cache
-from tvmfuse.tune.builder import make_builder
+from tvmfuse.tune.builder import close_builder, make_builder
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -285,6 +285,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
                          spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress,
                          stop=stop, cost_model=cost_model, ledger=ledger)
     finally:
+        close_builder(builder)
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
 
