@@ -121,17 +121,20 @@ def test_the_tuners_build_workers_compile_through_the_cache(tmp_path, cuda):
     """MetaSchedule's LocalBuilder as the tuner makes it, in its own worker processes: the first build stores the
     candidate's compiled kernel, the second is a hit there (the entry refreshed, nothing new stored)."""
     from tvmfuse._tvm import ms
-    from tvmfuse.tune.builder import make_builder
+    from tvmfuse.tune.builder import close_builder, make_builder
 
     cache = nvcc_cache.install(tmp_path)
     builder = make_builder(workers=1, timeout_s=300, precompile=True)
     inputs = [ms.builder.BuilderInput(_scheduled(3.0, cuda.target), cuda.target)]
-    (first,) = builder.build(inputs)
-    assert first.error_msg is None, first.error_msg
-    (entry,) = cache.entries()
-    stamp = entry.stat().st_mtime_ns
-    time.sleep(0.05)
-    (second,) = builder.build(inputs)
+    try:
+        (first,) = builder.build(inputs)
+        assert first.error_msg is None, first.error_msg
+        (entry,) = cache.entries()
+        stamp = entry.stat().st_mtime_ns
+        time.sleep(0.05)
+        (second,) = builder.build(inputs)
+    finally:
+        close_builder(builder)
     assert second.error_msg is None, second.error_msg
     assert cache.entries() == [entry] and entry.stat().st_mtime_ns > stamp
     assert cache.stats.misses == cache.stats.hits == 0   # all of it in the workers
