@@ -26,13 +26,17 @@ def llvm_target():
 
 @pytest.fixture(scope="session")
 def tuned_example(tmp_path_factory, example_model):
-    """(db path, tune report): every kernel of the example tuned with 2 trials."""
+    """(db path, tune report): every kernel of the example tuned with 2 trials. The search's model is random: XGBoost's
+    training after each batch was half of this fixture's time, and no test of it reads the model (the default model
+    is tuned with end to end by tests/cli/test_progress.py's --trials run and tests/tune/test_tuner.py's cost model
+    tests)."""
     from tvmfuse import api
     from tvmfuse.tune import TuneConfig
 
     work = tmp_path_factory.mktemp("tuned")
     cfg = api.ModelConfig(model=example_model, target="llvm", db=work / "tvmfuse.db")
-    report = api.tune(cfg, TuneConfig(trials=14, trials_per_kernel=2, trials_per_round=2, population=16))
+    report = api.tune(cfg, TuneConfig(trials=14, trials_per_kernel=2, trials_per_round=2, population=16,
+                                      cost_model="random"))
     return cfg, report
 
 
