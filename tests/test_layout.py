@@ -80,7 +80,8 @@ def test_the_scan_finds_a_cycle_when_there_is_one():
 # measure on them), the runtime's thread count, the reference check; the library's entry points (api, cli) come
 # last.
 STAGES = [
-    {"tvmfuse", "tvmfuse._tvm", "tvmfuse.errors", "tvmfuse.logs", "tvmfuse.target", "tvmfuse.machine", "tvmfuse.rpc",
+    {"tvmfuse", "tvmfuse._tvm", "tvmfuse.nvcc_cache", "tvmfuse.errors", "tvmfuse.logs", "tvmfuse.target",
+     "tvmfuse.machine", "tvmfuse.rpc",
      "tvmfuse.data", "tvmfuse.verify", "tvmfuse.threads"},
     {"tvmfuse.frontend"},
     {"tvmfuse.plan"},

@@ -14,7 +14,6 @@ import types
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.frontend.onnx import from_onnx
 from tvm.runtime import Tensor
 from tvm.sym import Analyzer  # (TVM 0.27: tvm.arith became tvm.sym)
 from tvm.target import Target
@@ -27,6 +26,16 @@ __all__ = [
 ]
 
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+def __getattr__(name: str):
+    # TVM's ONNX importer imports onnx: loaded on first use, so the deploy-side loader (tvmfuse.runtime), which
+    # compiles CUDA through tvmfuse.nvcc_cache, imports no onnx
+    if name == "from_onnx":
+        from tvm.relax.frontend.onnx import from_onnx
+
+        return from_onnx
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _install_lazy_tensor_intrin() -> None:
@@ -457,3 +466,95 @@ def default_schedule(mod, target, *, is_gpu: bool):
             if sch is not None:
                 return sch
     return None
+
+
+# --- CUDA compilation. TVM 0.27 keeps a CUDA module's source (``tvm.compile`` and ``export_library`` run no compiler);
+# the CUDA runtime compiles it when the module is loaded on a GPU (``CUDAModuleNode::JitCompileFromSource``) by
+# calling the global function below with the source alone. TVM's own (``tvm.support.nvcc``; ``tvm.contrib.nvcc``
+# before 0.27) reads the arch from the current target, else from the GPU, and compiles with NVRTC, or with nvcc
+# under ``TVM_CUDA_COMPILE_MODE=nvcc``, with flags some ``TVM_*`` variables change.
+CUDA_COMPILE_FUNC = "tvm_callback_cuda_compile"
+_CUDA_FLAG_ENV = ("TVM_CUDA_COMPILE_MODE", "TVM_CUDA_PTXAS_REG_LEVEL", "TVM_CUDA_PTXAS_EXTRA_OPTS",
+                  "TVM_CUDA_NVCC_NO_FAST_MATH", "TVM_KERNEL_DEBUG")
+
+
+def tvm_cuda_compile():
+    """TVM's own CUDA compile callback (the function itself, not whatever is registered under its name now)."""
+    from tvm.support import nvcc
+
+    return nvcc.tvm_callback_cuda_compile
+
+
+def register_cuda_compile(fn) -> None:
+    """Make ``fn(code, *rest) -> bytes`` the CUDA compile callback of this process."""
+    tvm_ffi.register_global_func(CUDA_COMPILE_FUNC, fn, override=True)
+
+
+def cuda_compile(code: str) -> bytes:
+    """Compile CUDA source through the registered callback, as the CUDA runtime does at load (the arch from the
+    current target, else the GPU)."""
+    return bytes(tvm_ffi.get_global_func(CUDA_COMPILE_FUNC)(code))
+
+
+@functools.lru_cache(maxsize=8)
+def _compiler_version(mode: str, nvcc_path: str | None, nvcc_mtime: int) -> str | None:
+    import subprocess
+
+    if mode == "nvcc":
+        if nvcc_path is None:
+            return None
+        out = subprocess.run([nvcc_path, "--version"], capture_output=True, text=True, timeout=60)
+        return out.stdout.strip() if out.returncode == 0 else None
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        return None
+    _err, major, minor = nvrtc.nvrtcVersion()
+    return f"nvrtc {major}.{minor}"
+
+
+def cuda_compile_settings(code: str) -> dict | None:
+    """Everything besides the source that decides what TVM's compile callback returns here: the arch, the compiler
+    and its version, the ``TVM_*`` variables that change its flags, and TVM's version (its fixed flags live in its
+    code). None where the output is not a function of these alone, or is not to be reused: no arch known (no target,
+    no GPU), no compiler, kernels dumped as a side effect (``TVM_KERNEL_DUMP``, ``cuda.kernels_output_dir``), or
+    NVSHMEM code (linked against the machine's library)."""
+    import os
+    import shutil
+
+    from tvm.support import nvcc
+
+    if os.environ.get("TVM_KERNEL_DUMP") is not None or "nvshmem" in code:
+        return None
+    if "cuda.kernels_output_dir" in tvm.transform.PassContext.current().config:
+        return None
+    try:
+        arch = nvcc.get_target_compute_version(Target.current(allow_none=True))
+    except Exception:  # noqa: BLE001 - TVM's own callback raises its error for this
+        return None
+    mode = os.environ.get("TVM_CUDA_COMPILE_MODE", "nvrtc").lower()
+    path = shutil.which("nvcc")
+    version = _compiler_version(mode, path, os.stat(path).st_mtime_ns if path else 0)
+    if version is None:
+        return None
+    return {"arch": arch, "mode": mode, "compiler": version, "tvm": tvm_version(),
+            "env": {k: os.environ.get(k) for k in _CUDA_FLAG_ENV}}
+
+
+def cuda_sources(module) -> list[str]:
+    """The CUDA source of each CUDA module a built module (or executable) holds, as the runtime will compile it."""
+    mods = [module.mod if hasattr(module, "mod") else module]
+    seen, out = set(), []
+    while mods:
+        m = mods.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m.kind == "cuda":
+            out.append(str(m.inspect_source("cuda")))
+        mods.extend(m.imports)
+    return out
+
+
+__all__ += ["CUDA_COMPILE_FUNC", "tvm_cuda_compile", "register_cuda_compile", "cuda_compile", "cuda_compile_settings",
+            "cuda_sources"]

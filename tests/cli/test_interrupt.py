@@ -32,7 +32,7 @@ def _start_tune(db: Path) -> subprocess.Popen:
     # its own session: the test signals the group as a terminal would, without signalling pytest
     return subprocess.Popen(
         [sys.executable, "-m", "tvmfuse.cli.main", "tune", str(EXAMPLE), "--target", "llvm", "--db", str(db),
-         "--trials", "40", "--trials-per-kernel", "8"],
+         "--trials", "40", "--trials-per-kernel", "8", "--cost-model", "random"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env={**os.environ, "COLUMNS": "250"})
 

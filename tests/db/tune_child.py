@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import make_mod, target  # noqa: E402
 
 from tvmfuse._tvm import ensure_tensor_intrinsics, ms  # noqa: E402
-from tvmfuse.tune.builder import fast_build
+from tvmfuse.tune.builder import close_builder, make_builder  # noqa: E402
 from tvmfuse.db import open_database  # noqa: E402
 
 
@@ -19,10 +19,13 @@ def tune(db, mod, work_dir: str, trials: int) -> None:
     ensure_tensor_intrinsics("llvm")
     task = ms.ExtractedTask("add64", mod, db.target_info.target, [mod], 1)
     ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts([task], work_dir, strategy="replay-trace")
-    ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, max_trials_global=trials,
-                  num_trials_per_iter=2, builder=ms.builder.LocalBuilder(f_build=fast_build, max_workers=1,
-                                                                           timeout_sec=60),
-                  runner=ms.runner.LocalRunner(timeout_sec=30), database=db.ms_database, cost_model="random")
+    builder = make_builder(workers=1, timeout_s=60)   # the tuner's (one set of workers for the run)
+    try:
+        ms.tune_tasks(tasks=ctxs, task_weights=weights, work_dir=work_dir, max_trials_global=trials,
+                      num_trials_per_iter=2, builder=builder, runner=ms.runner.LocalRunner(timeout_sec=30),
+                      database=db.ms_database, cost_model="random")
+    finally:
+        close_builder(builder)
 
 
 def main() -> None:

@@ -96,7 +96,7 @@ def partly_tuned(tmp_path_factory, example_model, llvm_target):
     fused, _ = partition(import_model(loaded), target=llvm_target)
     # the lightest kernels that compute first (a layout change has no FLOPs: a roofline cannot place it)
     kernels = sorted(extract_kernels(fused, target=llvm_target), key=lambda k: (k.flops == 0, k.flops))
-    one = TuneConfig(trials=1, trials_per_kernel=1, trials_per_round=1, population=16)
+    one = TuneConfig(trials=1, trials_per_kernel=1, trials_per_round=1, population=16, cost_model="random")
     db = open_database(db_path, target=llvm_target)
     try:
         # one trial over every kernel: the first gets it, the others are registered with none

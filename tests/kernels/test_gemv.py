@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
-from cuda_checks import cuda_source  # noqa: E402
+from cuda_checks import cuda_source, ptxas_logs  # noqa: E402
 from tvmfuse._tvm import ms, tvm  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.kernels import expand, gemv, registry  # noqa: E402
@@ -175,13 +175,15 @@ def test_register_estimate_tracks_ptxas(tmp_path, cuda):
     optimistic), and at most twice it ([N, K]: ptxas keeps fewer of x's vectors live than the estimate)."""
     from tvmfuse.kernels.gemv.config import registers
 
+    cases = []
     for f in (_one(tmp_path, _matmul_model(16, 512, 1024), cuda), _one(tmp_path, _matmul_model(5, 512, 1024), cuda),
               _one(tmp_path, _matmul_model(1, 512, 1024), cuda), _nk_func(16, 512, 1024)):
         spec, info = gemv.analyze(f)
         cfg = gemv.default_config(spec, info["dtype"])
-        used = max(int(r) for r in re.findall(r"Used (\d+) registers",
-                                              _nvcc(_cuda_of(f, spec, info, cfg, cuda.target), tmp_path)))
-        assert used - 8 <= registers(spec, cfg, info["dtype"]) <= 2 * used, (cfg.name, used)
+        cases.append((spec, cfg, info["dtype"], _cuda_of(f, spec, info, cfg, cuda.target)))
+    for (spec, cfg, dtype, _), log in zip(cases, _nvcc_all([c[3] for c in cases], tmp_path)):
+        used = max(int(r) for r in re.findall(r"Used (\d+) registers", log))
+        assert used - 8 <= registers(spec, cfg, dtype) <= 2 * used, (cfg.name, used)
 
 
 def test_kernels_match_the_planners_function_across_configs(tmp_path, cuda):
@@ -285,6 +287,7 @@ def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
     f = _one(tmp_path, _matmul_model(16, 512, 1024), cuda)
     spec, info = gemv.analyze(f)
     C = gemv.GemvConfig
+    srcs = []
     for c in (C(8, 256, 2, 2, 16, 4, 1), C(8, 128, 4, 1, 16, 2, 1)):
         src = _cuda_of(f, spec, info, c, cuda.target)
         assert re.search(r"\*\(uint4\*\)\(w_ptr \+ \d+\) = \*\(uint4\*\)\(b_f_ptr", src), c.name
@@ -292,10 +295,11 @@ def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
         assert n == (c.lanes // 2) * 2 * c.unroll, (c.name, n)
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
         assert src.count("__global__") == 2 * (1 + (c.split > 1))
-        _nvcc(src, tmp_path)
+        srcs.append(src)
     f = _one(tmp_path, _matmul_model(3, 203, 104), cuda)
     spec, info = gemv.analyze(f)
-    _nvcc(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1), cuda.target), tmp_path)
+    srcs.append(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1), cuda.target))
+    _nvcc_all(srcs, tmp_path)
 
 
 def test_defaults_take_tensor_cores_where_multiply_adds_outlast_the_stream():
@@ -316,14 +320,9 @@ def _spec_dtype(f):
     return spec, info["dtype"]
 
 
-def _nvcc(src: str, tmp_path) -> str:
-    cu = tmp_path / "k.cu"
-    cu.write_text(src)
-    out = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(cu)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "0 bytes spill stores" in out.stderr and "0 bytes stack frame" in out.stderr, out.stderr[-800:]
-    return out.stderr
+def _nvcc_all(srcs: list[str], tmp_path) -> list[str]:
+    """nvcc for sm_90a on every source (batched: ``ptxas_logs``), no spills, no stack frame; ptxas's report of each."""
+    return ptxas_logs(srcs, tmp_path, "sm_90a")
 
 
 def _cuda_of(func, spec, info, cfg, target):
@@ -335,6 +334,7 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
         spec, info = gemv.analyze(f)
         cfg = gemv.default_config(spec, info["dtype"])
         assert cfg.rows == 16   # the weight read once
+        srcs = []
         # the default (on tensor cores for [K, N]), a CUDA-core config with a K split, the default split in two
         for c in (cfg, gemv.GemvConfig(8, 256, 2 if spec.b_kmajor else 32, 4, 16 if spec.b_kmajor else 8, 2),
                   dataclasses.replace(cfg, split=2)):
@@ -342,7 +342,8 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
             vec = "uint4" if c.lanes == 8 else "half4"   # the weight in 16- or 8-byte loads
             assert re.search(rf"\*\({vec}\*\)\(w_ptr \+ \d+\) = \*\({vec}\*\)\(b_f_ptr", src), (c.name, vec)
             assert src.count("__global__") == 2 * (1 + (c.split > 1))   # (declaration + definition) a kernel
-            _nvcc(src, tmp_path)
+            srcs.append(src)
+        _nvcc_all(srcs, tmp_path)
 
 
 @pytest.mark.slow
@@ -354,8 +355,7 @@ def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
         assert cfgs
         mma = [c for c in cfgs if c.mma]   # the tensor-core configs: every fifth (each knob's values), nvcc's time
         cfgs = [c for c in cfgs if not c.mma] + mma[::5]
-        for c in cfgs:
-            _nvcc(_cuda_of(f, spec, info, c, cuda.target), tmp_path)
+        _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in cfgs], tmp_path)
 
 
 def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, cuda):

@@ -29,6 +29,43 @@ def assert_ptxas_without_spills(src: str, tmp_path, arch: str, *, serialized: bo
         assert all(n < first_loop for n in injected), (injected, first_loop)
 
 
+_KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
+
+
+def ptxas_logs(sources: list[str], tmp_path, arch: str) -> list[str]:
+    """Build each CUDA source of ``sources`` with nvcc for ``arch`` and return ptxas's report (``-Xptxas -v``) of each
+    source's kernels, requiring no register spills and no stack frame in any of them.
+
+    Sources of one template share TVM's preamble (the text before the first kernel), whose headers take most of
+    nvcc's second a compile: sources with the same preamble are built as one translation unit, each kernel renamed
+    with its source's index (ptxas allocates registers per kernel, so each report is the kernel's own)."""
+    groups: dict[str, list[int]] = {}
+    for i, src in enumerate(sources):
+        groups.setdefault(src[:_KERNEL.search(src).start()], []).append(i)
+    logs = [""] * len(sources)
+    for n, (preamble, members) in enumerate(groups.items()):
+        parts = [preamble]
+        for i in members:
+            body = sources[i][len(preamble):]
+            for name in set(_KERNEL.findall(body)):
+                body = re.sub(rf"\b{name}\b", f"{name}__s{i}", body)
+            parts.append(body)
+        cu = tmp_path / f"batch{n}.cu"
+        cu.write_text("\n".join(parts))
+        out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")),
+                              str(cu)], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        # ptxas's report, one block per kernel: "Compiling entry function 'k__s3' ... Used N registers ..."
+        for block in re.split(r"(?=ptxas info\s+: Compiling entry function)", out.stderr)[1:]:
+            i = int(re.search(r"Compiling entry function '\w+__s(\d+)'", block).group(1))
+            logs[i] += block
+    for i, log in enumerate(logs):
+        assert log, f"source {i}: ptxas reported no kernel"
+        props = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert props and all(p == ("0", "0", "0") for p in props), f"source {i}: {log[-800:]}"
+    return logs
+
+
 def commit_record(db_path, target, kernel, trace, secs: float = 1e-3) -> None:
     """Store ``trace`` as a tuning record of ``kernel`` (a workload) in the tvmfuse database at ``db_path``."""
     from tvmfuse.db import open_database

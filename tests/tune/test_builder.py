@@ -43,7 +43,7 @@ def _pids(folder) -> list[int]:
 
 def test_one_pool_serves_every_batch_and_workers_are_replaced_after_their_uses(tmp_path, monkeypatch):
     monkeypatch.setenv("TVMFUSE_TEST_PIDS", str(tmp_path))
-    builder = PooledBuilder(f_build=_pid_build, max_workers=1, timeout_sec=120, worker_uses=2)
+    builder = PooledBuilder(f_build=_pid_build, max_workers=1, timeout_sec=120, max_uses=2)
     try:
         for _ in range(3):
             (result,) = builder.build(_inputs())

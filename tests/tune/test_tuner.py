@@ -121,7 +121,7 @@ def test_failed_trials_keep_their_messages(tmp_path):
     try:  # a runner timeout no candidate can meet: every trial fails at run time
         (res,) = tune_kernels(kernels[:1], target=llvm, database=db,
                               config=TuneConfig(trials=3, trials_per_kernel=3, trials_per_round=2, population=16,
-                                                runner_timeout_s=1e-6,
+                                                runner_timeout_s=1e-6, cost_model="random",
                                                 # builds must not fail here: the default 60 s was hit twice on
                                                 # the 2-core machine (2026-11-30), turning a runner test flaky
                                                 builder_timeout_s=600))
@@ -154,7 +154,7 @@ def test_time_budget_tunes_the_heaviest_kernel_first_and_skips_the_rest(tmp_path
     db = open_database(tmp_path / "t.db", target=llvm)
     try:
         cfg = TuneConfig(trials=2 * len(kernels), trials_per_kernel=2, trials_per_round=1, population=16, check=False,
-                         time_budget_s=0.0)
+                         time_budget_s=0.0, cost_model="random")
         res = tune_kernels(kernels, target=llvm, database=db, config=cfg)
         assert [r.status for r in res] == ["skipped-time"] * len(kernels)
         assert all(r.trials_run == 0 and "time budget" in r.message for r in res)
@@ -168,7 +168,7 @@ def test_time_budget_tunes_the_heaviest_kernel_first_and_skips_the_rest(tmp_path
             def on_kernel_done(self, i, r): done.append((i, r.status))
 
         cfg = TuneConfig(trials=2 * len(kernels), trials_per_kernel=2, trials_per_round=1, population=16,
-                         check=False, time_budget_s=0.5)  # the first kernel starts; tuning it takes seconds
+                         check=False, time_budget_s=0.5, cost_model="random")  # the first kernel starts (seconds)
         res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress())
         heaviest = max(range(len(kernels)), key=lambda i: kernels[i].flops * max(1, kernels[i].weight))
         assert done[0] == (heaviest, "tuned")
@@ -178,7 +178,7 @@ def test_time_budget_tunes_the_heaviest_kernel_first_and_skips_the_rest(tmp_path
         # again, so a time bound run after run reaches every kernel
         done.clear()
         cfg = TuneConfig(trials=4 * len(kernels), trials_per_kernel=4, trials_per_round=1, population=16,
-                         check=False, time_budget_s=0.5, first_pass_trials=4)
+                         check=False, time_budget_s=0.5, first_pass_trials=4, cost_model="random")
         res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress())
     finally:
         db.close()
@@ -217,7 +217,7 @@ def test_time_bounded_tuning_goes_breadth_first(tmp_path, example_model, llvm_ta
     db = open_database(tmp_path / "b.db", target=llvm)
     try:
         cfg = TuneConfig(trials=2 * len(kernels), trials_per_kernel=2, trials_per_round=1, population=16,
-                         check=False, baseline=False, time_budget_s=3600.0, first_pass_trials=1)
+                         check=False, baseline=False, time_budget_s=3600.0, first_pass_trials=1, cost_model="random")
         res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress())
     finally:
         db.close()
@@ -246,7 +246,8 @@ def test_a_gather_is_timed_on_valid_indices(tmp_path, llvm_target):
     db = open_database(tmp_path / "t.db", target=llvm_target)
     try:
         results = tune_kernels(gathers[:1], target=llvm_target, database=db,
-                               config=TuneConfig(trials=2, trials_per_kernel=2, trials_per_round=2, population=16))
+                               config=TuneConfig(trials=2, trials_per_kernel=2, trials_per_round=2, population=16,
+                                                 cost_model="random"))
     finally:
         db.close()
     (res,) = results
@@ -276,7 +277,8 @@ def test_a_stop_request_ends_the_kernel_in_flight_after_its_batch(tmp_path, exam
     try:
         # 6 trials in rounds of 2: the request, true from the first measured batch on, stops the first kernel
         # after that batch, with 4 of its trials left
-        cfg = TuneConfig(trials=6 * len(kernels), trials_per_kernel=6, trials_per_round=2, population=16)
+        cfg = TuneConfig(trials=6 * len(kernels), trials_per_kernel=6, trials_per_round=2, population=16,
+                         cost_model="random")
         res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress(),
                            stop=lambda: bool(batches))
         assert batches == [(0, 2)]

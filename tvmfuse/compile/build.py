@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tvmfuse import nvcc_cache
 from tvmfuse._tvm import (PrimFunc, WholeReduction, build_context, const_value, default_schedule, is_scheduled, relax,
                          tvm)
 from tvmfuse.target import TargetInfo
@@ -176,6 +177,8 @@ def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_pa
         main = mod["main"]
         n_inputs = len(main.params) - len(params)
         mod = _with_function(mod, mod.get_global_var("main"), main.with_attr("num_input", n_inputs))
+    if target.is_gpu:   # the kernels compile when the build is loaded on a GPU (a bench, a check): through the cache
+        nvcc_cache.install()
     with target.target, build_context(cuda_graph=graph):
         exe = tvm.compile(mod, target.target, relax_pipeline=finish_pipeline(target))
     return BuildResult(executable=exe, kernels=tuple(statuses), lifted_params=tuple(params), cuda_graph=graph)

@@ -118,6 +118,9 @@ def start_server(tracker: tuple[str, int], key: str, *, host: str = "127.0.0.1",
     _quiet("RPCServer", verbose)
     end = port_end if port_end is not None else port + 100
     register_describe()  # before the server forks its first session
+    from tvmfuse.nvcc_cache import install
+
+    install()   # the sessions compile each candidate's CUDA source as they load it: through the cache
     _survive_crashed_sessions(tvm_server)
     try:
         bound = tvm_server._popen_start_rpc_server(host, port, end, False, tracker, key, None, None, not verbose)

@@ -181,6 +181,10 @@ def load_artifact(path: str | Path, *, verify_hash: bool = True, trust_unsigned:
     if not device.exist:
         raise ArtifactError(f"the artifact was built for {manifest['target_kind']} ({manifest.get('device')}), "
                             "which this machine does not have")
+    if manifest["target_kind"] == "cuda":   # TVM compiles the kernels' CUDA source as the library loads
+        from tvmfuse.nvcc_cache import install
+
+        install()
     lib = runtime.load_module(str(folder / LIB_NAME))
     vm = relax.VirtualMachine(lib, device)
     with np.load(folder / PARAMS_NAME, allow_pickle=False) as npz:

@@ -18,7 +18,8 @@ from typing import Callable, Protocol
 from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, ms
 from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_model  # noqa: F401 (their home was here)
 from tvmfuse.target import TargetInfo
-from tvmfuse.tune.builder import PooledBuilder, fast_build
+from tvmfuse import nvcc_cache
+from tvmfuse.tune.builder import close_builder, make_builder
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -58,6 +59,7 @@ class TuneConfig:
     cost_model: str = "xgb"  # xgb | random: one model per run, shared by every kernel (see make_cost_model)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
+    nvcc_cache: str | None = None  # the CUDA compile cache's folder ("off": none; None: tvmfuse.nvcc_cache.default_dir)
     # evolutionary (MetaSchedule's, the cost model and mutators steering it) | random (random points of the space,
     # MetaSchedule's ReplayTrace: the baseline benchmarks/bench_convergence.py compares the search with)
     strategy: str = "evolutionary"
@@ -268,8 +270,10 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     if config.rpc is not None and config.max_workers is None:
         # candidates are built here for every server at once: more builders, up to this machine's cores
         workers = max(workers, min(_cores(target), int(getattr(config.rpc, "workers", None) or 1)))
-    builder = PooledBuilder(f_build=fast_build, max_workers=workers,
-                            timeout_sec=max(config.builder_timeout_s, spaces.builder_timeout_s))
+    nvcc_cache.install(config.nvcc_cache)   # here and in the workers below: each compiles CUDA through it
+    # a CUDA candidate measured here is compiled in the parallel build workers, the runner's load then a cache hit
+    builder = make_builder(workers=workers, timeout_s=max(config.builder_timeout_s, spaces.builder_timeout_s),
+                           precompile=target.is_gpu and runner is None and config.rpc is None)
     runner = runner if runner is not None else _local_runner(config.runner_timeout_s, gpu=target.is_gpu)
     if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
         user_stop = stop
@@ -281,7 +285,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
                          spaces=spaces, builder=builder, runner=runner, log_root=log_root, progress=progress,
                          stop=stop, cost_model=cost_model, ledger=ledger)
     finally:
-        builder.close()
+        close_builder(builder)
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
 
@@ -302,7 +306,7 @@ def _local_runner(timeout_s, *, gpu: bool = True):
     runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S),
                                    evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=repeat,
                                                                               min_repeat_ms=20),
-                                   f_alloc_argument=alloc_arguments)
+                                   f_alloc_argument=alloc_arguments, initializer=nvcc_cache.worker_initializer())
     inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper
     inst.timeout_sec = timeout_s
     inst.pool._timeout = timeout_s  # PopenPoolExecutor reads it on each submit (TVM 0.27)
