@@ -201,7 +201,7 @@ def test_a_time_bounded_run_says_what_is_left_and_how_to_continue(runs):
     assert sum(": skipped-time, " in l for l in text) == n
     assert text[-1] == "continue with: " + shlex.join(
         ["tvmfuse", "tune", str(EXAMPLE), "--target", "llvm", "--db", str(db), "--trials", "12",
-         "--trials-per-kernel", "2", "--time-budget", "0.01"]), text
+         "--trials-per-kernel", "2", "--time-budget", "0.01", "--cost-model", "random"]), text
 
 
 @pytest.mark.slow
@@ -215,5 +215,6 @@ def test_a_time_bounded_run_in_json_names_the_kernels_left_and_the_command(runs)
     assert report["left_untuned"] == [k["name"] for k in report["kernels"] if k["status"] == "skipped-time"]
     assert len(report["left_untuned"]) >= 5
     assert report["resume"] == shlex.join(["tvmfuse", "tune", str(EXAMPLE), "--target", "llvm", "--db", str(db),
-                                           "--trials-per-kernel", "2", "--time-budget", "0.01", "--json"])
+                                           "--trials-per-kernel", "2", "--time-budget", "0.01", "--cost-model",
+                                           "random", "--json"])
     assert err.strip().splitlines()[-1] == f"continue with: {report['resume']}"
