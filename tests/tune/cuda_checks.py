@@ -291,14 +291,6 @@ def assert_shared_vectors_aligned(src: str) -> int:
 
 def cuda_source(exe) -> str:
     """The CUDA source of a built executable (every CUDA module it imports)."""
-    mods = [exe.mod] if hasattr(exe, "mod") else []
-    seen, out = set(), []
-    while mods:
-        m = mods.pop()
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        if m.kind == "cuda":
-            out.append(m.inspect_source())
-        mods.extend(m.imports)
-    return "\n".join(out)
+    from tvmfuse._tvm import cuda_sources
+
+    return "\n".join(cuda_sources(exe))
