@@ -90,3 +90,27 @@ def test_native_lines_that_are_not_tvm_logs_still_reach_the_user():
         "native line written last",
         "note: TVM printed 2 warnings (rerun with --verbose to see them)",
     ], proc.stderr
+
+
+def test_help_into_a_closed_pipe_is_no_traceback():
+    """`tvmfuse run --help | head -1`: the reader goes away mid-output. The entry point's exception handling
+    must hold with the installed typer (its Abort moved out of the vendored click: naming the old place turned
+    this, and every Ctrl-C, into an AttributeError traceback)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tvmfuse.cli.main", "run", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.read(1)
+    proc.stdout.close()  # the rest of the help meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 1), err
+    assert "Traceback" not in err, err
+
+
+def test_entry_point_catches_the_abort_typer_raises():
+    """typer turns Ctrl-C at a prompt into its Abort; main() maps that class to exit 130."""
+    import typer.core
+
+    from tvmfuse.cli.main import _click_exceptions
+
+    usage_error, abort = _click_exceptions()
+    assert typer.core.Abort is abort or issubclass(typer.core.Abort, abort)
+    assert issubclass(usage_error, Exception) and usage_error.__name__ == "UsageError"

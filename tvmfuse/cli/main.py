@@ -503,22 +503,37 @@ _register_subcommands()
 def main() -> None:
     """The console entry point. A usage error (an unknown flag, a missing argument, a bad value) is one line and
     exit 2, as every other bad input is, instead of click's boxed usage text."""
+    import os
     import sys
 
-    try:  # typer vendors its own click
-        from typer._click import exceptions as click_errors
-    except ImportError:
-        from click import exceptions as click_errors
-
+    usage_error, abort = _click_exceptions()
     try:
         code = app(standalone_mode=False)
-    except click_errors.UsageError as e:
+    except usage_error as e:
         where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
         print(f"error: {e.format_message()}{where}", file=sys.stderr)
         sys.exit(2)
-    except click_errors.Abort:
+    except abort:  # Ctrl-C outside the commands that handle it themselves
         sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`tvmfuse ... | head`): nothing more to say to it
+        # stdout's buffer would raise again at interpreter exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _click_exceptions() -> tuple[type, type]:
+    """click's UsageError and Abort as the installed typer raises them. Typer vendors its own click
+    (``typer._click``) from 0.25 on, and from 0.29 its Abort lives in ``typer.exceptions``; an ``except`` naming a
+    class that is not there turns every exception it meets into an AttributeError traceback."""
+    try:
+        from typer._click import exceptions as errors
+    except ImportError:
+        from click import exceptions as errors
+    abort = getattr(errors, "Abort", None)
+    if abort is None:
+        from typer.exceptions import Abort as abort
+    return errors.UsageError, abort
 
 
 if __name__ == "__main__":
