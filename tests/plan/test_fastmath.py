@@ -16,13 +16,13 @@ def _gelu(v: float) -> float:
     return 0.5 * v * (1 + math.erf(v / math.sqrt(2)))
 
 
-def _legalized_and_run(op, xs):
+def _legalized_and_run(op, xs, cpu=False):
     """``op`` over a vector like ``xs``, legalized by tvmfuse, built for llvm: (the module, op(xs) in float64)."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", TensorType(xs.shape, str(xs.dtype)))
     with bb.function("main", [x]):
         bb.emit_func_output(bb.emit(op(x)))
-    mod = legalize_ops()(bb.get())
+    mod = legalize_ops(cpu=cpu)(bb.get())
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     return mod, vm["main"](tvm.runtime.tensor(xs)).numpy().astype(np.float64)
 
@@ -96,3 +96,41 @@ def test_power_by_a_tensor_keeps_the_sign_of_negative_bases():
     with np.errstate(all="ignore"):
         ref = np.power(xs, ys)
     assert np.allclose(got, ref, equal_nan=True)
+
+
+def _np_softmax(x, log=False):
+    z = x - x.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True)) if log else np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("op,exact,libm", [
+    (relax.op.exp, np.exp, "T.exp("), (relax.op.tanh, np.tanh, "T.tanh("),
+    (relax.op.sigmoid, lambda x: 1 / (1 + np.exp(-x)), "T.exp("),
+    (lambda x: relax.op.nn.softmax(x, axis=-1), _np_softmax, "T.exp("),
+    (lambda x: relax.op.nn.log_softmax(x, axis=-1), lambda x: _np_softmax(x, log=True), "T.exp(")])
+def test_cpu_lowerings_leave_no_libm_call_and_stay_within_fp32_tolerance(op, exact, libm):
+    """On llvm, fp32 exp / tanh / sigmoid / softmax / log-softmax are polynomials LLVM vectorises (no per-lane libm
+    call), within 1e-5 of float64 over the range softmax and the activations see; -inf, inf and NaN keep their
+    meaning (a masked score's exp is 0)."""
+    xs = np.linspace(-80, 80, 4096).astype("float32").reshape(8, 512)
+    mod, got = _legalized_and_run(op, xs, cpu=True)
+    assert libm not in mod.script()
+    ref = exact(xs.astype(np.float64))
+    assert (np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30)).max() < 1e-5 or np.allclose(got, ref, rtol=1e-5,
+                                                                                            atol=1e-30)
+    _, plain = _legalized_and_run(op, xs, cpu=False)
+    assert (np.abs(got - plain) / np.maximum(np.abs(plain), 1.0)).max() < 1e-5
+    specials = np.array([[-np.inf, 0.0, 1.0, np.nan]], "float32")
+    if op is relax.op.exp:
+        _, got = _legalized_and_run(op, specials, cpu=True)
+        assert got[0, 0] == 0 and got[0, 1] == 1 and np.isnan(got[0, 3])
+
+
+def test_gpu_legalization_keeps_the_exact_functions():
+    """CUDA builds keep exp and tanh (nvcc's fast math maps them to its intrinsics): the llvm lowerings are CPU only."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((4, 64), "float32"))
+    with bb.function("main", [x]):
+        bb.emit_func_output(bb.emit(relax.op.nn.softmax(relax.op.tanh(x), axis=-1)))
+    text = legalize_ops()(bb.get()).script()
+    assert "T.exp(" in text and "T.tanh(" in text

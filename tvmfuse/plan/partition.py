@@ -60,7 +60,7 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
     from tvmfuse.plan.graph import op_name
 
     before = tvm.transform.Sequential([
-        legalize_ops(),
+        legalize_ops(cpu=not target.is_gpu),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

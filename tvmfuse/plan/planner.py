@@ -176,7 +176,7 @@ class _Dump:
 
 def _legalize(mod, target: TargetInfo):
     seq = tvm.transform.Sequential([
-        legalize_ops(),
+        legalize_ops(cpu=not target.is_gpu),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.CanonicalizeBindings(),
