@@ -52,10 +52,10 @@ def _extent(sch, loop) -> int | None:
     return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
 
 
-def _vector_tile(extent: int, lanes: int) -> int:
-    """The innermost tile: two vectors where they divide the axis, else one, else the largest divisor up to two
-    vectors (a 7-wide axis is one 7-lane vector: LLVM splits it into legal parts)."""
-    for t in (2 * lanes, lanes, lanes // 2, lanes // 4):
+def _vector_tile(extent: int, lanes: int, vectors: int = 2) -> int:
+    """The innermost tile: up to ``vectors`` whole vectors where they divide the axis (most first), else one, else
+    the largest divisor up to two vectors (a 7-wide axis is one 7-lane vector: LLVM splits it into legal parts)."""
+    for t in [v * lanes for v in range(vectors, 1, -1)] + [lanes, lanes // 2, lanes // 4]:
         if t >= 4 and extent % t == 0:
             return t
     if extent <= 2 * lanes:
@@ -140,9 +140,11 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
     exts = [_extent(sch, lp) for lp in spatial]
     if not spatial or None in exts or any(_extent(sch, lp) is None for lp in reduce):
         raise ValueError("a dynamic or reduction-only contraction")
-    vt = _vector_tile(exts[-1], lanes)
     # the register block's rows: the nearest outer spatial axis longer than 1 (the GEMM's M, a conv's width)
     row_axis = next((i for i in range(len(spatial) - 2, -1, -1) if exts[i] > 1), None)
+    # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
+    # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
+    vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
     rows = 1 if row_axis is None else _row_tile(exts[row_axis], 8 if vt <= lanes else 6)
     outers, inners = [], []
     for i, lp in enumerate(spatial):
