@@ -145,10 +145,19 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
     # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
     # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
     vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
-    rows = 1 if row_axis is None else _row_tile(exts[row_axis], 8 if vt <= lanes else 6)
+    cap = 8 if vt <= lanes else 6
+    tiles = {len(spatial) - 1: vt}
+    if row_axis is not None:
+        tiles[row_axis] = _row_tile(exts[row_axis], cap)
+        # an axis taken whole (a 1x1 conv's width at 2x2 pixels) leaves accumulators free: the next outer axis
+        # fills them, so each weight vector loaded serves every pixel of the block (else each row of pixels
+        # streams the whole weight again)
+        outer = next((i for i in range(row_axis - 1, -1, -1) if exts[i] > 1), None)
+        if tiles[row_axis] == exts[row_axis] and outer is not None and cap // tiles[row_axis] >= 2:
+            tiles[outer] = _row_tile(exts[outer], cap // tiles[row_axis])
     outers, inners = [], []
     for i, lp in enumerate(spatial):
-        tile = vt if i == len(spatial) - 1 else (rows if i == row_axis else 1)
+        tile = tiles.get(i, 1)
         if tile == 1:
             outers.append(lp)
             continue
