@@ -272,12 +272,33 @@ def test_mma_kernels_match_the_planners_function_with_tails(tmp_path, cuda):
         spec, dtype = _spec_dtype(f)
         assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
         _check(f, cfgs)
-    # no tensor-core configs for an [N, K] weight, fp32, or N that no 2-lane vector divides
+    # no tensor-core configs for an [N, K] weight, fp32, or N that no 2-lane vector divides; no ring where 4 does
+    # not divide K (x's 8-byte copies)
     from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    assert {c.stages for c in gemv.configs(GemmSpec((), 3, 100, 333, False, False, False), "float16")} == {1}
 
     assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, True), "float16"))
     assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, False), "float32"))
     assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 97, 64, False, False, False), "float16"))
+
+
+def test_mma_ring_kernels_match_the_planners_function_with_tails(tmp_path, cuda):
+    """The tensor-core kernel with its cp.async ring (stages 2-4), emulated (each copy a plain copy into the lane's
+    slot, read back stages - 1 iterations later): a wrong slot, a refill before its read or a missed last iteration
+    reads another iteration's weight. M = 1, 3, 8 and 16; K with a masked last k16 step; warps along K whose
+    iteration counts differ (some none: fewer iterations than stages); K splits; N off the warp's columns;
+    the warps' partials in the ring's memory."""
+    C = gemv.GemvConfig
+    cases = [((1, 100, 104), [C(8, 128, 1, 1, 1, 1, 1, 4), C(8, 64, 1, 1, 1, 2, 1, 2)]),
+             ((3, 332, 100), [C(4, 128, 2, 1, 3, 1, 1, 3), C(2, 64, 2, 3, 3, 2, 1, 2), C(4, 64, 1, 1, 2, 1, 1, 4)]),
+             ((8, 196, 72), [C(8, 64, 1, 1, 8, 2, 1, 3)]),
+             ((16, 164, 104), [C(8, 64, 1, 2, 16, 1, 1, 4), C(4, 128, 1, 1, 16, 1, 1, 2)])]
+    for (m, k, n), cfgs in cases:
+        f = _one(tmp_path, _matmul_model(m, k, n), cuda)
+        spec, dtype = _spec_dtype(f)
+        assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
+        _check(f, cfgs)
 
 
 def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
@@ -296,9 +317,27 @@ def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
         assert src.count("__global__") == 2 * (1 + (c.split > 1))
         srcs.append(src)
+    # the ring: 16-byte copies through L2 (8-byte ones where a lane's vector is 4 lanes), the main loop without a
+    # barrier (its warps along K may run different iteration counts: the first barrier is the partials', after
+    # the wait for every copy), partials in the ring's memory (4 warps along K), a K split
+    for c in (C(8, 128, 1, 2, 16, 2, 1, 2), C(4, 128, 4, 1, 16, 2, 1, 4)):
+        src = _cuda_of(f, spec, info, c, cuda.target)
+        size = 2 * c.lanes
+        assert f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [%0], [%1], {size};" in src, c.name
+        assert f"cp.async.wait_group {c.stages - 1};" in src and "cp.async.commit_group;" in src, c.name
+        body = src[src.index("for (int it = 0;"):]
+        assert "__syncthreads()" not in body[:body.index("wait_group_0()")], c.name
+        assert ("__syncthreads()" in body) == (gemv.config.warps_k(c) > 1), c.name   # the partials' barriers
+        n = src.count("mma_sync_aligned_m16n8k16_row_col_f32_f16_f16_f32(acc")
+        assert n == (c.lanes // 2) * 2 * c.unroll, (c.name, n)
+        assert src.count("__global__") == 2 * (1 + (c.split > 1))
+        srcs.append(src)
     f = _one(tmp_path, _matmul_model(3, 203, 104), cuda)
     spec, info = gemv.analyze(f)
     srcs.append(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1), cuda.target))
+    f = _one(tmp_path, _matmul_model(3, 204, 104), cuda)   # the ring with a masked last step
+    spec, info = gemv.analyze(f)
+    srcs.append(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1, 3), cuda.target))
     _nvcc_all(srcs, tmp_path)
 
 
@@ -313,6 +352,25 @@ def test_defaults_take_tensor_cores_where_multiply_adds_outlast_the_stream():
         assert d.mma == 1 and d.rows == m and gemv.parse_config(d.name) == d, d.name
         assert not gemv.default_config(GemmSpec((), m, n, k, False, False, True), "float16").mma
     assert gemv.parse_config("v8 t256 n4 s1 m1 u8") == gemv.GemvConfig(8, 256, 4, 1, 1, 8)
+    assert gemv.parse_config("v8 t128 n1 s2 m16 u2 p3 c1") == gemv.GemvConfig(8, 128, 1, 2, 16, 2, 1, 3)
+
+
+def test_defaults_keep_one_and_two_rows_on_cuda_cores_and_pipeline_the_tensor_cores():
+    """Shapes nobody tuned for: 1-2 rows on CUDA cores (a multiply-add a weight element and row costs them less
+    than the tensor-core kernel's slower stream), from 4 rows on tensor cores through the cp.async ring (stages > 1),
+    whose bytes in flight an SM reach the Little's-law line (32 KB: 4.2 TB/s x ~1 us over 132 SMs) where the shape
+    has the blocks for it."""
+    from tvmfuse.kernels.gemv.config import inflight_bytes
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    for k, n in [(2880, 5120), (5120, 13824), (3584, 18944)]:
+        for m in (1, 2):
+            assert not gemv.default_config(GemmSpec((), m, n, k, False, False, False), "float16").mma, (m, k, n)
+        for m in (4, 6, 11, 16):
+            s = GemmSpec((), m, n, k, False, False, False)
+            d = gemv.default_config(s, "float16")
+            assert d.mma == 1 and d.stages > 1 and d.rows == m, (m, k, n, d.name)
+            assert inflight_bytes(s, d, "float16") >= 32 * 1024, (m, k, n, d.name)
 
 
 def _spec_dtype(f):
@@ -320,13 +378,41 @@ def _spec_dtype(f):
     return spec, info["dtype"]
 
 
+# Each distinct kernel built once a session (the tests share sources: a default is also a rival or a sample)
+_PTXAS: dict[str, str] = {}
+_CUDA: dict[tuple, str] = {}
+
+
 def _nvcc_all(srcs: list[str], tmp_path) -> list[str]:
-    """nvcc for sm_90a on every source (batched: ``ptxas_logs``), no spills, no stack frame; ptxas's report of each."""
-    return ptxas_logs(srcs, tmp_path, "sm_90a")
+    """nvcc for sm_90a on every source (batched: ``ptxas_logs``), no spills, no stack frame; ptxas's report of each
+    (a source built before in the session: its report then)."""
+    new = list(dict.fromkeys(s for s in srcs if s not in _PTXAS))
+    if new:
+        _PTXAS.update(zip(new, ptxas_logs(new, tmp_path, "sm_90a")))
+    return [_PTXAS[s] for s in srcs]
 
 
 def _cuda_of(func, spec, info, cfg, target):
-    return cuda_source(tvm.compile(tvm.IRModule({"main": gemv.kernel_for(func, spec, info, cfg)}), target=target))
+    key = (str(func.script()), spec, cfg, str(target))
+    if key not in _CUDA:
+        _CUDA[key] = cuda_source(tvm.compile(tvm.IRModule({"main": gemv.kernel_for(func, spec, info, cfg)}),
+                                             target=target))
+    return _CUDA[key]
+
+
+def _cover(cfgs: list, count: int) -> list:
+    """At most ``count`` of ``cfgs`` (at least the few that cover every value): first, configs that bring a knob's
+    value not yet among those taken, then an even stride through the rest. Every knob's every value is built;
+    the combinations are sampled."""
+    taken, seen = [], set()
+    for c in cfgs:
+        pairs = set(dataclasses.asdict(c).items())
+        if not pairs <= seen:
+            taken.append(c)
+            seen |= pairs
+    rest = [c for c in cfgs if c not in taken]
+    room = max(0, count - len(taken))
+    return taken + [rest[int(i * len(rest) / room)] for i in range(min(room, len(rest)))]
 
 
 def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
@@ -339,8 +425,11 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
         for c in (cfg, gemv.GemvConfig(8, 256, 2 if spec.b_kmajor else 32, 4, 16 if spec.b_kmajor else 8, 2),
                   dataclasses.replace(cfg, split=2)):
             src = _cuda_of(f, spec, info, c, cuda.target)
-            vec = "uint4" if c.lanes == 8 else "half4"   # the weight in 16- or 8-byte loads
-            assert re.search(rf"\*\({vec}\*\)\(w_ptr \+ \d+\) = \*\({vec}\*\)\(b_f_ptr", src), (c.name, vec)
+            vec = "uint4" if c.lanes == 8 else "half4"   # the weight in 16- or 8-byte loads (or copies: the ring)
+            if c.mma and c.stages > 1:
+                assert f"shared.global [%0], [%1], {2 * c.lanes};" in src, c.name
+            else:
+                assert re.search(rf"\*\({vec}\*\)\(w_ptr \+ \d+\) = \*\({vec}\*\)\(b_f_ptr", src), (c.name, vec)
             assert src.count("__global__") == 2 * (1 + (c.split > 1))   # (declaration + definition) a kernel
             srcs.append(src)
         _nvcc_all(srcs, tmp_path)
@@ -349,13 +438,17 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
 @pytest.mark.slow
 def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
     space = load_spaces("cuda").for_class("gemm")
-    for f in (_one(tmp_path, _matmul_model(1, 128, 64), cuda), _nk_func(1, 128, 64)):   # 99 (+ 44 mma) and 15 configs
+    for f in (_one(tmp_path, _matmul_model(1, 128, 64), cuda), _nk_func(1, 128, 64)):
         spec, info = gemv.analyze(f)
         cfgs = gemv.space_configs(spec, info["dtype"], space)
         assert cfgs
-        mma = [c for c in cfgs if c.mma]   # the tensor-core configs: every fifth (each knob's values), nvcc's time
-        cfgs = [c for c in cfgs if not c.mma] + mma[::5]
-        _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in cfgs], tmp_path)
+        # each kernel's configs (CUDA cores; tensor cores, whose stages are a knob of their own) sampled so every
+        # knob's every value is among them: the whole space is nvcc's minutes
+        sample = []
+        for p in (0, 1):
+            sample += _cover([c for c in cfgs if c.mma == p], 24)
+        assert {c.stages for c in sample if c.mma} == ({1, 2, 3, 4} if not spec.b_kmajor else set())
+        _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in sample], tmp_path)
 
 
 def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, cuda):

@@ -61,7 +61,7 @@ class GemvTemplate(KernelTemplate):
     config_field = "gemv_config"
     config_words = ("the GEMV template's config {config} (v: vector lanes, t: threads a block, n: threads along N "
                     "/ columns a warp, s: K split over blocks, m: rows a block, u: vectors in flight a thread, c1: on "
-                    "tensor cores, n then warps along N)")
+                    "tensor cores, n then warps along N, p: their pipeline's stages)")
     knobs = tuple(f"gemv_{k}" for k in KNOBS)
 
     def fits(self, func, target) -> str | None:

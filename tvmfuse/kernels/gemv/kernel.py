@@ -13,7 +13,7 @@ from tvmfuse.kernels.wgmma.analysis import analyze as gemm_analyze
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 _DTYPES = ("float16", "float32")
-KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma")   # GemvConfig's fields: knobs gemv_<field>
+KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma", "stages")   # GemvConfig's fields: knobs gemv_<field>
 
 
 def analyze(func) -> tuple[GemmSpec, dict]:
