@@ -116,11 +116,20 @@ def test_fits_small_m_gemms_in_both_layouts_and_dtypes(tmp_path, cuda):
     assert spec.rows == 16
 
 
-def test_declines_m17_convs_and_non_matmuls(tmp_path, cuda):
+def test_declines_m17_without_tensor_cores_m65_convs_and_non_matmuls(tmp_path, cuda):
+    """Past 16 rows only an fp16 [K, N] weight (the tensor-core kernel, up to 64 rows): M = 17 declined in fp32 and
+    for an [N, K] weight, M = 65 in fp16; M = 17 and 64 of an fp16 [K, N] weight taken, every row in one block."""
     tmpl = next(t for t in registry() if t.name == "gemv")
-    f = _one(tmp_path, _matmul_model(17, 64, 48), cuda)
-    assert "M = 17" in tmpl.fits(f, cuda.target)
-    assert tmpl.default_kernel(f, cuda.target) is None and tmpl.configs(f, cuda.target) == []
+    for f in (_one(tmp_path, _matmul_model(17, 64, 48, dtype=TensorProto.FLOAT), cuda), _nk_func(17, 64, 48),
+              _one(tmp_path, _matmul_model(65, 64, 48), cuda)):
+        assert "M = " in tmpl.fits(f, cuda.target)
+        assert tmpl.default_kernel(f, cuda.target) is None and tmpl.configs(f, cuda.target) == []
+    for m in (17, 64):
+        f = _one(tmp_path, _matmul_model(m, 64, 48), cuda)
+        assert tmpl.fits(f, cuda.target) is None
+        d = gemv.untuned(f, cuda.target)[2]
+        assert d.mma and d.rows == m, d.name
+        assert all(c.mma for c in tmpl.configs(f, cuda.target) if c.rows > 16)
     _, (conv,) = _kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=1, cin=64, cout=64, hw=8)), cuda, ("conv",))
     assert tmpl.fits(conv.mod["main"], cuda.target) is not None
     _, (norm,) = _kernels(tmp_path, models.to_fp16(models.add_norm("LayerNorm", m=4, n=96)), cuda,
@@ -156,7 +165,7 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
         for k, n in [(4096, 11008), (2880, 5120), (1000, 1500)]:
             for kmajor in (False, True):
                 s = GemmSpec((), m, n, k, False, False, kmajor)
-                for sms in (132, 108):
+                for sms in (132, 108) if m % 3 == 1 else (132,):   # the other GPU at a third of the M's
                     d = gemv.default_config(s, "float16", sms)
                     assert -(-m // d.rows) == 1, (m, k, n, kmajor, d.name)
                     offered = gemv.space_configs(s, "float16", space)
@@ -167,6 +176,11 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
                                                                      * c.lanes * 2 >= 64)]
                     cost = streamed_bytes(s, d, "float16", sms)
                     assert all(cost <= streamed_bytes(s, c, "float16", sms) for c in rivals), d.name
+    for m in (17, 40, 64):   # an fp16 [K, N] weight past 16 rows: the tensor-core kernel, every row in one block
+        for k, n in [(4096, 11008), (1000, 1500)]:
+            s = GemmSpec((), m, n, k, False, False, False)
+            d = gemv.default_config(s, "float16")
+            assert d.mma and d.rows == m and d in gemv.space_configs(s, "float16", space), (m, k, n, d.name)
 
 
 def test_register_estimate_tracks_ptxas(tmp_path, cuda):
@@ -299,6 +313,22 @@ def test_mma_ring_kernels_match_the_planners_function_with_tails(tmp_path, cuda)
         spec, dtype = _spec_dtype(f)
         assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
         _check(f, cfgs)
+
+
+def test_mma_kernels_of_up_to_64_rows_match_and_build(tmp_path, cuda):
+    """17-64 rows on tensor cores: 40 rows (five n8 tiles, the last padded) in one block through the ring and without
+    it, and in two blocks of 24 (the second's rows past M); 64 rows (eight tiles); emulated against the planner's
+    PrimFunc, and 64-row kernels built by nvcc with no spills."""
+    C = gemv.GemvConfig
+    f = _one(tmp_path, _matmul_model(40, 164, 104), cuda)
+    _check(f, [C(4, 128, 1, 1, 40, 1, 1, 2), C(2, 64, 1, 2, 40, 2, 1, 1), C(4, 64, 1, 1, 24, 1, 1, 3)])
+    f = _one(tmp_path, _matmul_model(64, 96, 72), cuda)
+    _check(f, [C(4, 64, 1, 1, 64, 1, 1, 2), gemv.default_config(*_spec_dtype(f))])
+    f = _one(tmp_path, _matmul_model(64, 512, 1024), cuda)
+    spec, info = gemv.analyze(f)
+    cfgs = [gemv.default_config(spec, info["dtype"]), C(4, 128, 1, 2, 64, 1, 1, 4), C(2, 128, 1, 1, 64, 2, 1, 1)]
+    assert all(gemv.config.fits_shape(spec, c, "float16") for c in cfgs)
+    _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in cfgs], tmp_path)
 
 
 def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
@@ -446,7 +476,7 @@ def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
         # knob's every value is among them: the whole space is nvcc's minutes
         sample = []
         for p in (0, 1):
-            sample += _cover([c for c in cfgs if c.mma == p], 24)
+            sample += _cover([c for c in cfgs if c.mma == p], 16)
         assert {c.stages for c in sample if c.mma} == ({1, 2, 3, 4} if not spec.b_kmajor else set())
         _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in sample], tmp_path)
 
@@ -463,11 +493,13 @@ def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, 
     src = cuda_source(tvm.compile(expand(sketch.mod), target=cuda.target))
     # the GEMV kernel swapped in (its column blocks, K split; the placeholder binds x only)
     assert "blockIdx.y" in src or "blockIdx.z" in src
-    # an M = 17 GEMM keeps the tensor-core sketches
-    big = _kernels(tmp_path, _matmul_model(17, 64, 64), cuda)[1][0].mod
-    ctx = ms.TuneContext(mod=big, target=cuda.target, space_generator=select_space(big, cuda.target).generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=0)
-    assert all(gemv.annotated(s.mod["main"]) is None for s in ctx.generate_design_space())
+    # an M = 65 GEMM keeps the tensor-core sketches; M = 24 (fp16 [K, N]) has the GEMV sketch and wgmma's beside it
+    for m, with_gemv in ((65, False), (24, True)):
+        big = _kernels(tmp_path, _matmul_model(m, 64, 64), cuda)[1][0].mod
+        ctx = ms.TuneContext(mod=big, target=cuda.target, space_generator=select_space(big, cuda.target).generator,
+                             search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=0)
+        found = [gemv.annotated(s.mod["main"]) is not None for s in ctx.generate_design_space()]
+        assert found.count(True) == with_gemv and found.count(False) >= 1, (m, found)
 
 
 def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):

@@ -1,4 +1,5 @@
-"""A skinny-GEMM / GEMV template: decode-time GEMMs (at most 16 rows against a weight), memory-bound on the weight.
+"""A skinny-GEMM / GEMV template: decode-time GEMMs (at most 16 rows against a weight, 64 for an fp16 [K, N] one),
+memory-bound on the weight.
 
 The tensor-core templates tile M by 64-128 rows and waste most of a 1-16 row GEMM; this package writes the kernel
 whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector loads coalesced across a warp:
@@ -38,20 +39,20 @@ kernel, a kernel per config, the sketch, the swap for a tuned sketch).
 from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, SPEC, GemvConfig, blocks, configs,
+from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, MMA_ROWS, SPEC, GemvConfig, blocks, configs,
                                          default_config, parse_config, register_words)
 from tvmfuse.kernels.gemv.kernel import (KNOBS, analyze, annotated, default_kernel, expand, kernel_for, schedule,
                                          space_configs, untuned)
 from tvmfuse.kernels.gemv.source import gemv_source
 
-__all__ = ["ANNOTATION", "CANDIDATES", "KNOBS", "MAX_ROWS", "SPEC", "GemvConfig", "GemvTemplate", "analyze",
+__all__ = ["ANNOTATION", "CANDIDATES", "KNOBS", "MAX_ROWS", "MMA_ROWS", "SPEC", "GemvConfig", "GemvTemplate", "analyze",
            "annotated", "blocks", "configs", "default_config", "default_kernel", "expand", "gemv_source",
            "kernel_for", "parse_config", "register_words", "schedule", "space_configs", "untuned"]
 
 
 class GemvTemplate(KernelTemplate):
-    """GEMMs of at most 16 rows on CUDA (fp16 or fp32), written whole from a config; the GEMM space's tensor-core
-    sketch offers its configs first where it fits."""
+    """GEMMs of at most 16 rows on CUDA (fp16 or fp32; 64 for an fp16 [K, N] weight, on tensor cores), written whole
+    from a config; the GEMM space's tensor-core sketch offers its configs first where it fits."""
 
     name = "gemv"
     targets = ("cuda",)
@@ -84,7 +85,8 @@ class GemvTemplate(KernelTemplate):
         return None if found is None else found[2]
 
     def default_kernel(self, func, target, space=None):
-        # M <= 16: the weight's bytes are the kernel's time; wgmma's 64-row tiles would mostly multiply padding
+        # M <= 16 (64 on tensor cores): the weight's bytes are the kernel's time, which a K split over the SMs keeps
+        # streaming (wgmma's blocks are its output tiles, fewer than the SMs at these M: config.MMA_ROWS)
         return default_kernel(func, target)
 
     def config_of(self, func) -> str | None:

@@ -14,8 +14,16 @@ SPEC = "tvmfuse.gemv_spec"
 # the template takes GEMMs of at most this many rows (decode: a few tokens). Its CUDA-core kernel's multiply-adds
 # run on fp32 CUDA cores: each weight element read costs ``rows`` of them, and on the H200 (about 33.5 T FMA/s, 2.1 T
 # fp16 weight elements/s at the copy ceiling) the two meet at about 16 rows; its tensor-core kernel holds M in two
-# n8 tiles of an m16n8k16 mma (16 rows); above that wgmma's 64-row tiles waste less
+# n8 tiles of an m16n8k16 mma; its 16 rows are where the CUDA-core kernel stops
 MAX_ROWS = 16
+# The tensor-core kernel (an fp16 [K, N] weight) holds up to 64 rows a block, eight n8 tiles, and the template takes
+# such GEMMs up to that: at 64 rows a weight element is 64 multiply-adds, 64 flops a byte against mma.sync's ~157 on
+# the H200 (660 T flops / 4.2 TB/s), so the weight's stream is still the time, and what matters is keeping every SM
+# streaming. wgmma's GEMM (tvmfuse.kernels.wgmma) gives a block a whole K panel of a 64-128 x 64-256 output tile,
+# with no K split: at M <= 64 it has N / block_n blocks (32-64 for N = 4096), fewer than the 132 SMs; this kernel
+# splits K over blocks until they fill the SMs. Past 64 rows its accumulators (4 registers a tile) and x's pieces
+# (each warp along N copies them again from L2) grow with M while wgmma's shared tiles do not.
+MMA_ROWS = 64
 _VECTOR_BYTES = 16     # one 128-bit load per vector
 # per-thread register words a config may ask for (accumulators + vectors in flight + x); above it ptxas spills
 _REGISTER_WORDS = 160
@@ -143,6 +151,8 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
         return False
     if cfg.rows > spec.rows or register_words(spec, cfg, dtype) > _REGISTER_WORDS:
         return False
+    if cfg.rows > MAX_ROWS and not cfg.mma:
+        return False   # the CUDA-core kernel's multiply-adds past 16 rows outlast the stream
     if cfg.mma:
         pass   # _fits_mma took its warps
     elif spec.b_kmajor:
@@ -162,9 +172,9 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
 
 def _fits_mma(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     """The tensor-core kernel's own limits: a [K, N] fp16 weight (mma.sync's f16 operands; an [N, K] weight keeps
-    the CUDA-core kernel), at most two n8 tiles of M (16 rows), 2-8 lanes (1-4 m16 tiles a warp), whole warps
-    along N and K, a warp's columns not more than twice N, its partials' shared memory under the cap."""
-    if spec.b_kmajor or dtype != "float16" or cfg.lanes not in (2, 4, 8) or cfg.rows > 16:
+    the CUDA-core kernel), at most eight n8 tiles of M (:data:`MMA_ROWS`), 2-8 lanes (1-4 m16 tiles a warp), whole
+    warps along N and K, a warp's columns not more than twice N, its shared memory under the caps."""
+    if spec.b_kmajor or dtype != "float16" or cfg.lanes not in (2, 4, 8) or cfg.rows > MMA_ROWS:
         return False
     warps = cfg.threads // 32
     if cfg.threads % 32 or warps % cfg.threads_n or cfg.threads_n * 8 * cfg.lanes > 2 * spec.n:
@@ -179,7 +189,7 @@ _SPLITS = (1, 2, 4, 8, 16)   # the default's splits: among every space's (the sp
 
 
 def configs(spec: GemmSpec, dtype: str, *, lanes=(8, 4, 2, 1), threads=(256, 128, 512), threads_n=(32, 8, 16, 1, 2, 4),
-            split=_SPLITS, rows=(1, 2, 4, 8, 16), unroll=(4, 2, 8, 1), mma=(0, 1),
+            split=_SPLITS, rows=(1, 2, 4, 8, 16, 32, 64), unroll=(4, 2, 8, 1), mma=(0, 1),
             stages=STAGES) -> list[GemvConfig]:
     """The configs (from the given choices) that fit ``spec`` (:func:`fits_shape`); the rows of a block are
     capped at the kernel's (``min(rows, M)``, so a 3-row GEMM gets a 3-row config). The CUDA-core configs come
@@ -332,7 +342,8 @@ def _multiply_add_bytes(spec: GemmSpec, cfg: GemvConfig) -> float:
 def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 1)) -> GemvConfig | None:
     """The config an untuned build runs, by a rule over the shape and the GPU's SM count (``sms``).
 
-    Every row of M (up to :data:`MAX_ROWS`) is held by the block that reads a weight tile, so the weight leaves
+    Every row of M (up to :data:`MAX_ROWS`, :data:`MMA_ROWS` on tensor cores) is held by the block that reads a
+    weight tile, so the weight leaves
     HBM once: tiles of fewer rows are separate blocks, which the GPU runs in an order of its choosing, so the
     second tile's read of a weight tile finds it in L2 only when the L2 outlives the gap (it did not for an
     11008 x 4096 fp16 weight, 90 MB, on the H200's 50 MB L2: 16 rows in two 8-row tiles took 2.4x one row's
@@ -346,12 +357,14 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     more slowly (:data:`_MMA_STREAM`): it wins from a few rows on.
     ``mma``: the kernels to choose from (0 CUDA cores, 1 tensor cores). Nothing in it is fitted to a benchmark
     shape; the multiply-adds' rate is the H200's."""
-    rows = min(spec.rows, MAX_ROWS)
     vec = _VECTOR_BYTES // dtype_bytes(dtype)
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too
-    cands = [c for tc in mma for c in configs(spec, dtype, lanes=lanes, threads=(128, 256, 512),
+    # past 16 rows only the tensor-core kernel holds every row in one block
+    kinds = tuple(tc for tc in mma if tc or spec.rows <= MAX_ROWS) or mma
+    cands = [c for tc in kinds for c in configs(spec, dtype, lanes=lanes, threads=(128, 256, 512),
                                               threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,
-                                              rows=(rows,), unroll=(8, 4, 2), mma=(tc,), stages=STAGES)]
+                                              rows=(min(spec.rows, MMA_ROWS if tc else MAX_ROWS),),
+                                              unroll=(8, 4, 2), mma=(tc,), stages=STAGES)]
     segment = min(_MIN_SEGMENT, spec.n * dtype_bytes(dtype))
 
     def row_bytes(c: GemvConfig) -> int:   # contiguous bytes of a weight row a warp reads together
