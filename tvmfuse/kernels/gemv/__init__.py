@@ -16,9 +16,12 @@ whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector 
   ``mma.sync.m16n8k16``, the weight tile the A operand (16 columns of N a tile) and M's rows, zero-padded, one or
   two n8 tiles of B, so a weight element costs no fp32 multiply-add per row of M (at 8-16 rows those took longer
   than the weight's stream). A lane's four 16-byte loads a k16 step are its own A fragment (the K order and the
-  column order within a warp chosen so), warps along N and K (their partials summed through shared memory), the
-  next iteration's rows prefetched into L2 (ptxas issues a step's loads just before its mmas, so registers do not
-  hold more in flight); an ``[N, K]`` weight keeps the CUDA-core kernel;
+  column order within a warp chosen so), warps along N and K (their partials summed through shared memory). ptxas
+  issues a step's register loads just before its mmas, so a warp would hold one k16 step in flight: with
+  ``stages`` > 1 (``p`` in a config's name) each lane copies its own weight vectors and x's halves by ``cp.async``
+  into a ring of that many iterations in shared memory, ``stages - 1`` iterations ahead of the mmas (stages 1: the
+  register loads, the next iteration prefetched into L2); M's rows up to 64, eight n8 tiles; an ``[N, K]`` weight
+  keeps the CUDA-core kernel;
 * where the columns alone leave the GPU's SMs idle (N / columns a block < two blocks an SM), ``split`` thread
   blocks share K: each stores fp32 partials and a second kernel sums them;
 * the untuned kernel holds every row of M in the block that reads a weight tile, so the weight leaves HBM once
