@@ -185,16 +185,22 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
 
 def test_register_estimate_tracks_ptxas(tmp_path, cuda):
     """The default rule's register estimate (occupancy, bytes in flight) against ptxas on defaults of 1, 5 and 16
-    rows: never below ptxas by more than one 8-register allocation unit (the rule's occupancy would then be
+    rows and on tensor-core ring configs of 1 and 16 rows (ptxas holds one or two steps of a ring's reads, as it
+    chooses): never below ptxas by more than one 8-register allocation unit (the rule's occupancy would then be
     optimistic), and at most twice it ([N, K]: ptxas keeps fewer of x's vectors live than the estimate)."""
     from tvmfuse.kernels.gemv.config import registers
 
+    C = gemv.GemvConfig
+    rings = {16: [C(8, 128, 1, 2, 16, 2, 1, 2), C(4, 128, 4, 1, 16, 2, 1, 4), C(8, 64, 1, 1, 16, 4, 1, 2),
+                  C(4, 128, 1, 1, 16, 4, 1, 4)],
+             1: [C(8, 128, 1, 1, 1, 1, 1, 4), C(4, 128, 1, 1, 1, 2, 1, 4), C(8, 128, 1, 1, 1, 2, 1, 2)]}
     cases = []
-    for f in (_one(tmp_path, _matmul_model(16, 512, 1024), cuda), _one(tmp_path, _matmul_model(5, 512, 1024), cuda),
-              _one(tmp_path, _matmul_model(1, 512, 1024), cuda), _nk_func(16, 512, 1024)):
+    for m, f in ((16, _one(tmp_path, _matmul_model(16, 512, 1024), cuda)),
+                 (5, _one(tmp_path, _matmul_model(5, 512, 1024), cuda)),
+                 (1, _one(tmp_path, _matmul_model(1, 512, 1024), cuda)), (0, _nk_func(16, 512, 1024))):
         spec, info = gemv.analyze(f)
-        cfg = gemv.default_config(spec, info["dtype"])
-        cases.append((spec, cfg, info["dtype"], _cuda_of(f, spec, info, cfg, cuda.target)))
+        for cfg in [gemv.default_config(spec, info["dtype"])] + rings.get(m, []):
+            cases.append((spec, cfg, info["dtype"], _cuda_of(f, spec, info, cfg, cuda.target)))
     for (spec, cfg, dtype, _), log in zip(cases, _nvcc_all([c[3] for c in cases], tmp_path)):
         used = max(int(r) for r in re.findall(r"Used (\d+) registers", log))
         assert used - 8 <= registers(spec, cfg, dtype) <= 2 * used, (cfg.name, used)

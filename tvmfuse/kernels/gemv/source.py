@@ -305,7 +305,7 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
             f.allocs += f"red = T.alloc_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32'{scope})\n"
         else:   # the ring's memory, read by no one after the loop (the barrier below orders the last reads first)
             f.allocs += (f"red = T.decl_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32', data=ring.data, "
-                         f"scope='shared')\n")
+                         f"scope='shared.dyn')\n")
         slot = f"((ty // {TN} - 1) * {TN} + ty % {TN}) * {n_acc}"
         code += f.sync() + f.threads(f"if ty >= {TN}:\n    for a in {u_}({n_acc}):\n"
                                      f"        red[({slot} + a) * 32 + tx] = acc[{A}a]\n")
@@ -357,7 +357,9 @@ def _mma_ring(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, Wp: str, Xp: 
     NT = mma_tiles(cfg)[1]
     u_, v_ = f.unroll, f.vec
     t = "(tx % 4)"
-    scope = "" if f.emulate else ", scope='shared'"
+    # dynamic shared memory: a ring may pass the 48 KB a block's static allocation takes (TVM's CUDA runtime raises
+    # the kernel's limit at launch)
+    scope = "" if f.emulate else ", scope='shared.dyn', align=16"
     # slot-major, the warp's 32 lanes' pieces contiguous: a warp's 16-byte reads of a piece take 512 bytes in a row
     # (no bank conflicts)
     # One allocation, x's pieces after the weight's, which the warps' partials reuse after the loop (ring_halves)
