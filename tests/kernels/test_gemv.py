@@ -165,10 +165,10 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
         for k, n in [(4096, 11008), (2880, 5120), (1000, 1500)]:
             for kmajor in (False, True):
                 s = GemmSpec((), m, n, k, False, False, kmajor)
+                offered = gemv.space_configs(s, "float16", space)
                 for sms in (132, 108) if m % 3 == 1 else (132,):   # the other GPU at a third of the M's
                     d = gemv.default_config(s, "float16", sms)
                     assert -(-m // d.rows) == 1, (m, k, n, kmajor, d.name)
-                    offered = gemv.space_configs(s, "float16", space)
                     assert d in offered, (m, k, n, kmajor, d.name)
                     # against the one-pass configs whose rows of the weight fill whole bursts, as the rule's do (a
                     # tensor-core warp reads 8 vectors of a row)
@@ -482,7 +482,7 @@ def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
         # knob's every value is among them: the whole space is nvcc's minutes
         sample = []
         for p in (0, 1):
-            sample += _cover([c for c in cfgs if c.mma == p], 16)
+            sample += _cover([c for c in cfgs if c.mma == p], 12)
         assert {c.stages for c in sample if c.mma} == ({1, 2, 3, 4} if not spec.b_kmajor else set())
         _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in sample], tmp_path)
 
@@ -526,10 +526,10 @@ def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):
 @pytest.mark.slow
 def test_the_gpu_script_builds_its_kernels_without_a_gpu():
     """benchmarks/gemv_gpu.py --dry-run --small: every shape's default, both kernels' best by the rule and a sample
-    of 4 configs, with and without the bias + SiLU epilogue, built for CUDA and through ptxas with no spills (the
-    H200 run has one attempt)."""
+    of 2 configs, with and without the bias + SiLU epilogue, built for CUDA and through ptxas with no spills (the
+    H200 run has one attempt; the kernels themselves are the other tests')."""
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small", "--configs", "4"], cwd=root,
+    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small", "--configs", "2"], cwd=root,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(r"dry run: built (\d+) of \1 kernels", out.stdout), out.stdout[-500:]
