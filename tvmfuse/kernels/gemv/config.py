@@ -2,7 +2,7 @@
 annotations a tuned sketch records them under."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from tvmfuse.kernels.wgmma.config import SMS   # the SM count, named once for the GEMM templates
@@ -166,7 +166,7 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     # split is offered only where half of it leaves the SMs short of blocks (more is only a bigger reduction)
     if spec.k // k_step(spec, cfg) < cfg.split:
         return False
-    half = GemvConfig(cfg.lanes, cfg.threads, cfg.threads_n, cfg.split // 2, cfg.rows, cfg.unroll, cfg.mma, cfg.stages)
+    half = replace(cfg, split=cfg.split // 2)
     return cfg.split == 1 or blocks(spec, half) < 4 * SMS
 
 
@@ -242,7 +242,7 @@ _MMA_FMA_BYTES = 0.02
 # rows it took half the CUDA-core kernel's (41.4 vs 81 us). Its weight term is stretched by the smaller factor.
 # Those were the kernel without a ring (stages 1); the ring's kernel (stages 2-4) adds a shared-memory write and
 # read of each weight byte and has not been timed yet, so it keeps the same factor: what the ring buys shows in
-# the rule as bytes in flight (:func:`inflight_bytes`), and the rule keeps 1-3 rows on CUDA cores, whose
+# the rule as bytes in flight (:func:`inflight_bytes`), and the rule keeps 1-2 rows on CUDA cores, whose
 # multiply-adds there cost less than the factor.
 _MMA_STREAM = 1.45
 

@@ -13,13 +13,14 @@ from tvmfuse.kernels.wgmma.analysis import analyze as gemm_analyze
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 _DTYPES = ("float16", "float32")
-KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma", "stages")   # GemvConfig's fields: knobs gemv_<field>
+# GemvConfig's fields: knobs gemv_<field>
+KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma", "stages")
 
 
 def analyze(func) -> tuple[GemmSpec, dict]:
     """(spec, {a, b, store, dtype}) of a planner GEMM the template takes: a matmul of at most :data:`MAX_ROWS`
-    rows (the product of A's leading dims; :data:`MMA_ROWS` for an fp16 [K, N] weight) against a weight shared by them, fp16 or fp32, with an elementwise
-    epilogue. Raises :class:`Misfit` with the reason otherwise."""
+    rows (the product of A's leading dims; :data:`MMA_ROWS` for an fp16 [K, N] weight) against a weight shared by
+    them, fp16 or fp32, with an elementwise epilogue. Raises :class:`Misfit` with the reason otherwise."""
     spec, info = gemm_analyze(func, dtypes=_DTYPES)
     if spec.conv is not None:
         raise Misfit("a convolution, not a GEMM")
