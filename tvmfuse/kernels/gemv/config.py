@@ -151,6 +151,8 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
         return False
     if cfg.rows > spec.rows or register_words(spec, cfg, dtype) > _REGISTER_WORDS:
         return False
+    if registers(spec, cfg, dtype) > _SM_REGISTERS // cfg.threads:
+        return False   # the kernel's launch bound (its threads) gives ptxas no more: it would spill (512 threads: 128)
     if cfg.rows > MAX_ROWS and not cfg.mma:
         return False   # the CUDA-core kernel's multiply-adds past 16 rows outlast the stream
     if cfg.mma:
