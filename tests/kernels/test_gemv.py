@@ -471,6 +471,18 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
         _nvcc_all(srcs, tmp_path)
 
 
+def test_512_thread_configs_of_16_rows_stay_under_their_launch_bound(tmp_path, cuda):
+    """At 512 threads a block the launch bound leaves ptxas 128 registers a thread: the space offers a CUDA-core
+    config of 16 rows there only where the register estimate fits (v4 t512 n32 s1 m16 u8 spilled), and those it
+    offers build without spills."""
+    f = _one(tmp_path, _matmul_model(16, 512, 1024), cuda)
+    spec, info = gemv.analyze(f)
+    cfgs = [c for c in gemv.space_configs(spec, info["dtype"], load_spaces("cuda").for_class("gemm"))
+            if c.threads == 512 and c.rows == 16 and not c.mma]
+    assert cfgs and gemv.GemvConfig(4, 512, 32, 1, 16, 8) not in cfgs
+    _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in _cover(cfgs, 4)], tmp_path)
+
+
 @pytest.mark.slow
 def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
     space = load_spaces("cuda").for_class("gemm")
