@@ -116,11 +116,20 @@ def test_fits_small_m_gemms_in_both_layouts_and_dtypes(tmp_path, cuda):
     assert spec.rows == 16
 
 
-def test_declines_m17_convs_and_non_matmuls(tmp_path, cuda):
+def test_declines_m17_without_tensor_cores_m65_convs_and_non_matmuls(tmp_path, cuda):
+    """Past 16 rows only an fp16 [K, N] weight (the tensor-core kernel, up to 64 rows): M = 17 declined in fp32 and
+    for an [N, K] weight, M = 65 in fp16; M = 17 and 64 of an fp16 [K, N] weight taken, every row in one block."""
     tmpl = next(t for t in registry() if t.name == "gemv")
-    f = _one(tmp_path, _matmul_model(17, 64, 48), cuda)
-    assert "M = 17" in tmpl.fits(f, cuda.target)
-    assert tmpl.default_kernel(f, cuda.target) is None and tmpl.configs(f, cuda.target) == []
+    for f in (_one(tmp_path, _matmul_model(17, 64, 48, dtype=TensorProto.FLOAT), cuda), _nk_func(17, 64, 48),
+              _one(tmp_path, _matmul_model(65, 64, 48), cuda)):
+        assert "M = " in tmpl.fits(f, cuda.target)
+        assert tmpl.default_kernel(f, cuda.target) is None and tmpl.configs(f, cuda.target) == []
+    for m in (17, 64):
+        f = _one(tmp_path, _matmul_model(m, 64, 48), cuda)
+        assert tmpl.fits(f, cuda.target) is None
+        d = gemv.untuned(f, cuda.target)[2]
+        assert d.mma and d.rows == m, d.name
+        assert all(c.mma for c in tmpl.configs(f, cuda.target) if c.rows > 16)
     _, (conv,) = _kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=1, cin=64, cout=64, hw=8)), cuda, ("conv",))
     assert tmpl.fits(conv.mod["main"], cuda.target) is not None
     _, (norm,) = _kernels(tmp_path, models.to_fp16(models.add_norm("LayerNorm", m=4, n=96)), cuda,
@@ -156,10 +165,10 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
         for k, n in [(4096, 11008), (2880, 5120), (1000, 1500)]:
             for kmajor in (False, True):
                 s = GemmSpec((), m, n, k, False, False, kmajor)
-                for sms in (132, 108):
+                offered = gemv.space_configs(s, "float16", space)
+                for sms in (132, 108) if m % 3 == 1 else (132,):   # the other GPU at a third of the M's
                     d = gemv.default_config(s, "float16", sms)
                     assert -(-m // d.rows) == 1, (m, k, n, kmajor, d.name)
-                    offered = gemv.space_configs(s, "float16", space)
                     assert d in offered, (m, k, n, kmajor, d.name)
                     # against the one-pass configs whose rows of the weight fill whole bursts, as the rule's do (a
                     # tensor-core warp reads 8 vectors of a row)
@@ -167,20 +176,31 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
                                                                      * c.lanes * 2 >= 64)]
                     cost = streamed_bytes(s, d, "float16", sms)
                     assert all(cost <= streamed_bytes(s, c, "float16", sms) for c in rivals), d.name
+    for m in (17, 40, 64):   # an fp16 [K, N] weight past 16 rows: the tensor-core kernel, every row in one block
+        for k, n in [(4096, 11008), (1000, 1500)]:
+            s = GemmSpec((), m, n, k, False, False, False)
+            d = gemv.default_config(s, "float16")
+            assert d.mma and d.rows == m and d in gemv.space_configs(s, "float16", space), (m, k, n, d.name)
 
 
 def test_register_estimate_tracks_ptxas(tmp_path, cuda):
     """The default rule's register estimate (occupancy, bytes in flight) against ptxas on defaults of 1, 5 and 16
-    rows: never below ptxas by more than one 8-register allocation unit (the rule's occupancy would then be
+    rows and on tensor-core ring configs of 1 and 16 rows (ptxas holds one or two steps of a ring's reads, as it
+    chooses): never below ptxas by more than one 8-register allocation unit (the rule's occupancy would then be
     optimistic), and at most twice it ([N, K]: ptxas keeps fewer of x's vectors live than the estimate)."""
     from tvmfuse.kernels.gemv.config import registers
 
+    C = gemv.GemvConfig
+    rings = {16: [C(8, 128, 1, 2, 16, 2, 1, 2), C(4, 128, 4, 1, 16, 2, 1, 4), C(8, 64, 1, 1, 16, 4, 1, 2),
+                  C(4, 128, 1, 1, 16, 4, 1, 4)],
+             1: [C(8, 128, 1, 1, 1, 1, 1, 4), C(4, 128, 1, 1, 1, 2, 1, 4), C(8, 128, 1, 1, 1, 2, 1, 2)]}
     cases = []
-    for f in (_one(tmp_path, _matmul_model(16, 512, 1024), cuda), _one(tmp_path, _matmul_model(5, 512, 1024), cuda),
-              _one(tmp_path, _matmul_model(1, 512, 1024), cuda), _nk_func(16, 512, 1024)):
+    for m, f in ((16, _one(tmp_path, _matmul_model(16, 512, 1024), cuda)),
+                 (5, _one(tmp_path, _matmul_model(5, 512, 1024), cuda)),
+                 (1, _one(tmp_path, _matmul_model(1, 512, 1024), cuda)), (0, _nk_func(16, 512, 1024))):
         spec, info = gemv.analyze(f)
-        cfg = gemv.default_config(spec, info["dtype"])
-        cases.append((spec, cfg, info["dtype"], _cuda_of(f, spec, info, cfg, cuda.target)))
+        for cfg in [gemv.default_config(spec, info["dtype"])] + rings.get(m, []):
+            cases.append((spec, cfg, info["dtype"], _cuda_of(f, spec, info, cfg, cuda.target)))
     for (spec, cfg, dtype, _), log in zip(cases, _nvcc_all([c[3] for c in cases], tmp_path)):
         used = max(int(r) for r in re.findall(r"Used (\d+) registers", log))
         assert used - 8 <= registers(spec, cfg, dtype) <= 2 * used, (cfg.name, used)
@@ -272,12 +292,49 @@ def test_mma_kernels_match_the_planners_function_with_tails(tmp_path, cuda):
         spec, dtype = _spec_dtype(f)
         assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
         _check(f, cfgs)
-    # no tensor-core configs for an [N, K] weight, fp32, or N that no 2-lane vector divides
+    # no tensor-core configs for an [N, K] weight, fp32, or N that no 2-lane vector divides; no ring where 4 does
+    # not divide K (x's 8-byte copies)
     from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    assert {c.stages for c in gemv.configs(GemmSpec((), 3, 100, 333, False, False, False), "float16")} == {1}
 
     assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, True), "float16"))
     assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 96, 64, False, False, False), "float32"))
     assert not any(c.mma for c in gemv.configs(GemmSpec((), 4, 97, 64, False, False, False), "float16"))
+
+
+def test_mma_ring_kernels_match_the_planners_function_with_tails(tmp_path, cuda):
+    """The tensor-core kernel with its cp.async ring (stages 2-4), emulated (each copy a plain copy into the lane's
+    slot, read back stages - 1 iterations later): a wrong slot, a refill before its read or a missed last iteration
+    reads another iteration's weight. M = 1, 3, 8 and 16; K with a masked last k16 step; warps along K whose
+    iteration counts differ (some none: fewer iterations than stages); K splits; N off the warp's columns;
+    the warps' partials in the ring's memory."""
+    C = gemv.GemvConfig
+    cases = [((1, 100, 104), [C(8, 128, 1, 1, 1, 1, 1, 4), C(8, 64, 1, 1, 1, 2, 1, 2)]),
+             ((3, 332, 100), [C(4, 128, 2, 1, 3, 1, 1, 3), C(2, 64, 2, 3, 3, 2, 1, 2), C(4, 64, 1, 1, 2, 1, 1, 4)]),
+             ((8, 196, 72), [C(8, 64, 1, 1, 8, 2, 1, 3)]),
+             ((16, 164, 104), [C(8, 64, 1, 2, 16, 1, 1, 4), C(4, 128, 1, 1, 16, 1, 1, 2)])]
+    for (m, k, n), cfgs in cases:
+        f = _one(tmp_path, _matmul_model(m, k, n), cuda)
+        spec, dtype = _spec_dtype(f)
+        assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
+        _check(f, cfgs)
+
+
+def test_mma_kernels_of_up_to_64_rows_match_and_build(tmp_path, cuda):
+    """17-64 rows on tensor cores: 40 rows (five n8 tiles, the last padded) in one block through the ring and without
+    it, and in two blocks of 24 (the second's rows past M); 64 rows (eight tiles); emulated against the planner's
+    PrimFunc, and 64-row kernels built by nvcc with no spills."""
+    C = gemv.GemvConfig
+    f = _one(tmp_path, _matmul_model(40, 164, 104), cuda)
+    _check(f, [C(4, 128, 1, 1, 40, 1, 1, 2), C(2, 64, 1, 2, 40, 2, 1, 1), C(4, 64, 1, 1, 24, 1, 1, 3)])
+    f = _one(tmp_path, _matmul_model(64, 96, 72), cuda)
+    _check(f, [C(4, 64, 1, 1, 64, 1, 1, 2), gemv.default_config(*_spec_dtype(f))])
+    f = _one(tmp_path, _matmul_model(64, 512, 1024), cuda)
+    spec, info = gemv.analyze(f)
+    cfgs = [gemv.default_config(spec, info["dtype"]), C(4, 128, 1, 2, 64, 1, 1, 4), C(2, 128, 1, 1, 64, 2, 1, 1)]
+    assert all(gemv.config.fits_shape(spec, c, "float16") for c in cfgs)
+    _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in cfgs], tmp_path)
 
 
 def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
@@ -296,9 +353,27 @@ def test_mma_kernels_build_with_mma_sync_and_no_spills(tmp_path, cuda):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
         assert src.count("__global__") == 2 * (1 + (c.split > 1))
         srcs.append(src)
+    # the ring: 16-byte copies through L2 (8-byte ones where a lane's vector is 4 lanes), the main loop without a
+    # barrier (its warps along K may run different iteration counts: the first barrier is the partials', after
+    # the wait for every copy), partials in the ring's memory (4 warps along K), a K split
+    for c in (C(8, 128, 1, 2, 16, 2, 1, 2), C(4, 128, 4, 1, 16, 2, 1, 4)):
+        src = _cuda_of(f, spec, info, c, cuda.target)
+        size = 2 * c.lanes
+        assert f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [%0], [%1], {size};" in src, c.name
+        assert f"cp.async.wait_group {c.stages - 1};" in src and "cp.async.commit_group;" in src, c.name
+        body = src[src.index("for (int it = 0;"):]
+        assert "__syncthreads()" not in body[:body.index("wait_group_0()")], c.name
+        assert ("__syncthreads()" in body) == (gemv.config.warps_k(c) > 1), c.name   # the partials' barriers
+        n = src.count("mma_sync_aligned_m16n8k16_row_col_f32_f16_f16_f32(acc")
+        assert n == (c.lanes // 2) * 2 * c.unroll, (c.name, n)
+        assert src.count("__global__") == 2 * (1 + (c.split > 1))
+        srcs.append(src)
     f = _one(tmp_path, _matmul_model(3, 203, 104), cuda)
     spec, info = gemv.analyze(f)
     srcs.append(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1), cuda.target))
+    f = _one(tmp_path, _matmul_model(3, 204, 104), cuda)   # the ring with a masked last step
+    spec, info = gemv.analyze(f)
+    srcs.append(_cuda_of(f, spec, info, C(8, 64, 1, 1, 3, 2, 1, 3), cuda.target))
     _nvcc_all(srcs, tmp_path)
 
 
@@ -313,6 +388,25 @@ def test_defaults_take_tensor_cores_where_multiply_adds_outlast_the_stream():
         assert d.mma == 1 and d.rows == m and gemv.parse_config(d.name) == d, d.name
         assert not gemv.default_config(GemmSpec((), m, n, k, False, False, True), "float16").mma
     assert gemv.parse_config("v8 t256 n4 s1 m1 u8") == gemv.GemvConfig(8, 256, 4, 1, 1, 8)
+    assert gemv.parse_config("v8 t128 n1 s2 m16 u2 p3 c1") == gemv.GemvConfig(8, 128, 1, 2, 16, 2, 1, 3)
+
+
+def test_defaults_keep_one_and_two_rows_on_cuda_cores_and_pipeline_the_tensor_cores():
+    """Shapes nobody tuned for: 1-2 rows on CUDA cores (a multiply-add a weight element and row costs them less
+    than the tensor-core kernel's slower stream), from 4 rows on tensor cores through the cp.async ring (stages > 1),
+    whose bytes in flight an SM reach the Little's-law line (32 KB: 4.2 TB/s x ~1 us over 132 SMs) where the shape
+    has the blocks for it."""
+    from tvmfuse.kernels.gemv.config import inflight_bytes
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    for k, n in [(2880, 5120), (5120, 13824), (3584, 18944)]:
+        for m in (1, 2):
+            assert not gemv.default_config(GemmSpec((), m, n, k, False, False, False), "float16").mma, (m, k, n)
+        for m in (4, 6, 11, 16):
+            s = GemmSpec((), m, n, k, False, False, False)
+            d = gemv.default_config(s, "float16")
+            assert d.mma == 1 and d.stages > 1 and d.rows == m, (m, k, n, d.name)
+            assert inflight_bytes(s, d, "float16") >= 32 * 1024, (m, k, n, d.name)
 
 
 def _spec_dtype(f):
@@ -320,13 +414,41 @@ def _spec_dtype(f):
     return spec, info["dtype"]
 
 
+# Each distinct kernel built once a session (the tests share sources: a default is also a rival or a sample)
+_PTXAS: dict[str, str] = {}
+_CUDA: dict[tuple, str] = {}
+
+
 def _nvcc_all(srcs: list[str], tmp_path) -> list[str]:
-    """nvcc for sm_90a on every source (batched: ``ptxas_logs``), no spills, no stack frame; ptxas's report of each."""
-    return ptxas_logs(srcs, tmp_path, "sm_90a")
+    """nvcc for sm_90a on every source (batched: ``ptxas_logs``), no spills, no stack frame; ptxas's report of each
+    (a source built before in the session: its report then)."""
+    new = list(dict.fromkeys(s for s in srcs if s not in _PTXAS))
+    if new:
+        _PTXAS.update(zip(new, ptxas_logs(new, tmp_path, "sm_90a")))
+    return [_PTXAS[s] for s in srcs]
 
 
 def _cuda_of(func, spec, info, cfg, target):
-    return cuda_source(tvm.compile(tvm.IRModule({"main": gemv.kernel_for(func, spec, info, cfg)}), target=target))
+    key = (str(func.script()), spec, cfg, str(target))
+    if key not in _CUDA:
+        _CUDA[key] = cuda_source(tvm.compile(tvm.IRModule({"main": gemv.kernel_for(func, spec, info, cfg)}),
+                                             target=target))
+    return _CUDA[key]
+
+
+def _cover(cfgs: list, count: int) -> list:
+    """At most ``count`` of ``cfgs`` (at least the few that cover every value): first, configs that bring a knob's
+    value not yet among those taken, then an even stride through the rest. Every knob's every value is built;
+    the combinations are sampled."""
+    taken, seen = [], set()
+    for c in cfgs:
+        pairs = set(dataclasses.asdict(c).items())
+        if not pairs <= seen:
+            taken.append(c)
+            seen |= pairs
+    rest = [c for c in cfgs if c not in taken]
+    room = max(0, count - len(taken))
+    return taken + [rest[int(i * len(rest) / room)] for i in range(min(room, len(rest)))]
 
 
 def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
@@ -339,23 +461,42 @@ def test_cuda_kernels_build_with_16_byte_loads_and_no_spills(tmp_path, cuda):
         for c in (cfg, gemv.GemvConfig(8, 256, 2 if spec.b_kmajor else 32, 4, 16 if spec.b_kmajor else 8, 2),
                   dataclasses.replace(cfg, split=2)):
             src = _cuda_of(f, spec, info, c, cuda.target)
-            vec = "uint4" if c.lanes == 8 else "half4"   # the weight in 16- or 8-byte loads
-            assert re.search(rf"\*\({vec}\*\)\(w_ptr \+ \d+\) = \*\({vec}\*\)\(b_f_ptr", src), (c.name, vec)
+            vec = "uint4" if c.lanes == 8 else "half4"   # the weight in 16- or 8-byte loads (or copies: the ring)
+            if c.mma and c.stages > 1:
+                assert f"shared.global [%0], [%1], {2 * c.lanes};" in src, c.name
+            else:
+                assert re.search(rf"\*\({vec}\*\)\(w_ptr \+ \d+\) = \*\({vec}\*\)\(b_f_ptr", src), (c.name, vec)
             assert src.count("__global__") == 2 * (1 + (c.split > 1))   # (declaration + definition) a kernel
             srcs.append(src)
         _nvcc_all(srcs, tmp_path)
 
 
+def test_512_thread_configs_of_16_rows_stay_under_their_launch_bound(tmp_path, cuda):
+    """At 512 threads a block the launch bound leaves ptxas 128 registers a thread: the space offers a CUDA-core
+    config of 16 rows there only where the register estimate fits (v4 t512 n32 s1 m16 u8 spilled), and those it
+    offers build without spills."""
+    f = _one(tmp_path, _matmul_model(16, 512, 1024), cuda)
+    spec, info = gemv.analyze(f)
+    cfgs = [c for c in gemv.space_configs(spec, info["dtype"], load_spaces("cuda").for_class("gemm"))
+            if c.threads == 512 and c.rows == 16 and not c.mma]
+    assert cfgs and gemv.GemvConfig(4, 512, 32, 1, 16, 8) not in cfgs
+    _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in _cover(cfgs, 4)], tmp_path)
+
+
 @pytest.mark.slow
 def test_every_config_of_a_small_gemv_builds_with_nvcc(tmp_path, cuda):
     space = load_spaces("cuda").for_class("gemm")
-    for f in (_one(tmp_path, _matmul_model(1, 128, 64), cuda), _nk_func(1, 128, 64)):   # 99 (+ 44 mma) and 15 configs
+    for f in (_one(tmp_path, _matmul_model(1, 128, 64), cuda), _nk_func(1, 128, 64)):
         spec, info = gemv.analyze(f)
         cfgs = gemv.space_configs(spec, info["dtype"], space)
         assert cfgs
-        mma = [c for c in cfgs if c.mma]   # the tensor-core configs: every fifth (each knob's values), nvcc's time
-        cfgs = [c for c in cfgs if not c.mma] + mma[::5]
-        _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in cfgs], tmp_path)
+        # each kernel's configs (CUDA cores; tensor cores, whose stages are a knob of their own) sampled so every
+        # knob's every value is among them: the whole space is nvcc's minutes
+        sample = []
+        for p in (0, 1):
+            sample += _cover([c for c in cfgs if c.mma == p], 12)
+        assert {c.stages for c in sample if c.mma} == ({1, 2, 3, 4} if not spec.b_kmajor else set())
+        _nvcc_all([_cuda_of(f, spec, info, c, cuda.target) for c in sample], tmp_path)
 
 
 def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, cuda):
@@ -370,11 +511,13 @@ def test_the_gemm_space_samples_gemv_and_the_builder_swaps_its_kernel(tmp_path, 
     src = cuda_source(tvm.compile(expand(sketch.mod), target=cuda.target))
     # the GEMV kernel swapped in (its column blocks, K split; the placeholder binds x only)
     assert "blockIdx.y" in src or "blockIdx.z" in src
-    # an M = 17 GEMM keeps the tensor-core sketches
-    big = _kernels(tmp_path, _matmul_model(17, 64, 64), cuda)[1][0].mod
-    ctx = ms.TuneContext(mod=big, target=cuda.target, space_generator=select_space(big, cuda.target).generator,
-                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=0)
-    assert all(gemv.annotated(s.mod["main"]) is None for s in ctx.generate_design_space())
+    # an M = 65 GEMM keeps the tensor-core sketches; M = 24 (fp16 [K, N]) has the GEMV sketch and wgmma's beside it
+    for m, with_gemv in ((65, False), (24, True)):
+        big = _kernels(tmp_path, _matmul_model(m, 64, 64), cuda)[1][0].mod
+        ctx = ms.TuneContext(mod=big, target=cuda.target, space_generator=select_space(big, cuda.target).generator,
+                             search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=0)
+        found = [gemv.annotated(s.mod["main"]) is not None for s in ctx.generate_design_space()]
+        assert found.count(True) == with_gemv and found.count(False) >= 1, (m, found)
 
 
 def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):
@@ -395,10 +538,10 @@ def test_a_tiny_model_compiled_for_cuda_runs_the_gemv_template(tmp_path, cuda):
 @pytest.mark.slow
 def test_the_gpu_script_builds_its_kernels_without_a_gpu():
     """benchmarks/gemv_gpu.py --dry-run --small: every shape's default, both kernels' best by the rule and a sample
-    of 4 configs, with and without the bias + SiLU epilogue, built for CUDA and through ptxas with no spills (the
-    H200 run has one attempt)."""
+    of 2 configs, with and without the bias + SiLU epilogue, built for CUDA and through ptxas with no spills (the
+    H200 run has one attempt; the kernels themselves are the other tests')."""
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small", "--configs", "4"], cwd=root,
+    out = subprocess.run([sys.executable, "benchmarks/gemv_gpu.py", "--dry-run", "--small", "--configs", "2"], cwd=root,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(r"dry run: built (\d+) of \1 kernels", out.stdout), out.stdout[-500:]

@@ -1,4 +1,5 @@
-"""A skinny-GEMM / GEMV template: decode-time GEMMs (at most 16 rows against a weight), memory-bound on the weight.
+"""A skinny-GEMM / GEMV template: decode-time GEMMs (at most 16 rows against a weight, 64 for an fp16 [K, N] one),
+memory-bound on the weight.
 
 The tensor-core templates tile M by 64-128 rows and waste most of a 1-16 row GEMM; this package writes the kernel
 whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector loads coalesced across a warp:
@@ -15,9 +16,12 @@ whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector 
   ``mma.sync.m16n8k16``, the weight tile the A operand (16 columns of N a tile) and M's rows, zero-padded, one or
   two n8 tiles of B, so a weight element costs no fp32 multiply-add per row of M (at 8-16 rows those took longer
   than the weight's stream). A lane's four 16-byte loads a k16 step are its own A fragment (the K order and the
-  column order within a warp chosen so), warps along N and K (their partials summed through shared memory), the
-  next iteration's rows prefetched into L2 (ptxas issues a step's loads just before its mmas, so registers do not
-  hold more in flight); an ``[N, K]`` weight keeps the CUDA-core kernel;
+  column order within a warp chosen so), warps along N and K (their partials summed through shared memory). ptxas
+  issues a step's register loads just before its mmas, so a warp would hold one k16 step in flight: with
+  ``stages`` > 1 (``p`` in a config's name) each lane copies its own weight vectors and x's halves by ``cp.async``
+  into a ring of that many iterations in shared memory, ``stages - 1`` iterations ahead of the mmas (stages 1: the
+  register loads, the next iteration prefetched into L2); M's rows up to 64, eight n8 tiles; an ``[N, K]`` weight
+  keeps the CUDA-core kernel;
 * where the columns alone leave the GPU's SMs idle (N / columns a block < two blocks an SM), ``split`` thread
   blocks share K: each stores fp32 partials and a second kernel sums them;
 * the untuned kernel holds every row of M in the block that reads a weight tile, so the weight leaves HBM once
@@ -38,20 +42,20 @@ kernel, a kernel per config, the sketch, the swap for a tuned sketch).
 from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, SPEC, GemvConfig, blocks, configs,
+from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, MMA_ROWS, SPEC, GemvConfig, blocks, configs,
                                          default_config, parse_config, register_words)
 from tvmfuse.kernels.gemv.kernel import (KNOBS, analyze, annotated, default_kernel, expand, kernel_for, schedule,
                                          space_configs, untuned)
 from tvmfuse.kernels.gemv.source import gemv_source
 
-__all__ = ["ANNOTATION", "CANDIDATES", "KNOBS", "MAX_ROWS", "SPEC", "GemvConfig", "GemvTemplate", "analyze",
+__all__ = ["ANNOTATION", "CANDIDATES", "KNOBS", "MAX_ROWS", "MMA_ROWS", "SPEC", "GemvConfig", "GemvTemplate", "analyze",
            "annotated", "blocks", "configs", "default_config", "default_kernel", "expand", "gemv_source",
            "kernel_for", "parse_config", "register_words", "schedule", "space_configs", "untuned"]
 
 
 class GemvTemplate(KernelTemplate):
-    """GEMMs of at most 16 rows on CUDA (fp16 or fp32), written whole from a config; the GEMM space's tensor-core
-    sketch offers its configs first where it fits."""
+    """GEMMs of at most 16 rows on CUDA (fp16 or fp32; 64 for an fp16 [K, N] weight, on tensor cores), written whole
+    from a config; the GEMM space's tensor-core sketch offers its configs first where it fits."""
 
     name = "gemv"
     targets = ("cuda",)
@@ -61,7 +65,7 @@ class GemvTemplate(KernelTemplate):
     config_field = "gemv_config"
     config_words = ("the GEMV template's config {config} (v: vector lanes, t: threads a block, n: threads along N "
                     "/ columns a warp, s: K split over blocks, m: rows a block, u: vectors in flight a thread, c1: on "
-                    "tensor cores, n then warps along N)")
+                    "tensor cores, n then warps along N, p: their pipeline's stages)")
     knobs = tuple(f"gemv_{k}" for k in KNOBS)
 
     def fits(self, func, target) -> str | None:
@@ -84,7 +88,8 @@ class GemvTemplate(KernelTemplate):
         return None if found is None else found[2]
 
     def default_kernel(self, func, target, space=None):
-        # M <= 16: the weight's bytes are the kernel's time; wgmma's 64-row tiles would mostly multiply padding
+        # M <= 16 (64 on tensor cores): the weight's bytes are the kernel's time, which a K split over the SMs keeps
+        # streaming (wgmma's blocks are its output tiles, fewer than the SMs at these M: config.MMA_ROWS)
         return default_kernel(func, target)
 
     def config_of(self, func) -> str | None:

@@ -2,7 +2,7 @@
 annotations a tuned sketch records them under."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from tvmfuse.kernels.wgmma.config import SMS   # the SM count, named once for the GEMM templates
@@ -14,12 +14,24 @@ SPEC = "tvmfuse.gemv_spec"
 # the template takes GEMMs of at most this many rows (decode: a few tokens). Its CUDA-core kernel's multiply-adds
 # run on fp32 CUDA cores: each weight element read costs ``rows`` of them, and on the H200 (about 33.5 T FMA/s, 2.1 T
 # fp16 weight elements/s at the copy ceiling) the two meet at about 16 rows; its tensor-core kernel holds M in two
-# n8 tiles of an m16n8k16 mma (16 rows); above that wgmma's 64-row tiles waste less
+# n8 tiles of an m16n8k16 mma; its 16 rows are where the CUDA-core kernel stops
 MAX_ROWS = 16
+# The tensor-core kernel (an fp16 [K, N] weight) holds up to 64 rows a block, eight n8 tiles, and the template takes
+# such GEMMs up to that: at 64 rows a weight element is 64 multiply-adds, 64 flops a byte against mma.sync's ~157 on
+# the H200 (660 T flops / 4.2 TB/s), so the weight's stream is still the time, and what matters is keeping every SM
+# streaming. wgmma's GEMM (tvmfuse.kernels.wgmma) gives a block a whole K panel of a 64-128 x 64-256 output tile,
+# with no K split: at M <= 64 it has N / block_n blocks (32-64 for N = 4096), fewer than the 132 SMs; this kernel
+# splits K over blocks until they fill the SMs. Past 64 rows its accumulators (4 registers a tile) and x's pieces
+# (each warp along N copies them again from L2) grow with M while wgmma's shared tiles do not.
+MMA_ROWS = 64
 _VECTOR_BYTES = 16     # one 128-bit load per vector
 # per-thread register words a config may ask for (accumulators + vectors in flight + x); above it ptxas spills
 _REGISTER_WORDS = 160
 _SHARED_BYTES = 32 * 1024   # the [K, N] kernel's cross-warp partial sums, per group of rows
+# the tensor-core kernel's cp.async ring a block (its warps' partials reuse it; dynamic shared memory): two blocks'
+# rings and the 1 KB the GPU reserves a block fit an SM's 227 KB
+_RING_SHARED = 112 * 1024
+STAGES = (1, 2, 3, 4)   # the tensor-core kernel's pipeline stages (1: no shared-memory ring)
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,12 @@ class GemvConfig:
     no fp32 multiply-add per row of M. The knobs then read: ``threads_n`` warps along N a block (the others along
     K, their partials summed through shared memory), each warp ``8 * lanes`` columns (a lane a vector of ``lanes``
     columns, ``lanes / 2`` m16 tiles); ``unroll``: k16 steps a lane loads before its mmas (four vectors a step).
+
+    ``stages`` (tensor-core kernel only): 1, each step's weight loaded straight into registers (ptxas issues the
+    loads just before the step's mmas, so a warp has one step in flight; the next iteration is prefetched into
+    L2); 2-4, a ring of that many iterations (``unroll`` k16 steps each) of a lane's weight vectors and x halves in
+    shared memory, filled by ``cp.async`` ``stages - 1`` iterations ahead of the mmas, so that many iterations'
+    bytes are in flight a warp whatever ptxas schedules.
     """
 
     lanes: int = 8
@@ -45,18 +63,20 @@ class GemvConfig:
     rows: int = 1
     unroll: int = 4
     mma: int = 0
+    stages: int = 1
 
     @property
     def name(self) -> str:
         name = f"v{self.lanes} t{self.threads} n{self.threads_n} s{self.split} m{self.rows} u{self.unroll}"
-        return name + " c1" if self.mma else name   # c: tensor cores (a name without it: the CUDA-core kernel)
+        # c: tensor cores, p: their pipeline's stages (a name without them: the CUDA-core kernel)
+        return name + f" p{self.stages} c1" if self.mma else name
 
 
 def parse_config(name: str) -> GemvConfig:
-    """The config :attr:`GemvConfig.name` names (``"v8 t256 n32 s4 m1 u4"``, ``"v8 t256 n1 s1 m16 u4 c1"``)."""
+    """The config :attr:`GemvConfig.name` names (``"v8 t256 n32 s4 m1 u4"``, ``"v8 t256 n1 s1 m16 u4 p3 c1"``)."""
     f = dict((part[0], int(part[1:])) for part in name.split())
     return GemvConfig(lanes=f["v"], threads=f["t"], threads_n=f["n"], split=f["s"], rows=f["m"], unroll=f["u"],
-                      mma=f.get("c", 0))
+                      mma=f.get("c", 0), stages=f.get("p", 1))
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -102,6 +122,11 @@ def register_words(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
         # loads just before its mmas whatever ``unroll`` (sm_90a, CUDA 13.0: 76 registers at v8 m16 u4 and u2, 44 at
         # v4 m16 u8), so a step, not ``unroll`` of them, is what a lane holds
         tn, t8 = mma_tiles(cfg)
+        if cfg.stages > 1:
+            # the ring's: ptxas reads up to two steps from shared memory ahead of their mmas, and holds about 8 more
+            # (the ring's and the copies' addresses, the loop's state; sm_90a, CUDA 13.0: 40-132 registers at 1-16
+            # rows, within the bounds tests/kernels/test_gemv.py checks on ten ring configs)
+            return 4 * tn * t8 + min(cfg.unroll, 2) * (2 * cfg.lanes + 2 * t8) + 4 * tn + 8
         return 4 * tn * t8 + 2 * cfg.lanes + 4 * tn + 2 * t8
     if spec.b_kmajor:
         acc = cfg.rows * cfg.threads_n
@@ -120,10 +145,16 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     contiguous = spec.k if spec.b_kmajor else spec.n
     if cfg.mma and not _fits_mma(spec, cfg, dtype):
         return False
+    if cfg.stages != 1 and not cfg.mma:
+        return False   # the CUDA-core kernel has no ring
     if contiguous % cfg.lanes or cfg.lanes * dtype_bytes(dtype) > _VECTOR_BYTES or cfg.threads % 32:
         return False
     if cfg.rows > spec.rows or register_words(spec, cfg, dtype) > _REGISTER_WORDS:
         return False
+    if registers(spec, cfg, dtype) > _SM_REGISTERS // cfg.threads:
+        return False   # the kernel's launch bound (its threads) gives ptxas no more: it would spill (512 threads: 128)
+    if cfg.rows > MAX_ROWS and not cfg.mma:
+        return False   # the CUDA-core kernel's multiply-adds past 16 rows outlast the stream
     if cfg.mma:
         pass   # _fits_mma took its warps
     elif spec.b_kmajor:
@@ -137,41 +168,47 @@ def fits_shape(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     # split is offered only where half of it leaves the SMs short of blocks (more is only a bigger reduction)
     if spec.k // k_step(spec, cfg) < cfg.split:
         return False
-    half = GemvConfig(cfg.lanes, cfg.threads, cfg.threads_n, cfg.split // 2, cfg.rows, cfg.unroll, cfg.mma)
+    half = replace(cfg, split=cfg.split // 2)
     return cfg.split == 1 or blocks(spec, half) < 4 * SMS
 
 
 def _fits_mma(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     """The tensor-core kernel's own limits: a [K, N] fp16 weight (mma.sync's f16 operands; an [N, K] weight keeps
-    the CUDA-core kernel), at most two n8 tiles of M (16 rows), 2-8 lanes (1-4 m16 tiles a warp), whole warps
-    along N and K, a warp's columns not more than twice N, its partials' shared memory under the cap."""
-    if spec.b_kmajor or dtype != "float16" or cfg.lanes not in (2, 4, 8) or cfg.rows > 16:
+    the CUDA-core kernel), at most eight n8 tiles of M (:data:`MMA_ROWS`), 2-8 lanes (1-4 m16 tiles a warp), whole
+    warps along N and K, a warp's columns not more than twice N, its shared memory under the caps."""
+    if spec.b_kmajor or dtype != "float16" or cfg.lanes not in (2, 4, 8) or cfg.rows > MMA_ROWS:
         return False
     warps = cfg.threads // 32
     if cfg.threads % 32 or warps % cfg.threads_n or cfg.threads_n * 8 * cfg.lanes > 2 * spec.n:
         return False
-    return shared_bytes(spec, cfg) <= _SHARED_BYTES
+    # the ring's x copies are 8 bytes (four halves of a row at K offsets 4t): aligned only where 4 divides K
+    if cfg.stages not in STAGES or (cfg.stages > 1 and spec.k % 4):
+        return False
+    return partial_bytes(cfg) <= _SHARED_BYTES and shared_bytes(spec, cfg) <= _RING_SHARED
 
 
 _SPLITS = (1, 2, 4, 8, 16)   # the default's splits: among every space's (the space file's gemv_split too)
 
 
 def configs(spec: GemmSpec, dtype: str, *, lanes=(8, 4, 2, 1), threads=(256, 128, 512), threads_n=(32, 8, 16, 1, 2, 4),
-            split=_SPLITS, rows=(1, 2, 4, 8, 16), unroll=(4, 2, 8, 1), mma=(0, 1)) -> list[GemvConfig]:
+            split=_SPLITS, rows=(1, 2, 4, 8, 16, 32, 64), unroll=(4, 2, 8, 1), mma=(0, 1),
+            stages=STAGES) -> list[GemvConfig]:
     """The configs (from the given choices) that fit ``spec`` (:func:`fits_shape`); the rows of a block are
     capped at the kernel's (``min(rows, M)``, so a 3-row GEMM gets a 3-row config). The CUDA-core configs come
-    first, then the tensor-core ones (``mma``)."""
-    out = []
+    first, then the tensor-core ones (``mma``, each at the ``stages`` given; the CUDA-core kernel at 1)."""
+    out, seen = [], set()
     for c_ in mma:
-        for v in lanes:
-            for t in threads:
-                for n in threads_n:
-                    for s in split:
-                        for m in sorted({min(int(r), spec.rows) for r in rows}):
-                            for u in unroll:
-                                c = GemvConfig(int(v), int(t), int(n), int(s), int(m), int(u), int(c_))
-                                if c not in out and fits_shape(spec, c, dtype):
-                                    out.append(c)
+        for p in (sorted({int(x) for x in stages}) if c_ else (1,)):
+            for v in lanes:
+                for t in threads:
+                    for n in threads_n:
+                        for s in split:
+                            for m in sorted({min(int(r), spec.rows) for r in rows}):
+                                for u in unroll:
+                                    c = GemvConfig(int(v), int(t), int(n), int(s), int(m), int(u), int(c_), p)
+                                    if c not in seen and fits_shape(spec, c, dtype):
+                                        seen.add(c)
+                                        out.append(c)
     return out
 
 
@@ -205,6 +242,10 @@ _MMA_FMA_BYTES = 0.02
 # multiply-adds cost neither kernel anything, its untuned config took 1.44x the CUDA-core kernel's time against a
 # 4096 x 11008 fp16 weight (38.1 vs 26.4 us) and 2.1x against 4096 x 4096 (14.7 vs 6.9 us) on the H200; at 16
 # rows it took half the CUDA-core kernel's (41.4 vs 81 us). Its weight term is stretched by the smaller factor.
+# Those were the kernel without a ring (stages 1); the ring's kernel (stages 2-4) adds a shared-memory write and
+# read of each weight byte and has not been timed yet, so it keeps the same factor: what the ring buys shows in
+# the rule as bytes in flight (:func:`inflight_bytes`), and the rule keeps 1-2 rows on CUDA cores, whose
+# multiply-adds there cost less than the factor.
 _MMA_STREAM = 1.45
 
 
@@ -220,13 +261,32 @@ def registers(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
 def shared_bytes(spec: GemmSpec, cfg: GemvConfig) -> int:
     """Shared memory of a block: the [K, N] kernel's partials of a group of rows and their sums (source's
     ``red``, ``rout``)."""
-    if cfg.mma:   # the partials of the warps along K past the first, a lane's accumulators each
-        tn, t8 = mma_tiles(cfg)
-        return (warps_k(cfg) - 1) * cfg.threads_n * 4 * tn * t8 * 32 * 4
+    if cfg.mma:
+        return 2 * ring_halves(cfg) if cfg.stages > 1 else partial_bytes(cfg)
     if spec.b_kmajor or cfg.threads == cfg.threads_n:
         return 0
     tk, cb = cfg.threads // cfg.threads_n, cfg.threads_n * cfg.lanes
     return (tk + 1) * max(1, min(cfg.rows, _SHARED_BYTES // (tk * cb * 4))) * cb * 4   # partials and sums
+
+
+def partial_bytes(cfg: GemvConfig) -> int:
+    """The tensor-core kernel's partials of the warps along K past the first, a lane's accumulators each."""
+    tn, t8 = mma_tiles(cfg)
+    return (warps_k(cfg) - 1) * cfg.threads_n * 4 * tn * t8 * 32 * 4
+
+
+def ring_bytes(cfg: GemvConfig) -> int:
+    """The tensor-core kernel's cp.async ring (``stages`` > 1): per stage, lane and k16 step, its four weight
+    vectors and x's four halves of each n8 tile of M."""
+    if cfg.stages == 1:
+        return 0
+    return cfg.threads * cfg.stages * cfg.unroll * (4 * cfg.lanes + 4 * mma_tiles(cfg)[1]) * 2
+
+
+def ring_halves(cfg: GemvConfig) -> int:
+    """fp16 elements of the tensor-core kernel's shared allocation with a ring: the ring, or the warps' partials
+    where they are larger (they reuse its memory after the loop)."""
+    return max(ring_bytes(cfg), partial_bytes(cfg)) // 2
 
 
 def resident_blocks(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
@@ -245,8 +305,12 @@ def inflight_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
         return 0.0
     nb = blocks(spec, cfg)
     waves = -(-nb // (res * sms))
-    if cfg.mma:   # the next iteration's `unroll` k16 steps prefetched into L2, and this step's 4 vectors a lane
-        per_thread = (cfg.unroll + 1) * 4 * cfg.lanes * dtype_bytes(dtype)
+    if cfg.mma and cfg.stages > 1:   # the ring's iterations past the one the mmas read: `unroll` k16 steps each
+        per_thread = (cfg.stages - 1) * cfg.unroll * 4 * cfg.lanes * dtype_bytes(dtype)
+    elif cfg.mma:
+        # a step's 4 vectors a lane: ptxas issues them just before the step's mmas whatever `unroll`. The next
+        # iteration's L2 prefetch is not counted: its bytes stop in L2, and each step still waits for its loads
+        per_thread = 4 * cfg.lanes * dtype_bytes(dtype)
     else:
         per_thread = cfg.unroll * (1 if not spec.b_kmajor else cfg.threads_n) * cfg.lanes * dtype_bytes(dtype)
     return nb * cfg.threads * per_thread / (waves * sms)
@@ -280,7 +344,8 @@ def _multiply_add_bytes(spec: GemmSpec, cfg: GemvConfig) -> float:
 def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 1)) -> GemvConfig | None:
     """The config an untuned build runs, by a rule over the shape and the GPU's SM count (``sms``).
 
-    Every row of M (up to :data:`MAX_ROWS`) is held by the block that reads a weight tile, so the weight leaves
+    Every row of M (up to :data:`MAX_ROWS`, :data:`MMA_ROWS` on tensor cores) is held by the block that reads a
+    weight tile, so the weight leaves
     HBM once: tiles of fewer rows are separate blocks, which the GPU runs in an order of its choosing, so the
     second tile's read of a weight tile finds it in L2 only when the L2 outlives the gap (it did not for an
     11008 x 4096 fp16 weight, 90 MB, on the H200's 50 MB L2: 16 rows in two 8-row tiles took 2.4x one row's
@@ -294,12 +359,14 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     more slowly (:data:`_MMA_STREAM`): it wins from a few rows on.
     ``mma``: the kernels to choose from (0 CUDA cores, 1 tensor cores). Nothing in it is fitted to a benchmark
     shape; the multiply-adds' rate is the H200's."""
-    rows = min(spec.rows, MAX_ROWS)
     vec = _VECTOR_BYTES // dtype_bytes(dtype)
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too
-    cands = [c for tc in mma for c in configs(spec, dtype, lanes=lanes, threads=(128, 256, 512),
+    # past 16 rows only the tensor-core kernel holds every row in one block
+    kinds = tuple(tc for tc in mma if tc or spec.rows <= MAX_ROWS) or mma
+    cands = [c for tc in kinds for c in configs(spec, dtype, lanes=lanes, threads=(128, 256, 512),
                                               threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,
-                                              rows=(rows,), unroll=(8, 4, 2), mma=(tc,))]
+                                              rows=(min(spec.rows, MMA_ROWS if tc else MAX_ROWS),),
+                                              unroll=(8, 4, 2), mma=(tc,), stages=STAGES)]
     segment = min(_MIN_SEGMENT, spec.n * dtype_bytes(dtype))
 
     def row_bytes(c: GemvConfig) -> int:   # contiguous bytes of a weight row a warp reads together
@@ -311,7 +378,7 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     def key(c: GemvConfig):
         tk = warps_k(c) if c.mma else 1 if spec.b_kmajor else c.threads // c.threads_n
         return (streamed_bytes(spec, c, dtype, sms), c.split, -c.lanes, tk, c.threads, -c.unroll, c.threads_n,
-                c.mma)
+                c.mma, c.stages)   # equal costs: the shallower ring (less shared memory, more blocks an SM)
 
     best = min(cands, key=key, default=None)
     if best is None:   # an odd small shape none of the rule's candidates take: the first config that fits

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tvmfuse.kernels.annotations import chosen, root_annotations, swap_kernels
-from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, SPEC, GemvConfig, configs,
+from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, MMA_ROWS, SPEC, GemvConfig, configs,
                                          default_config, parse_config)
 from tvmfuse.kernels.gemv.source import gemv_source
 from tvmfuse.kernels.wgmma.analysis import Misfit, _param_buffers, _param_decls, _reduction_blocks
@@ -13,25 +13,30 @@ from tvmfuse.kernels.wgmma.analysis import analyze as gemm_analyze
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 _DTYPES = ("float16", "float32")
-KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma")   # GemvConfig's fields: knobs gemv_<field>
+# GemvConfig's fields: knobs gemv_<field>
+KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma", "stages")
 
 
 def analyze(func) -> tuple[GemmSpec, dict]:
     """(spec, {a, b, store, dtype}) of a planner GEMM the template takes: a matmul of at most :data:`MAX_ROWS`
-    rows (the product of A's leading dims) against a weight shared by them, fp16 or fp32, with an elementwise
-    epilogue. Raises :class:`Misfit` with the reason otherwise."""
+    rows (the product of A's leading dims; :data:`MMA_ROWS` for an fp16 [K, N] weight) against a weight shared by
+    them, fp16 or fp32, with an elementwise epilogue. Raises :class:`Misfit` with the reason otherwise."""
     spec, info = gemm_analyze(func, dtypes=_DTYPES)
     if spec.conv is not None:
         raise Misfit("a convolution, not a GEMM")
     if spec.grid_batch != 1:
         raise Misfit("a batched GEMM (each batch its own B)")
-    if spec.rows > MAX_ROWS:
-        raise Misfit(f"M = {spec.rows} rows: the GEMV template takes at most {MAX_ROWS}")
     bufs = _param_buffers(func)
     dtypes = {str(bufs[info["a"]].dtype), str(bufs[info["b"]].dtype)}
     if len(dtypes) != 1:
         raise Misfit(f"A and B differ in dtype ({', '.join(sorted(dtypes))})")
-    return spec, {**info, "dtype": dtypes.pop()}
+    dtype = dtypes.pop()
+    # past 16 rows only the tensor-core kernel (an fp16 [K, N] weight) keeps the weight's stream the time (MMA_ROWS)
+    most = MMA_ROWS if dtype == "float16" and not spec.b_kmajor else MAX_ROWS
+    if spec.rows > most:
+        raise Misfit(f"M = {spec.rows} rows: the GEMV template takes at most {most}"
+                     + ("" if most == MMA_ROWS else f" (an fp16 [K, N] weight: {MMA_ROWS})"))
+    return spec, {**info, "dtype": dtype}
 
 
 def kernel_for(func, spec: GemmSpec, info: dict, cfg: GemvConfig, emulate: bool = False):

@@ -8,7 +8,7 @@ cross-thread reductions and the epilogue numerically.
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.gemv.config import _SHARED_BYTES, GemvConfig, dtype_bytes, mma_tiles, warps_k
+from tvmfuse.kernels.gemv.config import _SHARED_BYTES, GemvConfig, dtype_bytes, mma_tiles, ring_halves, warps_k
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
@@ -279,7 +279,9 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
 
     code = f.threads(f"for a in {u_}({n_acc}):\n    acc[{A}a] = T.float32(0)\n")
     kb = f"({kz} * {per} + it) * {chunk} + u * 16 + {t} * 4 + s"
-    if f.emulate:
+    if cfg.stages > 1:
+        code += _mma_ring(spec, cfg, dt, f, Wp, Xp, kz, per, ext, colc, row_of, build, mmas)
+    elif f.emulate:
         code += f"for it in T.serial({per}):\n" + _indent(steps(kb, U, False, f"it < {ext}"), 4)
     else:
         # the next iteration's weight rows prefetched into L2 first: ptxas issues a step's loads just before its
@@ -298,8 +300,12 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
         else:
             code += f"if {last}:\n" + _indent(steps(kr, -(-rem // 16), True, "True"), 4)
     if TK > 1:   # the warps along K past the first hand their partials to the first through shared memory
-        scope = "" if f.emulate else ", scope='shared'"
-        f.allocs += f"red = T.alloc_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32'{scope})\n"
+        if f.emulate or cfg.stages == 1:
+            scope = "" if f.emulate else ", scope='shared'"
+            f.allocs += f"red = T.alloc_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32'{scope})\n"
+        else:   # the ring's memory, read by no one after the loop (the barrier below orders the last reads first)
+            f.allocs += (f"red = T.decl_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32', data=ring.data, "
+                         f"scope='shared.dyn')\n")
         slot = f"((ty // {TN} - 1) * {TN} + ty % {TN}) * {n_acc}"
         code += f.sync() + f.threads(f"if ty >= {TN}:\n    for a in {u_}({n_acc}):\n"
                                      f"        red[({slot} + a) * 32 + tx] = acc[{A}a]\n")
@@ -314,6 +320,86 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
                       f"            for q in {u_}(4):\n                if {mloc} < {MR} and {row} < {M}:\n"
                       + _indent(stored, 20))
     return code
+
+
+# A 16-, 8- or 4-byte cp.async of fp16 elements to a 32-bit shared address (``.cg``, through L2 only, where the
+# size allows it; ``.ca`` else): a function of our own (``T.cuda.func_call``), like the wgmma kernel's zero-fill copy
+CP_ASYNC = "tvmfuse_gemv_cp_async{n}"
+_CP_ASYNC_SOURCE = """
+__forceinline__ __device__ void tvmfuse_gemv_cp_async{n}(unsigned int dst, void* src, int src_off) {{
+  asm volatile("cp.async.{cache}.shared.global [%0], [%1], {n};"
+               :: "r"(dst), "l"((const char*)src + (long long)src_off * 2) : "memory");
+}}
+"""
+
+
+def _cp_async(f: _Frame, dst: str, at: str, src: str, at_src: str, elems: int) -> str:
+    """A copy of ``elems`` fp16 elements from ``src`` at ``at_src`` to the shared ring ``dst`` at ``at``: a
+    cp.async on the GPU; a plain copy in the emulation."""
+    if f.emulate:
+        return f"for v in T.serial({elems}):\n    {dst}[{at} + v] = {src}[{at_src} + v]\n"
+    n = 2 * elems
+    code = _CP_ASYNC_SOURCE.format(n=n, cache="cg" if n == 16 else "ca")
+    return (f"T.evaluate(T.cuda.func_call({CP_ASYNC.format(n=n)!r}, {dst}_base + T.uint32(({at}) * 2), {src}.data, "
+            f"{at_src}, source_code={code!r}))\n")
+
+
+def _mma_ring(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, Wp: str, Xp: str, kz: str, per: int, ext: str,
+              colc: str, row_of, build, mmas) -> str:
+    """The tensor-core kernel's main loop through a ring of ``stages`` iterations in shared memory: each lane copies
+    (cp.async) its own weight vectors and x halves of iteration ``it + stages - 1`` while the mmas of iteration
+    ``it`` run, one cp.async group an iteration. A lane reads back only what it copied itself, so its own
+    ``wait_group`` orders the copy before the read (no barrier: the warps along K may run different iteration
+    counts), and its refill of a slot comes after the mmas that read the slot's registers (they wait for them).
+    Past the warp's last iteration the groups are committed empty, so the waits keep counting."""
+    M, N, K = spec.rows, spec.n, spec.k
+    V, U, P, W = cfg.lanes, cfg.unroll, cfg.stages, cfg.threads // 32
+    NT = mma_tiles(cfg)[1]
+    u_, v_ = f.unroll, f.vec
+    t = "(tx % 4)"
+    # dynamic shared memory: a ring may pass the 48 KB a block's static allocation takes (TVM's CUDA runtime raises
+    # the kernel's limit at launch)
+    scope = "" if f.emulate else ", scope='shared.dyn', align=16"
+    # slot-major, the warp's 32 lanes' pieces contiguous: a warp's 16-byte reads of a piece take 512 bytes in a row
+    # (no bank conflicts)
+    # One allocation, x's pieces after the weight's, which the warps' partials reuse after the loop (ring_halves)
+    wsize = P * U * 4 * W * 32 * V
+    f.allocs += f"ring = T.alloc_buffer(({ring_halves(cfg)},), '{dt}'{scope})\n"
+    if not f.emulate:
+        f.allocs += 'ring_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(ring[0]))\n'
+    w_at = f"((((({{slot}}) * {U} + u) * 4 + s) * {W} + ty) * 32 + tx) * {V}"
+    x_at = f"{wsize} + ((((({{slot}}) * {U} + u) * {NT} + j) * {W} + ty) * 32 + tx) * 4"
+
+    def issue(it: str) -> str:   # the copies of iteration `it` into its slot
+        k0 = f"(({kz} * {per} + {it}) * {16 * U} + u * 16 + {t} * 4)"
+        slot = f"({it}) % {P}"
+        return (f"for u in {u_}({U}):\n    for s in {u_}(4):\n"
+                + _indent(_cp_async(f, "ring", w_at.format(slot=slot), "b_f", f"({k0} + s) * {N} + {colc}", V), 8)
+                + f"    for j in {u_}({NT}):\n"
+                + _indent(_cp_async(f, "ring", x_at.format(slot=slot), "a_f", f"{row_of('j')} * {K} + {k0}", 4), 8))
+
+    def read(u: str) -> str:   # step u of iteration it: the lane's registers from its slot
+        slot = f"it % {P}"
+        return (f"for s in {u_}(4):\n    for v in {v_}({V}):\n"
+                f"        w[{Wp}({u} * 4 + s) * {V} + v] = ring[{w_at.format(slot=slot)} + v]\n"
+                f"for j in {u_}({NT}):\n    for s in {v_}(4):\n"
+                f"        xh[{Xp}({u} * {NT} + j) * 4 + s] = ring[{x_at.format(slot=slot)} + s]\n")
+
+    commit = "" if f.emulate else "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+    wait = "" if f.emulate else f"T.evaluate(T.ptx.cp.async_.wait_group({P - 1}))\n"
+    if f.emulate:   # each phase a loop over the block's threads (the mma reads other lanes' fragments)
+        code = "".join(f.threads(f"if {q} < {ext}:\n" + _indent(issue(str(q)), 4)) for q in range(P - 1))
+        body = (f.threads(f"if it + {P - 1} < {ext}:\n" + _indent(issue(f"it + {P - 1}"), 4))
+                + f"for u in T.serial({U}):\n"
+                + _indent(f.threads(f"if it < {ext}:\n" + _indent(read("u") + build("u"), 4))
+                          + f.threads(f"if it < {ext}:\n" + _indent(mmas("u"), 4)), 4))
+        return code + f"for it in T.serial({per}):\n" + _indent(body, 4)
+    code = "".join(f"if {q} < {ext}:\n" + _indent(issue(str(q)), 4) + commit for q in range(P - 1))
+    body = (f"if it + {P - 1} < {ext}:\n" + _indent(issue(f"it + {P - 1}"), 4) + commit + wait
+            + f"for u in {u_}({U}):\n" + _indent(read("u") + build("u") + mmas("u"), 4))
+    # (every group holding copies was waited for in the loop; the wait for all keeps that so for the partials that
+    # reuse the ring)
+    return code + f"for it in T.serial({ext}):\n" + _indent(body, 4) + "T.evaluate(T.ptx.cp.async_.wait_group(0))\n"
 
 
 def gemv_source(spec: GemmSpec, cfg: GemvConfig, params: list[str], a: str, b: str, store: str, dtype: str,

@@ -19,6 +19,7 @@ MetaSchedule decision:
 """
 from __future__ import annotations
 
+from tvmfuse.kernels.gemv.config import MAX_ROWS as GEMV_ROWS
 from tvmfuse.kernels.gemv.kernel import schedule as gemv_sketch
 from tvmfuse.kernels.knobs import Knob, names_in, sample
 from tvmfuse.kernels.wgmma.sketch import schedule as wgmma_sketch
@@ -51,17 +52,22 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
     """
     stages = [int(v) for v in space.knobs["pipeline_stages"].values] if "pipeline_stages" in space.knobs else [2]
     kinds = [str(v) for v in space.knobs["intrinsics"].values] if "intrinsics" in space.knobs else ["wmma"]
-    sketches, error = [], None
+    error = None
     s = sch.copy()
-    if info.get("target_kind", "cuda") == "cuda" and gemv_sketch(s, space) is not None:
+    gemv = gemv_sketch(s, space) if info.get("target_kind", "cuda") == "cuda" else None
+    if gemv is not None and gemv.rows <= GEMV_ROWS:
         return [s]   # at most 16 rows (tvmfuse.kernels.gemv): the weight streamed once, no tile of padding rows
+    # 17-64 rows of an fp16 [K, N] weight: the GEMV template's tensor-core kernel (its K split fills the SMs, which
+    # wgmma's output tiles do not at these M) is the untuned kernel; not yet timed against wgmma's, so both sketches
+    # are searched and the measurements choose
+    sketches = [s] if gemv is not None else []
     if "wgmma" in kinds:   # Hopper's wgmma template (tvmfuse.kernels.wgmma) where it fits
         kinds = [k for k in kinds if k != "wgmma"]
         if info.get("target_arch") == "sm_90a":
             s = sch.copy()
             spec = wgmma_sketch(s, space, info.get("sm_count"))
             if spec is not None and spec.conv is None:
-                return [s]   # a GEMM: its sketch alone (measured on the H200 at 2x the mma sketches)
+                return sketches + [s]   # a GEMM: no mma sketches (wgmma measured on the H200 at 2x them)
             if spec is not None:
                 # a conv (implicit GEMM): not yet run on a GPU, so the mma sketches, measured, stay in the search
                 sketches.append(s)
