@@ -64,7 +64,7 @@ def _vector_tile(extent: int, lanes: int, vectors: int = 2) -> int:
 
 
 def _row_tile(extent: int, most: int) -> int:
-    return next(t for t in (8, 6, 4, 3, 2, 1) if t <= most and extent % t == 0)
+    return next(t for t in (8, 7, 6, 5, 4, 3, 2, 1) if t <= most and extent % t == 0)
 
 
 def _vectorize_last(sch, block, lanes: int) -> None:
@@ -149,6 +149,12 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
     tiles = {len(spatial) - 1: vt}
     if row_axis is not None:
         tiles[row_axis] = _row_tile(exts[row_axis], cap)
+        # one vector and more rows where two vectors leave few: a 7- or 14-pixel conv row takes 7 rows of one
+        # vector (7 accumulators) rather than 1 or 2 rows of two (2 or 4); a two-vector tile can hold 6 rows
+        one = _row_tile(exts[row_axis], 8)
+        if vt == 2 * lanes and one > 2 * tiles[row_axis]:
+            vt, cap = lanes, 8
+            tiles = {len(spatial) - 1: vt, row_axis: one}
         # an axis taken whole (a 1x1 conv's width at 2x2 pixels) leaves accumulators free: the next outer axis
         # fills them, so each weight vector loaded serves every pixel of the block (else each row of pixels
         # streams the whole weight again)
