@@ -155,6 +155,9 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
         if vt == 2 * lanes and one > 2 * tiles[row_axis]:
             vt, cap = lanes, 8
             tiles = {len(spatial) - 1: vt, row_axis: one}
+        elif tiles[row_axis] == 1:
+            # no row tile divides the axis (29 pixels): one row, as wide as a GEMV's
+            vt = tiles[len(spatial) - 1] = _vector_tile(exts[-1], lanes, 5)
         # an axis taken whole (a 1x1 conv's width at 2x2 pixels) leaves accumulators free: the next outer axis
         # fills them, so each weight vector loaded serves every pixel of the block (else each row of pixels
         # streams the whole weight again)
