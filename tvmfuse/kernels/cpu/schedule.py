@@ -92,6 +92,20 @@ def schedule_pointwise(sch, lanes_of, cores: int) -> None:
     for block in sch.get_output_blocks(sch.get_sblock("root")):
         lanes = lanes_of(_dtype_bits(sch, block))
         loops = sch.get_loops(block)
+        last = _extent(sch, loops[-1]) or 0
+        if len(loops) > 1 and last % lanes == 0 and last >= 4 * lanes:
+            # a long innermost axis is split on its own and the outer ones fused: fusing it too leaves each lane's
+            # index a division and remainder of the fused one, which LLVM gathers lane by lane (a channel
+            # concatenation's select then ran 5x slower than TVM's scalar loop)
+            inner = next(t for t in (lanes * 4, lanes * 2, lanes) if last % t == 0)
+            outer_loops = [sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]]
+            rows, vec = sch.split(loops[-1], [None, inner])
+            if inner > lanes:
+                _, vec = sch.split(vec, [None, lanes])
+            sch.vectorize(vec)
+            if (_extent(sch, outer_loops[0]) or 0) * last >= MIN_PARALLEL_WORK:
+                sch.parallel(outer_loops[0])
+            continue
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         ext = _extent(sch, fused) or 0
         inner = next((t for t in (lanes * 4, lanes * 2, lanes) if ext % t == 0 and ext // t >= cores), None)
