@@ -12,6 +12,17 @@ class _K:
     weight: int = 1
 
 
+@pytest.fixture(scope="module")
+def example_kernels(example_model, llvm_target):
+    """The example's kernels planned for llvm, once for the tests that tune them (each tunes into its own database)."""
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import extract_kernels
+
+    return extract_kernels(partition(import_model(load_model(example_model)), target=llvm_target)[0],
+                           target=llvm_target)
+
+
 def test_budget_gives_every_kernel_a_share_then_favours_heavy_kernels():
     kernels = [_K(10), _K(1000), _K(100)]
     b = allocate_budget(kernels, [0, 0, 0], TuneConfig(trials=10, trials_per_kernel=8))
@@ -141,15 +152,12 @@ def test_failed_trials_keep_their_messages(tmp_path):
     assert sum(k["errors"].values()) == k["failed"] == failed and all(e.startswith("run: ") for e in k["errors"])
 
 
-def test_time_budget_tunes_the_heaviest_kernel_first_and_skips_the_rest(tmp_path, example_model, llvm_target):
+def test_time_budget_tunes_the_heaviest_kernel_first_and_skips_the_rest(tmp_path, example_kernels, llvm_target):
     """With --time-budget the heaviest kernel goes first; kernels not started in time keep their default."""
     from tvmfuse.db import open_database
-    from tvmfuse.frontend import import_model, load_model
-    from tvmfuse.plan import partition
-    from tvmfuse.tune import extract_kernels, tune_kernels
+    from tvmfuse.tune import tune_kernels
 
-    llvm = llvm_target
-    kernels = extract_kernels(partition(import_model(load_model(example_model)), target=llvm)[0], target=llvm)
+    llvm, kernels = llvm_target, example_kernels
     assert len({k.flops * max(1, k.weight) for k in kernels}) > 1  # the order is visible
     db = open_database(tmp_path / "t.db", target=llvm)
     try:
@@ -197,16 +205,17 @@ def test_error_line_keeps_the_cause_not_the_launch_configuration():
     assert error_line("  \n") == "no message"
 
 
-def test_time_bounded_tuning_goes_breadth_first(tmp_path, example_model, llvm_target):
+def test_time_bounded_tuning_goes_breadth_first(tmp_path, example_kernels, llvm_target):
     """Under a time bound every kernel gets its first trials before any gets the rest: heaviest-first to the end
     left 12 of ResNet-50's 28 kernels untuned on the H200 when the time ran out."""
     from tvmfuse.db import open_database
-    from tvmfuse.frontend import import_model, load_model
-    from tvmfuse.plan import partition
-    from tvmfuse.tune import extract_kernels, tune_kernels
+    from tvmfuse.tune import tune_kernels
 
-    llvm = llvm_target
-    kernels = extract_kernels(partition(import_model(load_model(example_model)), target=llvm)[0], target=llvm)
+    # three of the example's kernels (all seven took 30 s): their heaviest-first order is not their order here
+    llvm, kernels = llvm_target, example_kernels[:3]
+    heavy_first = sorted(range(len(kernels)), key=lambda i: -(kernels[i].flops * max(1, kernels[i].weight)))
+    assert heavy_first != sorted(heavy_first) and len({kernels[i].flops * max(1, kernels[i].weight)
+                                                        for i in heavy_first}) == 3
     batches, done = [], []
 
     class Progress:
@@ -221,7 +230,6 @@ def test_time_bounded_tuning_goes_breadth_first(tmp_path, example_model, llvm_ta
         res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress())
     finally:
         db.close()
-    heavy_first = sorted(range(len(kernels)), key=lambda i: -(kernels[i].flops * max(1, kernels[i].weight)))
     assert batches[:len(kernels)] == heavy_first  # pass 1: one trial each, heaviest first
     assert sorted(batches) == sorted(list(range(len(kernels))) * 2)  # pass 2: the second trial of each
     assert sorted(done) == list(range(len(kernels))) and [r.status for r in res] == ["tuned"] * len(kernels)
@@ -255,17 +263,14 @@ def test_a_gather_is_timed_on_valid_indices(tmp_path, llvm_target):
     assert res.check["ok"], res.check
 
 
-def test_a_stop_request_ends_the_kernel_in_flight_after_its_batch(tmp_path, example_model, llvm_target):
+def test_a_stop_request_ends_the_kernel_in_flight_after_its_batch(tmp_path, example_kernels, llvm_target):
     """What Ctrl-C does to `tune`: the batch in flight is measured and committed, that kernel's search ends there
     (``interrupted``), the kernels not started are ``skipped-interrupt``, nothing is recorded as failed, and the
     next run continues from the database."""
     from tvmfuse.db import open_database
-    from tvmfuse.frontend import import_model, load_model
-    from tvmfuse.plan import partition
-    from tvmfuse.tune import extract_kernels, tune_kernels
+    from tvmfuse.tune import tune_kernels
 
-    llvm = llvm_target
-    kernels = extract_kernels(partition(import_model(load_model(example_model)), target=llvm)[0], target=llvm)
+    llvm, kernels = llvm_target, example_kernels
     batches, done = [], []
 
     class Progress:
@@ -314,16 +319,13 @@ def test_a_cost_model_that_cannot_load_stops_the_run_with_one_line(monkeypatch):
 
 
 @pytest.mark.slow
-def test_one_cost_model_learns_from_every_kernel_of_a_run(tmp_path, example_model, llvm_target):
+def test_one_cost_model_learns_from_every_kernel_of_a_run(tmp_path, example_kernels, llvm_target):
     """The kernels of a run share one model: what the first kernels measured trains it for the next."""
     from tvmfuse.db import open_database
-    from tvmfuse.frontend import import_model, load_model
-    from tvmfuse.plan import partition
-    from tvmfuse.tune import extract_kernels, tune_kernels
+    from tvmfuse.tune import tune_kernels
     from tvmfuse.tune.tuner import make_cost_model
 
-    kernels = extract_kernels(partition(import_model(load_model(example_model)), target=llvm_target)[0],
-                              target=llvm_target)[:2]
+    kernels = example_kernels[:2]
     model = make_cost_model("xgb")
     db = open_database(tmp_path / "t.db", target=llvm_target)
     try:

@@ -30,12 +30,13 @@ def _say(text: str) -> None:
     err.file.flush()
 
 
-def _serve(running, what: str) -> None:
-    """Serve until Ctrl-C or SIGTERM (exit 0) or until the service ends by itself (exit 1), then leave at once:
-    TVM's service threads are not daemons and never end by themselves."""
+def _serve(running, what: str, announce) -> None:
+    """Say the service is ready (``announce``, once its signals are caught), serve until Ctrl-C or SIGTERM (exit 0)
+    or until the service ends by itself (exit 1), then leave at once: TVM's service threads are not daemons and
+    never end by themselves."""
     from tvmfuse.rpc.service import end_sessions, serve_until_stopped
 
-    why = serve_until_stopped(running)
+    why = serve_until_stopped(running, announce=announce)
     end_sessions()
     if why == "stopped":
         _say(f"error: the RPC {what} on {running.address} stopped by itself (rerun with --verbose to see why)")
@@ -74,13 +75,17 @@ def tracker_command(
         _warn_if_exposed(host, port)
         running = start_tracker(host, port, verbose=verbose)
     address = f"{host}:{running.port}"
-    if json_out:
-        emit_json({"service": "tracker", "address": address, "host": host, "port": running.port, "pid": os.getpid()})
-        sys.stdout.flush()
-    else:
-        _say(f"RPC tracker listening on {address} (Ctrl-C stops it); register servers with: "
-             f"tvmfuse rpc server --tracker {address} --key KEY")
-    _serve(running, "tracker")
+
+    def announce():
+        if json_out:
+            emit_json({"service": "tracker", "address": address, "host": host, "port": running.port,
+                       "pid": os.getpid()})
+            sys.stdout.flush()
+        else:
+            _say(f"RPC tracker listening on {address} (Ctrl-C stops it); register servers with: "
+                 f"tvmfuse rpc server --tracker {address} --key KEY")
+
+    _serve(running, "tracker", announce)
 
 
 @app.command("server")
@@ -115,16 +120,20 @@ def server_command(
                  "(give --host an address they can reach)")
         running = start_server(tracker_addr, key.strip(), host=host, port=port, port_end=port_end, verbose=verbose)
     address = f"{host}:{running.port}"
-    if json_out:
-        emit_json({"service": "server", "address": address, "host": host, "port": running.port, "key": key.strip(),
-                   "tracker": f"{tracker_addr[0]}:{tracker_addr[1]}", "pid": os.getpid(),
-                   "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
-        sys.stdout.flush()
-    else:
-        gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-        _say(f"RPC server on {address} registered under key '{key.strip()}' at {tracker_addr[0]}:{tracker_addr[1]}"
-             + (f" (CUDA_VISIBLE_DEVICES={gpus})" if gpus is not None else "") + " (Ctrl-C stops it)")
-    _serve(running, "server")
+
+    def announce():
+        if json_out:
+            emit_json({"service": "server", "address": address, "host": host, "port": running.port,
+                       "key": key.strip(), "tracker": f"{tracker_addr[0]}:{tracker_addr[1]}", "pid": os.getpid(),
+                       "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
+            sys.stdout.flush()
+        else:
+            gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+            _say(f"RPC server on {address} registered under key '{key.strip()}' at {tracker_addr[0]}:"
+                 f"{tracker_addr[1]}" + (f" (CUDA_VISIBLE_DEVICES={gpus})" if gpus is not None else "")
+                 + " (Ctrl-C stops it)")
+
+    _serve(running, "server", announce)
 
 
 @app.command("status")
