@@ -216,15 +216,20 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
             _vectorize_last(sch, init, lanes)
 
 
-def schedule_rows(sch, lanes: int, cores: int) -> None:
-    """Rows in parallel: the output's outer loops (all but the last) fused and parallel, every other block at
-    that row, elementwise row loops vectorised."""
-    inline_all_but_outputs(sch)
+def _single_output(sch):
+    """The root block and a row kernel's one output block (several outputs: not a row kernel these rules read)."""
     root = sch.get_sblock("root")
     outputs = sch.get_output_blocks(root)
     if len(outputs) != 1:
         raise ValueError("a row kernel with several outputs")
-    out = outputs[0]
+    return root, outputs[0]
+
+
+def schedule_rows(sch, lanes: int, cores: int) -> None:
+    """Rows in parallel: the output's outer loops (all but the last) fused and parallel, every other block at
+    that row, elementwise row loops vectorised."""
+    inline_all_but_outputs(sch)
+    root, out = _single_output(sch)
     loops = sch.get_loops(out)
     types = iter_types(sch, out)
     lead = next((i for i, t in enumerate(types) if t != DATA_PAR), len(types))
@@ -277,11 +282,7 @@ def schedule_norm_rows(sch, lanes: int, cores: int) -> None:
     passes vectorised, and each reduction split into ``lanes`` partial results reduced as a vector (``rfactor``)
     so it is not one long chain of dependent adds."""
     _inline_single_use(sch)
-    root = sch.get_sblock("root")
-    outputs = sch.get_output_blocks(root)
-    if len(outputs) != 1:
-        raise ValueError("a row kernel with several outputs")
-    out = outputs[0]
+    root, out = _single_output(sch)
     if any(t != DATA_PAR for t in iter_types(sch, out)):
         raise ValueError("the output block reduces")
     loops = sch.get_loops(out)
