@@ -81,7 +81,8 @@ def test_compile_untuned_and_run_json(example_model, tmp_path):
     r = runner.invoke(app, ["compile", str(example_model), "--target", "llvm", "--untuned", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["untuned"] and {k["schedule"] for k in report["kernels"]} == {"cpu-default", "default"}
+    # every kernel of the example, its LayerNorm included, takes the CPU default (none keeps TVM's plain lowering)
+    assert report["untuned"] and {k["schedule"] for k in report["kernels"]} == {"cpu-default"}
     r = runner.invoke(app, ["run", str(out), "--verify-against", str(example_model), "--repeat", "3", "--json"])
     assert r.exit_code == 0, r.stderr
     report = json.loads(r.stdout)
