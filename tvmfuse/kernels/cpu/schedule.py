@@ -325,8 +325,6 @@ def schedule_norm_rows(sch, lanes: int, cores: int) -> None:
             # an rfactor block: (lane, chunk) loops under the row; the lane loop innermost and vectorised
             sch.reorder(inner[1], inner[0])
             sch.vectorize(inner[0])
-        elif REDUCE in types and len(inner) == 2 and _extent(sch, inner[1]) == lanes and types[-1] == DATA_PAR:
-            sch.vectorize(inner[1])
 
 
 def cpu_schedule(mod, target, cores: int):
