@@ -91,7 +91,7 @@ def _build(job, ptxas: bool = False) -> tuple[str, str | None]:
         return path, f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else ''}"
 
 
-def _configs(m, k, n, how: str):
+def _configs(m, k, n, how: str, kernels=(0, 1)):
     from tvmfuse.kernels.gemv import default_config
     from tvmfuse.kernels.gemv.kernel import space_configs
     from tvmfuse.kernels.wgmma.spec import GemmSpec
@@ -106,9 +106,9 @@ def _configs(m, k, n, how: str):
     rest = [c for c in space if c not in firsts]
     if how != "all":   # an even stride through each kernel's configs in the space's order (every knob's values)
         count, rest = int(how), []
-        for p in (0, 1):
+        for i, p in enumerate(kernels):
             pool = [c for c in space if c.mma == p and c not in firsts]
-            share = count // 2 if p == 0 else count - count // 2
+            share = count // len(kernels) if i == 0 else count - count // len(kernels) * i
             rest += [pool[int(i * len(pool) / share)] for i in range(min(share, len(pool)))]
     return default, firsts + rest, len(space)
 
@@ -160,11 +160,11 @@ def run(args) -> dict:
 
     dev = tvm.cuda(0)
     bw = _copy_bandwidth()
-    shapes = SMALL if args.small else SHAPES
+    shapes = _shapes(args)
     plan = []   # (shape, epilogue, default name, [config names], space size)
     for m, k, n in shapes:
-        default, cfgs, size = _configs(m, k, n, args.configs)
-        for epi in EPILOGUES:
+        default, cfgs, size = _configs(m, k, n, args.configs, args.kernels)
+        for epi in args.epilogues:
             # with the epilogue: the default and the other kernel's best by the rule (cfgs' first two)
             names = [c.name for c in cfgs] if epi == "none" or args.sweep_epilogue else [c.name for c in cfgs[:2]]
             plan.append(((m, k, n), epi, default.name, names, size))
@@ -225,6 +225,9 @@ def run(args) -> dict:
         print(f"{m}x{k}x{n} {epi}: default {dflt.get('us', float('nan')):.1f} us, best "
               f"{best['us'] if best else float('nan'):.1f} us ({best['config'] if best else '-'}), torch "
               f"{t_torch * 1e6:.1f} us, {len(res['failed'])} failed", flush=True)
+        if args.top:
+            for e in sorted(good, key=lambda e: e["us"])[:args.top]:
+                print(f"    {e['us']:7.1f} us {e['pct_copy']:5.1f}%  {e['config']}", flush=True)
     doc = {"copy_bandwidth_GBps": bw / 1e9, "device": torch.cuda.get_device_name(), "results": results}
     print("\nshape              epilogue   cuBLAS us %copy | default us %copy | best us %copy  config"
           "                  | torch(+epi) us  timed/space  failed")
@@ -239,16 +242,22 @@ def run(args) -> dict:
     return doc
 
 
+def _shapes(args) -> list[tuple[int, int, int]]:
+    if args.shapes:
+        return [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    return SMALL if args.small else SHAPES
+
+
 def dry_run(args) -> None:
     """Build (CUDA, no GPU needed) the kernels the run would time: each shape's sample without the epilogue, its
     default and each kernel's (CUDA cores, tensor cores) best by the rule with the bias + SiLU epilogue; each also
     through nvcc's ptxas for sm_90a, a register spill a failure."""
-    shapes = SMALL if args.small else SHAPES
+    shapes = _shapes(args)
     jobs = []
     tmp = Path(tempfile.mkdtemp(prefix="gemv_dry_"))
     for m, k, n in shapes:
-        default, cfgs, size = _configs(m, k, n, args.configs)
-        for epi in EPILOGUES:
+        default, cfgs, size = _configs(m, k, n, args.configs, args.kernels)
+        for epi in args.epilogues:
             for c in (cfgs if epi == "none" else cfgs[:2]):
                 jobs.append((m, k, n, epi, c.name, str(tmp / f"{len(jobs)}.so")))
         print(f"{m}x{k}x{n}: {size} configs in the space ({sum(c.mma for c in cfgs)} of the {len(cfgs)} timed on "
@@ -268,8 +277,17 @@ def main() -> None:
     ap.add_argument("--sweep-epilogue", action="store_true", help="time every config with the epilogue too "
                     "(else the bias+SiLU rows time the default only)")
     ap.add_argument("--small", action="store_true", help="small shapes (a quick check)")
+    ap.add_argument("--shapes", default="", help="MxKxN,... instead of the built-in shapes")
+    ap.add_argument("--kernel", choices=("both", "cuda-cores", "tensor-cores"), default="both",
+                    help="the sample's kernels (the default and each kernel's best by the rule are timed always)")
+    ap.add_argument("--top", type=int, default=0, help="print each shape's fastest N configs")
+    ap.add_argument("--no-epilogue", action="store_true", help="skip the bias + SiLU rows")
     ap.add_argument("--dry-run", action="store_true", help="build the CUDA kernels only (no GPU)")
     args = ap.parse_args()
+    args.kernels = {"both": (0, 1), "cuda-cores": (0,), "tensor-cores": (1,)}[args.kernel]
+    args.epilogues = EPILOGUES[:1] if args.no_epilogue else EPILOGUES
+    if args.shapes and not re.fullmatch(r"\d+x\d+x\d+(,\d+x\d+x\d+)*", args.shapes):
+        sys.exit("--shapes: MxKxN[,MxKxN...], e.g. 16x4096x11008")
     if args.configs != "all" and not args.configs.isdigit():
         sys.exit("--configs: a number or 'all'")
     if args.dry_run:

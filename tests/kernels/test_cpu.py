@@ -149,3 +149,39 @@ def test_convs_run_channels_last_with_hwio_filters_on_cpus(tmp_path, llvm_target
     _, fused = _fused(cnn(), tmp_path, llvm_target)
     convs = [f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "conv2d" in gv.name_hint]
     assert convs and all("conv2d_nhwc" in f.script() for f in convs)
+
+
+def wide():   # a 3x3 conv and a GEMM, each of more output channels than a vector tile: weights the default packs
+    nodes = [helper.make_node("Conv", ["x", "wc", "bc"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["f"]),
+             helper.make_node("MatMul", ["f", "wm"], ["y"])]
+    inits = [_w("wc", [96, 16, 3, 3], 0.1), _w("bc", [96]), _w("wm", [96, 160], 0.1),
+             numpy_helper.from_array(np.array([64, 96], np.int64), "shape")]
+    return _model(nodes, [("x", [1, 16, 8, 8])], ("y", [64, 160]), inits)
+
+
+def test_conv_and_gemm_weights_are_packed_at_compile_time(tmp_path, llvm_target):
+    """The CPU default reads a GEMM's or conv's weight in the order of its tiles: the build packs each constant
+    once (``[O / tile, ..., tile]``), leaves no layout-rewrite step to run at every call, and matches onnxruntime."""
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+    from tvmfuse.compile.build import apply_records, pack_weights
+
+    path, fused = _fused(wide(), tmp_path, llvm_target)
+    marked = sorted(gv.name_hint for gv, f in fused.functions.items()
+                    if isinstance(f, PrimFunc) and f.attrs is not None and "layout_free_buffers" in f.attrs)
+    assert any("conv2d" in k for k in marked) and any("matmul" in k for k in marked), marked
+    built = build(fused, target=llvm_target, database=None)
+    shapes = sorted(tuple(p.shape) for p in built.lifted_params)
+    conv = [s for s in shapes if len(s) == 5 and s[1:4] == (3, 3, 16)]   # [96 / tile, 3, 3, 16, tile]
+    gemm = [s for s in shapes if len(s) == 3 and s[1] == 96]              # [160 / tile, 96, tile]
+    assert conv and conv[0][0] * conv[0][4] == 96 and conv[0][0] > 1, shapes
+    assert gemm and gemm[0][0] * gemm[0][2] == 160 and gemm[0][0] > 1, shapes
+    # packed once: the kernels keep their names, and no packing function is left to run at every call
+    packed = pack_weights(apply_records(fused, target=llvm_target, database=None)[0])
+    assert sorted(gv.name_hint for gv in packed.functions) == sorted(gv.name_hint for gv in fused.functions)
+    feeds = {"x": RNG.standard_normal([1, 16, 8, 8]).astype(np.float32)}
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    got = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params).numpy()
+    assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4

@@ -130,6 +130,70 @@ def finish_pipeline(target: TargetInfo) -> tvm.transform.Pass:
     return tvm.transform.Sequential(lower + p.finalize_passes(target.target))
 
 
+def pack_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """The weights of the kernels whose schedules read them in a packed layout (a CPU GEMM's or conv's tiles:
+    a layout-rewrite block at the kernel's start), packed once here: each rewrite becomes a function of its own
+    (``SplitLayoutRewritePreproc``) that constant folding runs on the weight, so the built kernels read the packed
+    weight and nothing packs at run time."""
+    if not any(isinstance(f, PrimFunc) and "layout_free_buffers" in (f.attrs or {}) for f in mod.functions.values()):
+        return mod
+    seq = tvm.transform.Sequential([relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()])
+    return _kernel_names_kept(seq(mod))
+
+
+def _kernel_names_kept(mod: tvm.IRModule) -> tvm.IRModule:
+    """The split calls kernel ``X`` as ``X_prepacked`` and packs its weight with ``X_weight_prepack``: the kernel
+    takes its name back (the plan, the report and a profile name it so), and what no call reaches any more (``X``,
+    the folded packing) goes."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    suffix = "_prepacked"
+
+    def callees(func) -> set:
+        found: set = set()
+
+        @relax.expr_functor.visitor
+        class Calls(relax.PyExprVisitor):
+            def visit_call_(self, call):  # noqa: N802 - the visitor's name
+                if call.op.same_as(call_tir) and isinstance(call.args[0], tvm.ir.GlobalVar):
+                    found.add(call.args[0].name_hint)
+                super().visit_call_(call)
+
+        Calls().visit_expr(func.body)
+        return found
+
+    relax_funcs = {gv: f for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
+    called = set().union(*(callees(f) for f in relax_funcs.values()))
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    # X_prepacked -> a GlobalVar named X (typed as the packed kernel is), where nothing calls X itself any more
+    rename = {}
+    for gv in mod.get_global_vars():
+        base = gv.name_hint[: -len(suffix)]
+        if gv.name_hint.endswith(suffix) and base in names and base not in called:
+            rename[gv] = tvm.ir.GlobalVar(base)
+            relax.expr._update_type(rename[gv], gv.ty)
+    if not rename:
+        return mod
+
+    @relax.expr_functor.mutator
+    class Rename(relax.PyExprMutator):
+        def visit_call_(self, call):  # noqa: N802 - the mutator's name
+            call = super().visit_call_(call)
+            if call.op.same_as(call_tir) and call.args[0] in rename:
+                call = relax.Call(call.op, [rename[call.args[0]], *call.args[1:]], call.attrs, ty_args=call.ty_args)
+            return call
+
+    funcs = {gv: relax.Function(f.params, Rename().visit_expr(f.body), f.ret_ty, f.is_pure, attrs=f.attrs)
+             for gv, f in relax_funcs.items()}
+    renamed = {gv.name_hint for gv in rename.values()}
+    for gv, func in mod.functions.items():
+        if gv in rename:
+            funcs[rename[gv]] = func.with_attr("global_symbol", rename[gv].name_hint)
+        elif gv not in relax_funcs and gv.name_hint not in renamed and (
+                gv.name_hint in called or not gv.name_hint.endswith("_weight_prepack")):
+            funcs[gv] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
 def lift_constants(mod: tvm.IRModule, *, min_elements: int = 64) -> tuple[tvm.IRModule, list]:
     """Turn ``main``'s large constants (the weights) into trailing parameters.
 
@@ -169,6 +233,8 @@ def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_pa
     # kernels that only reshape become the VM's reshape (no copy); the kernels they replace go with DCE
     fused_mod = relax.transform.DeadCodeElimination(["main"])(relax.transform.RewriteDataflowReshape()(fused_mod))
     mod, statuses = apply_records(fused_mod, target=target, database=database)
+    if not target.is_gpu:
+        mod = pack_weights(mod)
     params: list = []
     if lift_params:
         mod, params = lift_constants(mod)

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tvmfuse._tvm import PrimFunc, relax, tvm
+from tvmfuse._tvm import PrimFunc, RelaxConstant, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
@@ -244,9 +244,37 @@ def plan_tvmfuse(mod: tvm.IRModule, target: TargetInfo, *, config: PlannerConfig
     outlined = outline_groups(graph, [c.members for c in multi], names)
     dump("outlined", outlined)
     fused = tvm.transform.Sequential([relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()])(outlined)
+    if not target.is_gpu:
+        # on the CPU each kernel's weights (Relax constants) are marked layout-free, so its schedule may read them
+        # in a packed layout of its own (the CPU default's GEMM and conv tiles, MetaSchedule's RewriteLayout in a
+        # tuned record); the build packs them once, at compile time (compile/build.py)
+        fused = mark_weights(fused)
     dump("fused", fused)
     plan = _report(graph, fused, grouping, dict(zip((id(c) for c in multi), names)), log)
     return fused, plan
+
+
+def mark_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """Each kernel's ``layout_free_buffers``: the parameters ``main`` passes a constant (a weight) at every call.
+    (Relax's AttachAttrLayoutFreeBuffers does the same but renames every kernel it touches.)"""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    consts: dict = {}
+
+    @relax.expr_functor.visitor
+    class Calls(relax.PyExprVisitor):
+        def visit_call_(self, call):  # noqa: N802 - the visitor's name
+            if call.op.same_as(call_tir) and isinstance(call.args[0], tvm.ir.GlobalVar):
+                args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+                here = {i for i, a in enumerate(args) if isinstance(a, RelaxConstant)}
+                gv = call.args[0]
+                consts[gv] = here if gv not in consts else consts[gv] & here
+            super().visit_call_(call)
+
+    Calls().visit_expr(mod["main"].body)
+    marked = {gv: mod[gv].with_attr("layout_free_buffers", sorted(idx)) for gv, idx in consts.items() if idx}
+    if not marked:
+        return mod
+    return tvm.IRModule({gv: marked.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
 
 
 def _report(graph: Graph, fused, grouping: Grouping, name_of: dict, log: RewriteLog) -> Plan:

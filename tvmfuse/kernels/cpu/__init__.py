@@ -9,7 +9,7 @@ and the tuner measures this default first and keeps it as a record, so a tuned b
 from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.cpu.schedule import cpu_schedule, vector_lanes
+from tvmfuse.kernels.cpu.schedule import cpu_schedule, pack_weights, vector_lanes
 from tvmfuse.kernels.sketch import is_attention
 
 __all__ = ["CpuTemplate", "cpu_schedule", "vector_lanes"]
@@ -43,7 +43,12 @@ class CpuTemplate(KernelTemplate):
             found = cpu_schedule(mod, target, _cores(target))
         except Exception:  # noqa: BLE001 - a kernel the rules cannot schedule keeps TVM's plain lowering
             return None
-        return None if found is None else found[0]
+        if found is None:
+            return None
+        sch, kind = found
+        if kind == "contraction":
+            pack_weights(sch)
+        return sch
 
     def default_kernel(self, func, target, space=None):
         from tvmfuse._tvm import tvm

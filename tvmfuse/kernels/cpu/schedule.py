@@ -368,3 +368,20 @@ def cpu_schedule(mod, target, cores: int):
         return sch, "rows"
     schedule_rows(sch, lanes_of(_dtype_bits(sch, reductions[0])), cores)
     return sch, "rows"
+
+
+def pack_weights(sch) -> bool:
+    """The layout-free buffers (a kernel's weights: ``layout_free_buffers``, which the planner attaches on the
+    CPU) rewritten into the order the schedule's loops read them (MetaSchedule's ``RewriteLayout``): an HWIO conv
+    filter read a vector of output channels at a time becomes ``[O / tile, H, W, I, tile]``, so each step of
+    the reduction reads the next contiguous vector, where the plain layout puts them a row of all output
+    channels apart (2 KB for 512 of them: a cache line, and a DRAM page, for every vector). A postprocessing
+    step of the trace, as in a tuned record, so the tuner's replay of this default rewrites once; the build packs
+    the weights at compile time (``tvmfuse.compile.build.pack_weights``). Whether anything was rewritten."""
+    func = sch.mod["main"]
+    if "layout_free_buffers" not in (func.attrs or {}) or not list(func.attrs["layout_free_buffers"]):
+        return False
+    from tvm.s_tir import meta_schedule as ms
+
+    sch.enter_postproc()
+    return bool(ms.postproc.RewriteLayout().apply(sch))
