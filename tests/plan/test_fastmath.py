@@ -106,10 +106,11 @@ def _np_softmax(x, log=False):
 @pytest.mark.parametrize("op,exact,libm", [
     (relax.op.exp, np.exp, "T.exp("), (relax.op.tanh, np.tanh, "T.tanh("),
     (relax.op.sigmoid, lambda x: 1 / (1 + np.exp(-x)), "T.exp("),
+    (relax.op.nn.silu, lambda x: x / (1 + np.exp(-x)), "T.exp("),
     (lambda x: relax.op.nn.softmax(x, axis=-1), _np_softmax, "T.exp("),
     (lambda x: relax.op.nn.log_softmax(x, axis=-1), lambda x: _np_softmax(x, log=True), "T.exp(")])
 def test_cpu_lowerings_leave_no_libm_call_and_stay_within_fp32_tolerance(op, exact, libm):
-    """On llvm, fp32 exp / tanh / sigmoid / softmax / log-softmax are polynomials LLVM vectorises (no per-lane libm
+    """On llvm, fp32 exp / tanh / sigmoid / silu / softmax / log-softmax are polynomials LLVM vectorises (no per-lane libm
     call), within 1e-5 of float64 over the range softmax and the activations see; -inf, inf and NaN keep their
     meaning (a masked score's exp is 0)."""
     xs = np.linspace(-80, 80, 4096).astype("float32").reshape(8, 512)
