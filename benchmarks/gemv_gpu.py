@@ -91,8 +91,9 @@ def _build(job, ptxas: bool = False) -> tuple[str, str | None]:
         return path, f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else ''}"
 
 
-def _configs(m, k, n, how: str, kernels=(0, 1)):
-    from tvmfuse.kernels.gemv import default_config
+def _configs(m, k, n, how: str, kernels=(0, 1), also=()):
+    from tvmfuse.kernels.gemv import default_config, parse_config
+    from tvmfuse.kernels.gemv.config import fits_shape
     from tvmfuse.kernels.gemv.kernel import space_configs
     from tvmfuse.kernels.wgmma.spec import GemmSpec
     from tvmfuse.tune.spaces import load_spaces
@@ -110,7 +111,8 @@ def _configs(m, k, n, how: str, kernels=(0, 1)):
             pool = [c for c in space if c.mma == p and c not in firsts]
             share = count // len(kernels) if i == 0 else count - count // len(kernels) * i
             rest += [pool[int(i * len(pool) / share)] for i in range(min(share, len(pool)))]
-    return default, firsts + rest, len(space)
+    extra = [c for c in (parse_config(a) for a in also) if c.rows == min(m, 64) and fits_shape(spec, c, "float16")]
+    return default, list(dict.fromkeys(firsts + extra + rest)), len(space)
 
 
 def _time_tvm(lib, args, dev) -> float:
@@ -163,7 +165,7 @@ def run(args) -> dict:
     shapes = _shapes(args)
     plan = []   # (shape, epilogue, default name, [config names], space size)
     for m, k, n in shapes:
-        default, cfgs, size = _configs(m, k, n, args.configs, args.kernels)
+        default, cfgs, size = _configs(m, k, n, args.configs, args.kernels, args.also)
         for epi in args.epilogues:
             # with the epilogue: the default and the other kernel's best by the rule (cfgs' first two)
             names = [c.name for c in cfgs] if epi == "none" or args.sweep_epilogue else [c.name for c in cfgs[:2]]
@@ -256,7 +258,7 @@ def dry_run(args) -> None:
     jobs = []
     tmp = Path(tempfile.mkdtemp(prefix="gemv_dry_"))
     for m, k, n in shapes:
-        default, cfgs, size = _configs(m, k, n, args.configs, args.kernels)
+        default, cfgs, size = _configs(m, k, n, args.configs, args.kernels, args.also)
         for epi in args.epilogues:
             for c in (cfgs if epi == "none" else cfgs[:2]):
                 jobs.append((m, k, n, epi, c.name, str(tmp / f"{len(jobs)}.so")))
@@ -280,6 +282,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="MxKxN,... instead of the built-in shapes")
     ap.add_argument("--kernel", choices=("both", "cuda-cores", "tensor-cores"), default="both",
                     help="the sample's kernels (the default and each kernel's best by the rule are timed always)")
+    ap.add_argument("--also", action="append", default=[], help="a config name timed too, at every shape it fits "
+                    "(repeatable)")
     ap.add_argument("--top", type=int, default=0, help="print each shape's fastest N configs")
     ap.add_argument("--no-epilogue", action="store_true", help="skip the bias + SiLU rows")
     ap.add_argument("--dry-run", action="store_true", help="build the CUDA kernels only (no GPU)")
