@@ -155,9 +155,9 @@ def test_configs_follow_the_shape():
 
 def test_defaults_read_the_weight_once_for_every_m_up_to_16():
     """Every row of M in the block that reads a weight tile (one row tile: the weight leaves HBM once), a config
-    the space file offers, its cost the cheapest of the space's one-pass configs; both layouts, shapes nobody
+    the space file offers, its cost within the rule's tie of the cheapest of the space's one-pass configs; both layouts, shapes nobody
     tuned for, and a GPU of another SM count."""
-    from tvmfuse.kernels.gemv.config import streamed_bytes
+    from tvmfuse.kernels.gemv.config import _MMA_THREADS, _MMA_UNROLL, streamed_bytes
     from tvmfuse.kernels.wgmma.spec import GemmSpec
 
     space = load_spaces("cuda").for_class("gemm")
@@ -174,8 +174,10 @@ def test_defaults_read_the_weight_once_for_every_m_up_to_16():
                     # tensor-core warp reads 8 vectors of a row)
                     rivals = [c for c in offered if c.rows == m and (kmajor or (8 if c.mma else c.threads_n)
                                                                      * c.lanes * 2 >= 64)]
+                    # (within the rule's 10% tie, among the block shapes its tensor-core default takes)
+                    rivals = [c for c in rivals if not c.mma or (c.threads in _MMA_THREADS and c.unroll in _MMA_UNROLL)]
                     cost = streamed_bytes(s, d, "float16", sms)
-                    assert all(cost <= streamed_bytes(s, c, "float16", sms) for c in rivals), d.name
+                    assert all(cost <= 1.1 * streamed_bytes(s, c, "float16", sms) for c in rivals), d.name
     for m in (17, 40, 64):   # an fp16 [K, N] weight past 16 rows: the tensor-core kernel, every row in one block
         for k, n in [(4096, 11008), (1000, 1500)]:
             s = GemmSpec((), m, n, k, False, False, False)
@@ -391,21 +393,20 @@ def test_defaults_take_tensor_cores_where_multiply_adds_outlast_the_stream():
     assert gemv.parse_config("v8 t128 n1 s2 m16 u2 p3 c1") == gemv.GemvConfig(8, 128, 1, 2, 16, 2, 1, 3)
 
 
-def test_defaults_keep_one_and_two_rows_on_cuda_cores_and_pipeline_the_tensor_cores():
+def test_defaults_keep_one_and_two_rows_on_cuda_cores_and_keep_every_sm_streaming():
     """Shapes nobody tuned for: 1-2 rows on CUDA cores (a multiply-add a weight element and row costs them less
-    than the tensor-core kernel's slower stream), from 4 rows on tensor cores through the cp.async ring (stages > 1),
-    whose bytes in flight an SM reach the Little's-law line (32 KB: 4.2 TB/s x ~1 us over 132 SMs) where the shape
-    has the blocks for it."""
+    than the tensor-core kernel's slower stream), from 6 rows on tensor cores, with bytes in flight an SM (averaged
+    over all SMs, the idle ones included) at the Little's-law line (32 KB: 4.2 TB/s x ~1 us over 132 SMs) or above."""
     from tvmfuse.kernels.gemv.config import inflight_bytes
     from tvmfuse.kernels.wgmma.spec import GemmSpec
 
     for k, n in [(2880, 5120), (5120, 13824), (3584, 18944)]:
         for m in (1, 2):
             assert not gemv.default_config(GemmSpec((), m, n, k, False, False, False), "float16").mma, (m, k, n)
-        for m in (4, 6, 11, 16):
+        for m in (1, 2, 4, 6, 11, 16):   # 4 rows: either kernel (CUDA cores measured faster at 4 x 4096 x 4096)
             s = GemmSpec((), m, n, k, False, False, False)
             d = gemv.default_config(s, "float16")
-            assert d.mma == 1 and d.stages > 1 and d.rows == m, (m, k, n, d.name)
+            assert d.rows == m and (d.mma == 1 or m <= 4), (m, k, n, d.name)
             assert inflight_bytes(s, d, "float16") >= 32 * 1024, (m, k, n, d.name)
 
 

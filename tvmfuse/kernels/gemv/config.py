@@ -228,6 +228,14 @@ _MIN_SEGMENT = 64
 # tensor-core config's warps along N: 1 to 8)
 _DEFAULT_N = (2, 4, 8, 32)
 _DEFAULT_N_MMA = (1, 2, 4, 8)
+# The tensor-core default's blocks: 4 warps, a step or two an iteration. What the cost below does not see (a block's
+# cross-warp sum of partials grows with its warps along K and M's tiles; a deeper unroll prefetches further ahead
+# than L2 keeps the rows) made larger blocks and unrolls slower on the H200 at every shape measured (2026-12-03:
+# 8, 16, 24 and 32 rows against 11008 x 4096, 4096 x 11008 and 5120 x 13824 fp16 weights, 72-config sweeps at 16
+# and 32 rows): the fastest config of each was a 128-thread one, and u2 beat u8 at the same split (31.9 against
+# 43.5 us at 16 rows, 37.8 against 46.8 at 32). The space still offers the others to the search.
+_MMA_THREADS = (128,)
+_MMA_UNROLL = (2, 4)
 # The multiply-adds, counted as the weight bytes the HBM streams in their time (the rule adds them to the stream:
 # in the kernels measured they did not hide under it). CUDA cores: one fp32 multiply-add a weight element and row
 # of M, with the conversions of fp16 operands to fp32 around it. The H200 (2026-12, fp16, the CUDA-core defaults):
@@ -242,11 +250,22 @@ _MMA_FMA_BYTES = 0.02
 # multiply-adds cost neither kernel anything, its untuned config took 1.44x the CUDA-core kernel's time against a
 # 4096 x 11008 fp16 weight (38.1 vs 26.4 us) and 2.1x against 4096 x 4096 (14.7 vs 6.9 us) on the H200; at 16
 # rows it took half the CUDA-core kernel's (41.4 vs 81 us). Its weight term is stretched by the smaller factor.
-# Those were the kernel without a ring (stages 1); the ring's kernel (stages 2-4) adds a shared-memory write and
-# read of each weight byte and has not been timed yet, so it keeps the same factor: what the ring buys shows in
-# the rule as bytes in flight (:func:`inflight_bytes`), and the rule keeps 1-2 rows on CUDA cores, whose
-# multiply-adds there cost less than the factor.
+# Those were the kernel without a ring (stages 1); the ring's kernel (stages 2-4) is stretched further
+# (:data:`_RING_STREAM`). The rule keeps 1-2 rows on CUDA cores, whose multiply-adds there cost less than the factor.
 _MMA_STREAM = 1.45
+
+
+# The prefetching tensor-core kernel's loads of a step hit L2 (the rows were prefetched an iteration earlier): an
+# L2 hit under load takes about a third of an HBM read's latency on Hopper, so a step's bytes count three times.
+# The H200 (2026-12-03, 4096 x 11008 fp16 weights): 172 blocks of 4 warps took 41.5 us at 16 rows and 43.0 at 32
+# (the rule: 32 KB an SM, twice the copy time, 42 us), 344 blocks 32.2 us at 16 rows (64 KB: the copy time and
+# the overheads); 64 blocks of 8 warps at 8 rows of an 11008 x 4096 weight 53.9 us (24 KB an SM: 2.7x, 57 us).
+_PREFETCH_GAIN = 3
+# The ring's kernel (stages 2-4) streamed its weight more slowly than the prefetching one (stages 1) at equal
+# bytes in flight: on the H200, 16 and 32 rows against a 4096 x 11008 fp16 weight (72 configs each, 2026-12-03),
+# its configs' median time was 1.35x and 1.29x the prefetching configs' (each byte also takes a shared-memory
+# write and read; each lane waits on its own copies). Its weight term is stretched by this too.
+_RING_STREAM = 1.3
 
 
 def registers(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
@@ -298,8 +317,8 @@ def resident_blocks(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
 
 def inflight_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) -> float:
     """Weight bytes an SM has in flight on average over the main kernel: each resident thread's loads of a step
-    (``unroll`` vectors of its columns), the blocks of a wave spread over the SMs, a partial last wave counted
-    at its share (its SMs mostly idle)."""
+    (``unroll`` vectors of its columns), the blocks of a wave spread over the SMs, each SM's up to its share of the
+    stream, a partial last wave counted at its share (its SMs mostly idle)."""
     res = resident_blocks(spec, cfg, dtype)
     if res == 0:
         return 0.0
@@ -308,12 +327,21 @@ def inflight_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
     if cfg.mma and cfg.stages > 1:   # the ring's iterations past the one the mmas read: `unroll` k16 steps each
         per_thread = (cfg.stages - 1) * cfg.unroll * 4 * cfg.lanes * dtype_bytes(dtype)
     elif cfg.mma:
-        # a step's 4 vectors a lane: ptxas issues them just before the step's mmas whatever `unroll`. The next
-        # iteration's L2 prefetch is not counted: its bytes stop in L2, and each step still waits for its loads
-        per_thread = 4 * cfg.lanes * dtype_bytes(dtype)
+        # a step's 4 vectors a lane: ptxas issues them just before the step's mmas whatever `unroll`, so a warp has
+        # one step in flight; but the kernel prefetched them into L2 an iteration earlier, so they come at L2's
+        # latency, not HBM's: counted as that many HBM-latency bytes (:data:`_PREFETCH_GAIN`)
+        per_thread = _PREFETCH_GAIN * 4 * cfg.lanes * dtype_bytes(dtype)
     else:
         per_thread = cfg.unroll * (1 if not spec.b_kmajor else cfg.threads_n) * cfg.lanes * dtype_bytes(dtype)
-    return nb * cfg.threads * per_thread / (waves * sms)
+    # a wave's blocks spread over the SMs (some SMs one block more); an SM counts up to its share of the stream
+    # (:data:`_INFLIGHT_PER_SM`), so the SMs a small grid leaves idle stream nothing: 64 blocks of an 8 x 11008 x
+    # 4096 GEMV held 147 KB each and took 2.5x the copy time on the H200, the stream of 64 SMs, not 132
+    per_block = cfg.threads * per_thread
+    wave = nb / waves
+    lo = int(wave // sms)
+    extra = wave - lo * sms   # SMs with lo + 1 blocks
+    held = (sms - extra) * min(lo * per_block, _INFLIGHT_PER_SM) + extra * min((lo + 1) * per_block, _INFLIGHT_PER_SM)
+    return held / sms
 
 
 def streamed_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) -> float:
@@ -325,8 +353,8 @@ def streamed_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
     flight = inflight_bytes(spec, cfg, dtype, sms)
     if flight <= 0:
         return float("inf")
-    cost = (weight * max(1.0, _INFLIGHT_PER_SM / flight) * (_MMA_STREAM if cfg.mma else 1.0)
-            + _multiply_add_bytes(spec, cfg))
+    stream = (_MMA_STREAM * (_RING_STREAM if cfg.stages > 1 else 1.0)) if cfg.mma else 1.0
+    cost = weight * max(1.0, _INFLIGHT_PER_SM / flight) * stream + _multiply_add_bytes(spec, cfg)
     if cfg.split > 1:
         cost += _LAUNCH_BYTES + 2 * 4 * cfg.split * spec.rows * spec.n
     return cost
@@ -363,10 +391,10 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too
     # past 16 rows only the tensor-core kernel holds every row in one block
     kinds = tuple(tc for tc in mma if tc or spec.rows <= MAX_ROWS) or mma
-    cands = [c for tc in kinds for c in configs(spec, dtype, lanes=lanes, threads=(128, 256, 512),
+    cands = [c for tc in kinds for c in configs(spec, dtype, lanes=lanes, threads=_MMA_THREADS if tc else (128, 256, 512),
                                               threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,
                                               rows=(min(spec.rows, MMA_ROWS if tc else MAX_ROWS),),
-                                              unroll=(8, 4, 2), mma=(tc,), stages=STAGES)]
+                                              unroll=_MMA_UNROLL if tc else (8, 4, 2), mma=(tc,), stages=STAGES)]
     segment = min(_MIN_SEGMENT, spec.n * dtype_bytes(dtype))
 
     def row_bytes(c: GemvConfig) -> int:   # contiguous bytes of a weight row a warp reads together
@@ -375,10 +403,16 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     wide = [c for c in cands if spec.b_kmajor or row_bytes(c) >= segment]
     cands = wide or cands
 
+    # costs within 10% of the cheapest are a tie (finer than the rule's estimates): then the fewer split blocks, the
+    # wider vectors, ..., a tensor-core config's shorter unroll (see _MMA_UNROLL), the shallower ring (less shared
+    # memory, more blocks an SM)
+    costs = {c: streamed_bytes(spec, c, dtype, sms) for c in cands}
+    cheapest = min(costs.values(), default=0.0)
+
     def key(c: GemvConfig):
         tk = warps_k(c) if c.mma else 1 if spec.b_kmajor else c.threads // c.threads_n
-        return (streamed_bytes(spec, c, dtype, sms), c.split, -c.lanes, tk, c.threads, -c.unroll, c.threads_n,
-                c.mma, c.stages)   # equal costs: the shallower ring (less shared memory, more blocks an SM)
+        return (costs[c] > 1.1 * cheapest, c.split, -c.lanes, tk, c.threads, c.unroll if c.mma else -c.unroll,
+                c.threads_n, c.mma, c.stages, costs[c])
 
     best = min(cands, key=key, default=None)
     if best is None:   # an odd small shape none of the rule's candidates take: the first config that fits
