@@ -527,9 +527,7 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
         state.default_source = source
     if sch is None:
         return 0, None, ""
-    # the arguments as the built kernel takes them: a packed weight's layout where the schedule rewrites one (the
-    # builder removes the rewrite block, as MetaSchedule's own measurements do)
-    args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, True)
+    args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, True)   # a packed weight as the built kernel takes it
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target.target)])
     if built.error_msg is not None:
         log.warning("%s: the default schedule did not build: %s", kernel.name, built.error_msg.strip()[-200:])

@@ -391,7 +391,8 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too
     # past 16 rows only the tensor-core kernel holds every row in one block
     kinds = tuple(tc for tc in mma if tc or spec.rows <= MAX_ROWS) or mma
-    cands = [c for tc in kinds for c in configs(spec, dtype, lanes=lanes, threads=_MMA_THREADS if tc else (128, 256, 512),
+    cands = [c for tc in kinds for c in configs(spec, dtype, lanes=lanes,
+                                              threads=_MMA_THREADS if tc else (128, 256, 512),
                                               threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,
                                               rows=(min(spec.rows, MMA_ROWS if tc else MAX_ROWS),),
                                               unroll=_MMA_UNROLL if tc else (8, 4, 2), mma=(tc,), stages=STAGES)]
