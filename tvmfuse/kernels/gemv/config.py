@@ -230,7 +230,7 @@ _DEFAULT_N = (2, 4, 8, 32)
 _DEFAULT_N_MMA = (1, 2, 4, 8)
 # The tensor-core default's blocks: 4 warps, a step or two an iteration. What the cost below does not see (a block's
 # cross-warp sum of partials grows with its warps along K and M's tiles; a deeper unroll prefetches further ahead
-# than L2 keeps the rows) made larger blocks and unrolls slower on the H200 at every shape measured (2026-12-03:
+# than L2 keeps the rows) made larger blocks and unrolls slower on the H200 at every shape measured (
 # 8, 16, 24 and 32 rows against 11008 x 4096, 4096 x 11008 and 5120 x 13824 fp16 weights, 72-config sweeps at 16
 # and 32 rows): the fastest config of each was a 128-thread one, and u2 beat u8 at the same split (31.9 against
 # 43.5 us at 16 rows, 37.8 against 46.8 at 32). The space still offers the others to the search.
@@ -238,7 +238,7 @@ _MMA_THREADS = (128,)
 _MMA_UNROLL = (2, 4)
 # The multiply-adds, counted as the weight bytes the HBM streams in their time (the rule adds them to the stream:
 # in the kernels measured they did not hide under it). CUDA cores: one fp32 multiply-add a weight element and row
-# of M, with the conversions of fp16 operands to fp32 around it. The H200 (2026-12, fp16, the CUDA-core defaults):
+# of M, with the conversions of fp16 operands to fp32 around it. The H200 (fp16, the CUDA-core defaults):
 # 16 rows against a 4096 x 11008 weight took 59.8 us over the weight's 21.3 us at the copy ceiling (721 M
 # multiply-adds), 8 rows of 11008 x 4096 22.4 us over it (361 M): 0.35 and 0.26 byte-times a multiply-add, 0.3
 # here (2.3x its peak rate's 0.13: 33.5 T multiply-adds a second, 4.2 TB/s). Tensor cores: mma.sync's m16n8k16
@@ -257,12 +257,12 @@ _MMA_STREAM = 1.45
 
 # The prefetching tensor-core kernel's loads of a step hit L2 (the rows were prefetched an iteration earlier): an
 # L2 hit under load takes about a third of an HBM read's latency on Hopper, so a step's bytes count three times.
-# The H200 (2026-12-03, 4096 x 11008 fp16 weights): 172 blocks of 4 warps took 41.5 us at 16 rows and 43.0 at 32
+# The H200 (4096 x 11008 fp16 weights): 172 blocks of 4 warps took 41.5 us at 16 rows and 43.0 at 32
 # (the rule: 32 KB an SM, twice the copy time, 42 us), 344 blocks 32.2 us at 16 rows (64 KB: the copy time and
 # the overheads); 64 blocks of 8 warps at 8 rows of an 11008 x 4096 weight 53.9 us (24 KB an SM: 2.7x, 57 us).
 _PREFETCH_GAIN = 3
 # The ring's kernel (stages 2-4) streamed its weight more slowly than the prefetching one (stages 1) at equal
-# bytes in flight: on the H200, 16 and 32 rows against a 4096 x 11008 fp16 weight (72 configs each, 2026-12-03),
+# bytes in flight: on the H200, 16 and 32 rows against a 4096 x 11008 fp16 weight (72 configs each),
 # its configs' median time was 1.35x and 1.29x the prefetching configs' (each byte also takes a shared-memory
 # write and read; each lane waits on its own copies). Its weight term is stretched by this too.
 _RING_STREAM = 1.3
