@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
-from cuda_checks import cuda_source, ptxas_logs  # noqa: E402
+from cuda_checks import EMULATE, cuda_source, ptxas_logs  # noqa: E402
 from tvmfuse._tvm import ms, tvm  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.kernels import expand, gemv, registry  # noqa: E402
@@ -82,7 +82,7 @@ def _one(tmp_path, model, cuda):
 
 
 def _run_llvm(func, args):
-    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=EMULATE)
     nd = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]
     lib["main"](*nd)
     return nd[-1].numpy().astype(np.float64)

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
-from cuda_checks import (_at_every_value, _cuda_index_env, assert_ptxas_without_spills,  # noqa: E402
+from cuda_checks import (EMULATE, _at_every_value, _cuda_index_env, assert_ptxas_without_spills,  # noqa: E402
                          build_with_record, cuda_source)
 from tvmfuse._tvm import build_context, ms, tvm  # noqa: E402
 from tvmfuse.tune.builder import fast_build
@@ -56,7 +56,7 @@ def _row_kernels(case: str, target, **size):
 
 
 def _run(func, inputs):
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=EMULATE)
     args = [tvm.runtime.tensor(a.copy()) for a in inputs]
     args[-1] = tvm.runtime.tensor(np.full(inputs[-1].shape, np.nan, inputs[-1].dtype))
     lib["main"](*args)

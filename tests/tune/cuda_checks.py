@@ -4,7 +4,12 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tvmfuse._tvm import ms
+from tvmfuse._tvm import ms, tvm
+
+# the CPU builds of a kernel's emulation (its threads as loops) and of the planner's function it is compared
+# with: LLVM without its optimizer, whose passes were most of each build's time (0.30 of 0.34 s for a 16-row
+# GEMV's emulated kernel); they change no result: none of these builds allows fast math
+EMULATE = tvm.target.Target({"kind": "llvm", "opt-level": 0})
 
 
 def assert_ptxas_without_spills(src: str, tmp_path, arch: str, *, serialized: bool = False) -> None:
