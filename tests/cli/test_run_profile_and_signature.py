@@ -24,7 +24,7 @@ def _one_line_error(stderr: str) -> str:
     return lines[0]
 
 
-def test_run_profile_json_and_table(artifact, tmp_path):
+def test_run_profile_json_and_table(artifact, tmp_path, monkeypatch):
     manifest = json.loads((artifact / "manifest.json").read_text())
     trace = tmp_path / "t.json"
     r = runner.invoke(app, ["run", str(artifact), "--repeat", "2", "--trace", str(trace), "--json"])
@@ -36,8 +36,14 @@ def test_run_profile_json_and_table(artifact, tmp_path):
                for k in prof["kernels"])
     assert prof["trace"] == str(trace) and json.loads(trace.read_text())["traceEvents"]
 
-    r = runner.invoke(app, ["run", str(artifact), "--repeat", "0", "--profile", "--profile-runs", "2"],
-                      env={"COLUMNS": "250"})
+    # a table wide enough that no kernel name wraps: the CLI's console is given the width (rich fixes a console's
+    # width at its making where COLUMNS is set, and under pytest-xdist each worker's readline had set COLUMNS=80
+    # before tvmfuse.cli was imported, so an invoke with env={"COLUMNS": "250"} printed 80 columns)
+    import tvmfuse.cli.main as cli_main
+    from rich.console import Console
+
+    monkeypatch.setattr(cli_main, "out", Console(width=250, soft_wrap=True))
+    r = runner.invoke(app, ["run", str(artifact), "--repeat", "0", "--profile", "--profile-runs", "2"])
     assert r.exit_code == 0, r.stderr
     assert "kernels of one run (mean of 2 runs, after 3 warm-up)" in r.stdout
     assert "host-timed" in r.stdout and "launch" in r.stdout
