@@ -1,8 +1,11 @@
 """Shared, expensive fixtures: the example model tuned once (a few trials) into a real SQLite database,
-and one artifact built from it. Tests that only read them share them across the session."""
+and one artifact built from it. Tests that only read them share them across the session (and, under pytest-xdist,
+across its workers: one makes them, the others wait for them)."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +27,28 @@ def llvm_target():
     return resolve_target("llvm")
 
 
+def _once(tmp_path_factory, name: str, make):
+    """(folder, ``make(folder)``'s JSON result), made once for the whole run. Under pytest-xdist the first worker
+    to ask makes it in a folder of the run's that every worker sees, and the others wait for it and read it back
+    (each worker tuned and compiled the example again: about 25 s of CPU each); the folder's files are read, or
+    copied before they are changed, as a session's are. A make that fails is tried again by the next worker."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        return folder, json.loads(json.dumps(make(folder)))
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent / "shared"   # the run's folder, above each worker's own
+    root.mkdir(exist_ok=True)
+    folder, result = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file closes, also if make raises
+        if not result.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            result.write_text(json.dumps(make(folder)))
+        return folder, json.loads(result.read_text())
+
+
 @pytest.fixture(scope="session")
 def tuned_example(tmp_path_factory, example_model):
     """(db path, tune report): every kernel of the example tuned with 2 trials. The search's model is random: XGBoost's
@@ -33,11 +58,13 @@ def tuned_example(tmp_path_factory, example_model):
     from tvmfuse import api
     from tvmfuse.tune import TuneConfig
 
-    work = tmp_path_factory.mktemp("tuned")
-    cfg = api.ModelConfig(model=example_model, target="llvm", db=work / "tvmfuse.db")
-    report = api.tune(cfg, TuneConfig(trials=14, trials_per_kernel=2, trials_per_round=2, population=16,
-                                      cost_model="random"))
-    return cfg, report
+    def tune(work):
+        cfg = api.ModelConfig(model=example_model, target="llvm", db=work / "tvmfuse.db")
+        return api.tune(cfg, TuneConfig(trials=14, trials_per_kernel=2, trials_per_round=2, population=16,
+                                        cost_model="random"))
+
+    work, report = _once(tmp_path_factory, "tuned", tune)
+    return api.ModelConfig(model=example_model, target="llvm", db=work / "tvmfuse.db"), report
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +72,8 @@ def example_artifact(tmp_path_factory, tuned_example):
     from tvmfuse import api
 
     cfg, _ = tuned_example
-    out = tmp_path_factory.mktemp("artifact") / "example.artifact"
-    report = api.compile(cfg, out=out)
-    return out, report
+    folder, report = _once(tmp_path_factory, "artifact", lambda work: api.compile(cfg, out=work / "example.artifact"))
+    return folder / "example.artifact", report
 
 
 @pytest.fixture(scope="session")
@@ -56,15 +82,17 @@ def untuned_example_artifact(tmp_path_factory, example_model):
     artifact edits a copy."""
     from tvmfuse import api
 
-    out = tmp_path_factory.mktemp("untuned") / "art"
-    api.compile(api.ModelConfig(model=example_model, target="llvm"), out=out, untuned=True)
-    return out
+    folder, _ = _once(tmp_path_factory, "untuned", lambda work: api.compile(
+        api.ModelConfig(model=example_model, target="llvm"), out=work / "art", untuned=True))
+    return folder / "art"
 
 
 # artifacts are signed with a per-user key (tvmfuse.runtime.signing): the tests' key lives in a folder of their own,
-# not the user's configuration (subprocesses inherit it)
-if "TVMFUSE_SIGNING_KEY" not in os.environ:
-    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="tvmfuse-tests-config-")
+# not the user's configuration (subprocesses inherit it, pytest-xdist's workers too: an artifact one worker made
+# verifies in another)
+if "TVMFUSE_SIGNING_KEY" not in os.environ and "TVMFUSE_TESTS_CONFIG" not in os.environ:
+    os.environ["TVMFUSE_TESTS_CONFIG"] = tempfile.mkdtemp(prefix="tvmfuse-tests-config-")
+    os.environ["XDG_CONFIG_HOME"] = os.environ["TVMFUSE_TESTS_CONFIG"]
 
 # the CUDA compile cache (tvmfuse.nvcc_cache): one folder for the whole session, shared by its processes (the tuner's
 # workers, the CLI's subprocesses), never the user's; a test of the cache itself uses one of its own
