@@ -2,6 +2,8 @@
 their source), the ``wgmma.mma_async`` statement, and the parser that puts those sources in the TVMScript's scope."""
 from __future__ import annotations
 
+import functools
+
 # A 16-byte cp.async to a shared address that reads nothing and writes 16 zero bytes where ``valid`` is 0
 # (PTX's src-size operand): a predicated copy without a branch. TVM 0.27's raw cp.async op takes no predicate
 # from TVMScript, so this is a function of our own (``T.cuda.func_call`` with its source; fp16 elements).
@@ -97,7 +99,12 @@ def _ptx(fn: str, *args: str) -> str:
     return f"T.evaluate(T.cuda.func_call({', '.join([repr(fn), *args])}, source_code=_TMA_SOURCE[{fn!r}]))\n"
 
 
+@functools.lru_cache(maxsize=256)
 def parse(source: str):
+    """The PrimFunc of TVMScript text ``source``, kept by its text: TVMScript's parser takes a tenth of a second to
+    seconds a kernel, and the same text comes back (a template's kernel for a config asked for again, a sketch's
+    annotated kernel read at each build of its candidates, a record's trace replayed by the warm start). A PrimFunc
+    is immutable (``with_attr`` makes a new one), so the one parsed serves every caller."""
     from tvmfuse._tvm import tvm
     from tvm.script import tirx as T
 
