@@ -103,6 +103,39 @@ if "TVMFUSE_NVCC_CACHE" not in os.environ:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+# Under pytest-xdist (`-n auto`) each test goes to whichever worker is free, except these modules': all of a module's
+# tests run on one worker, because its module fixture takes many seconds and a fixture is made on each worker that
+# runs one of its users (xdist's own `--dist loadgroup` marks do not group under pytest 9: xdist renames the tests'
+# node ids, which pytest 9 no longer reads).
+ONE_WORKER = {
+    "tests/cli/test_progress.py": "three tune runs, about 30 s of CPU",
+    "tests/inspect/test_inspect_notebooks.py": "a tuning run and eleven notebook kernels, about 55 s",
+    "tests/tune/test_model_default.py": "every row-program config of three shapes scheduled, about 12 s",
+    "tests/bench/test_bench.py": "the example benchmarked on every backend, about 11 s",
+    "tests/compile/test_cross.py": "the example cross-compiled for aarch64",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "load":   # another --dist asked for: xdist's own
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = Path(__file__).resolve().parents[1]
+    assert all((root / path).is_file() for path in ONE_WORKER), "a module of ONE_WORKER was moved"
+
+    class OneWorkerModules(LoadScopeScheduling):
+        """Work units of one test each, or of a whole module of ONE_WORKER (the grouped modules go first:
+        xdist orders the units by their tests, most first)."""
+
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return path if path in ONE_WORKER else nodeid
+
+    return OneWorkerModules(config, log)
+
+
 def pytest_configure(config):
     # MetaSchedule's builder workers import tvmfuse (our build function): make the checkout importable; and every
     # process the tests start imports TVM without PyTorch (tests/_site/sitecustomize.py says why), this one too
