@@ -67,3 +67,47 @@ def test_a_build_past_its_timeout_is_killed_and_the_pool_goes_on(tmp_path, monke
         assert result.error_msg is None
     finally:
         slow.close()
+
+
+_PACK_UNDER_CTRL_C = """
+import os, signal, subprocess, sys, time
+
+from tvmfuse.tune.builder import worker_initializer
+
+folder = sys.argv[1]
+
+
+def pack():   # MetaSchedule's export of a built candidate (tvm.support.tar): tar -czf, which runs gzip
+    tar = subprocess.Popen(["tar", "-czf", os.path.join(folder, "out.tgz"), "-C", folder, "big.bin"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    time.sleep(0.2)
+    os.killpg(tar.pid, signal.SIGINT)   # a Ctrl-C reaches the whole process group
+    out, _ = tar.communicate()
+    return tar.returncode, out.decode()
+
+
+if sys.argv[2] == "blocked":   # as `tvmfuse tune` starts its workers (tvmfuse.cli.interrupt)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+worker_initializer()()
+print(sys.argv[2], signal.getsignal(signal.SIGINT) is signal.SIG_IGN, *pack())
+"""
+
+
+@pytest.mark.parametrize("start", ["blocked", "unblocked"])
+def test_a_worker_ignores_the_signals_tune_blocks_so_its_tar_survives_a_ctrl_c(tmp_path, start):
+    """`tvmfuse tune` blocks SIGINT and SIGTERM, and its workers start with them blocked, but gzip (run by the
+    `tar -czf` that packs each built candidate) unblocks them: a Ctrl-C that came while a candidate was packed killed
+    it and failed the build. A worker's initializer ignores the signals it starts with blocked, and a program keeps
+    an ignored signal ignored. A worker started without them blocked keeps the default: its tar dies, as it did."""
+    import shutil
+    import subprocess
+
+    if shutil.which("tar") is None or shutil.which("gzip") is None:
+        pytest.skip("needs tar and gzip")
+    (tmp_path / "big.bin").write_bytes(os.urandom(40_000_000))   # a second or so of gzip
+    done = subprocess.run([sys.executable, "-c", _PACK_UNDER_CTRL_C, str(tmp_path), start], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    name, ignored, code, out = done.stdout.split(" ", 3)
+    assert name == start and (ignored == "True") == (start == "blocked"), done.stdout
+    assert (code == "0") == (start == "blocked"), done.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 
 from tvmfuse import nvcc_cache
 from tvmfuse._tvm import build_context, cuda_compile, cuda_sources, derived_object, ms
@@ -88,7 +89,31 @@ def make_builder(*, workers: int, timeout_s: float, precompile: bool = False):
     cache this process compiles through (``precompile``: see :func:`fast_build`). Close it (``close_builder``)."""
     f_build = functools.partial(fast_build, precompile=True) if precompile else fast_build
     return PooledBuilder(f_build=f_build, max_workers=workers, timeout_sec=timeout_s,
-                         initializer=nvcc_cache.worker_initializer())
+                         initializer=worker_initializer())
+
+
+def worker_initializer():
+    """The initializer of a tuning run's worker pools (builder and runner): the nvcc cache this process compiles
+    through (:func:`tvmfuse.nvcc_cache.worker_initializer`), and :func:`_ignore_blocked_signals`."""
+    return functools.partial(_init_worker, nvcc_cache.worker_initializer())
+
+
+def _init_worker(install_cache) -> None:
+    install_cache()
+    _ignore_blocked_signals()
+
+
+def _ignore_blocked_signals() -> None:
+    """SIGINT and SIGTERM ignored in a worker that starts with them blocked: ``tvmfuse tune`` blocks them so that its
+    workers finish the trials in flight on a Ctrl-C (tvmfuse.cli.interrupt), but the programs a worker runs may
+    unblock them: ``tar -czf`` (MetaSchedule's export of a built candidate) runs gzip with them unblocked, so a
+    Ctrl-C that came while a candidate was packed killed gzip and failed that build ("tar: Error is not recoverable",
+    a failed record: tests/cli/test_interrupt.py failed once in a full run). An ignored signal stays ignored in the
+    programs it runs (tar and gzip keep it so), and a worker started without them blocked is left as it was."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signum in blocked:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def close_builder(builder) -> None:

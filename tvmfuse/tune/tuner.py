@@ -19,7 +19,7 @@ from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrins
 from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_model  # noqa: F401 (their home was here)
 from tvmfuse.target import TargetInfo
 from tvmfuse import nvcc_cache
-from tvmfuse.tune.builder import close_builder, make_builder
+from tvmfuse.tune.builder import close_builder, make_builder, worker_initializer
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -306,7 +306,7 @@ def _local_runner(timeout_s, *, gpu: bool = True):
     runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S),
                                    evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=repeat,
                                                                               min_repeat_ms=20),
-                                   f_alloc_argument=alloc_arguments, initializer=nvcc_cache.worker_initializer())
+                                   f_alloc_argument=alloc_arguments, initializer=worker_initializer())
     inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper
     inst.timeout_sec = timeout_s
     inst.pool._timeout = timeout_s  # PopenPoolExecutor reads it on each submit (TVM 0.27)
