@@ -21,7 +21,7 @@ from tvm.tirx import PrimFunc
 
 __all__ = [
     "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx", "Analyzer",
-    "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "build_context",
+    "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "register_mma_store", "build_context",
     "tvm_version", "is_scheduled",
 ]
 
@@ -66,11 +66,28 @@ from tvm.s_tir import dlight  # noqa: E402
 
 
 def ensure_tensor_intrinsics(target_kind: str, *, tensor_cores: bool = False) -> None:
-    """Register the tensor intrinsics a target's schedule rules may name (CUDA mma/wmma, x86 VNNI)."""
+    """Register the tensor intrinsics a target's schedule rules may name (CUDA mma/wmma and tvmfuse's own, x86
+    VNNI). Whatever replays a stored trace calls this first: a trace names its intrinsics, it does not carry them."""
     if target_kind == "cuda" and tensor_cores:
         importlib.import_module(_TENSOR_INTRIN + ".cuda")
+        for out_dtype in ("float32", "float16"):
+            register_mma_store(out_dtype)
     elif target_kind == "llvm":
         importlib.import_module(_TENSOR_INTRIN + ".x86")
+
+
+def register_mma_store(out_dtype: str) -> str:
+    """The name of tvmfuse's store of an m16n8k16 accumulator tile into static shared memory (TVM registers
+    only its dynamic-shared and global stores), registered on first use."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.s_tir.tensor_intrin.cuda import get_mma_store_intrin
+
+    name = f"tvmfuse_mma_store_16x16_{out_dtype}_shared"
+    try:
+        TensorIntrin.get(name)
+    except Exception:  # noqa: BLE001 - TVM raises a plain error for an unknown name
+        TensorIntrin.register(name, *get_mma_store_intrin(out_dtype, 8, "shared", False))
+    return name
 
 
 # Pass options for every CUDA build tvmfuse makes (tuning candidates, kernel checks, the final build):

@@ -217,8 +217,11 @@ def test_tiny_llvm_tuning_improves_on_its_first_candidate(tmp_path, llvm):
     assert curve and all(b <= a for a, b in zip(curve, curve[1:]))
 
 
-def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
-    """Its traces hold transform_layout IndexMaps, which TVM 0.27's own record JSON converter rejects."""
+@pytest.mark.parametrize("store, marker", [("wmma_store", "wmma::mma_sync"),
+                                           ("tvmfuse_mma_store", "mma.sync.aligned.m16n8k16")])
+def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda, store, marker):
+    """Its traces hold transform_layout IndexMaps, which TVM 0.27's own record JSON converter rejects; and the
+    mma sketch's store into static shared memory is tvmfuse's intrinsic, not one TVM registers."""
     from tvmfuse._tvm import ms
     from cuda_checks import commit_record
 
@@ -226,10 +229,10 @@ def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
     choice = select_space(kernel.mod, cuda.target)
     ctx = ms.TuneContext(mod=kernel.mod, target=cuda.target, space_generator=choice.generator,
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=3)
-    sketch = ctx.generate_design_space()[-1]  # the cp.async sketch
+    sketch = [s for s in ctx.generate_design_space() if store in str(s.trace)][-1]  # the cp.async one
     commit_record(tmp_path / "t.db", cuda, kernel, sketch.trace)
-    # read back in a fresh process, where nothing has registered the wmma intrinsics the trace names
-    # (a build from a carried-in database on the GPU machine failed that way before the fix)
+    # read back in a fresh process, where nothing has registered the intrinsics the trace names (builds from a
+    # carried-in database on the GPU machine failed that way: the wmma ones, then tvmfuse's mma store)
     script = (
         "import sys\n"
         "from tvmfuse._tvm import tvm\n"
@@ -241,7 +244,7 @@ def test_tensorcore_records_round_trip_through_the_database(tmp_path, cuda):
         "with cuda.target:\n"
         "    sch = db.ms_database.query_schedule(mod, cuda.target, 't')\n"
         "src = tvm.compile(sch.mod, target=cuda.target).mod.imports[0].inspect_source()\n"
-        "print('wmma::mma_sync' in src)\n")
+        f"print({marker!r} in src)\n")
     (tmp_path / "mod.json").write_text(tvm.ir.save_json(kernel.mod))
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "t.db"), str(tmp_path / "mod.json")],
                          capture_output=True, text=True, timeout=300)

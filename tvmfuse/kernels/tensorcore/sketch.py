@@ -87,17 +87,13 @@ def template_gemm_tensorcore(sch, space, info: dict) -> list:
 def _mma_group(out_dtype: str, trans_b: bool) -> dict:
     """``ldmatrix`` + ``mma.sync`` m16n8k16 intrinsics (TVM's), with a store into static shared memory (not
     among TVM's registered ones)."""
-    from tvm.s_tir import TensorIntrin
-    from tvm.s_tir.tensor_intrin.cuda import get_mma_intrin_group, get_mma_store_intrin
+    from tvm.s_tir.tensor_intrin.cuda import get_mma_intrin_group
+
+    from tvmfuse._tvm import register_mma_store
 
     group = get_mma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn", in_dtype="float16",
                                  out_dtype=out_dtype, trans_a=False, trans_b=trans_b)
-    name = f"tvmfuse_mma_store_16x16_{out_dtype}_shared"
-    try:
-        TensorIntrin.get(name)
-    except Exception:  # noqa: BLE001 - first use: register it
-        TensorIntrin.register(name, *get_mma_store_intrin(out_dtype, 8, "shared", False))
-    return {**group, "store": name}
+    return {**group, "store": register_mma_store(out_dtype)}
 
 
 def _ldmatrix_layout(*idx):
