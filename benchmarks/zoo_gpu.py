@@ -9,7 +9,10 @@ H200 machine has them; this one has no torchvision):
 3. ``tvmfuse bench MODEL --against torch-eager,torch-compile,torch-compile-ro,torch-compile-max``, which checks every
    backend's outputs against onnxruntime and times them in one process.
 Rows already in ``--results`` (the JSON this script writes, carried back in) are skipped, so a long sweep continues
-across calls of at most 10 minutes; ``--deadline-s`` stops starting rows after that many seconds.
+across calls of at most 10 minutes; ``--deadline-s`` stops starting rows that would not end before it (a row takes
+its tune budget plus ``--row-extra-s``, raised to the longest extra time a row of this call took: the export, tune's
+start and the bench, where torch.compile's max-autotune compiles for minutes), and the tune and bench of a row that
+runs late are stopped at the deadline, so the call's results always come back.
 
     python benchmarks/zoo_gpu.py --models resnet50,gpt2 --precisions fp32,fp16 --batches 1,32 --budget 120
 Writes ``$OUT/zoo_gpu.json`` (each row's failed kernels and failed checks under ``problems``) and ``$OUT/zoo.db``;
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,15 +46,20 @@ def log(msg: str) -> None:
 
 def _cli(*args: str, timeout: float) -> tuple[int, dict | None, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # a session of its own: a command stopped at its timeout takes its worker processes (tune's pools, inductor's
+    # compile workers) with it, so they do not hold the GPU or the cores for the next row
+    p = subprocess.Popen([sys.executable, "-m", "tvmfuse.cli.main", *args, "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        p = subprocess.run([sys.executable, "-m", "tvmfuse.cli.main", *args, "--json"], capture_output=True, text=True,
-                           env=env, timeout=timeout)
+        stdout, stderr = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return 124, None, f"timed out after {timeout:.0f} s"
     try:
-        return p.returncode, json.loads(p.stdout), p.stderr[-400:]
+        return p.returncode, json.loads(stdout), stderr[-400:]
     except json.JSONDecodeError:
-        return p.returncode, None, (p.stderr or p.stdout).strip()[-400:]
+        return p.returncode, None, (stderr or stdout).strip()[-400:]
 
 
 def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
@@ -59,7 +68,8 @@ def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
     return f"{model}/{size}/{precision}/b{batch}" + ("" if model in VISION else f"s{seq}")
 
 
-def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path) -> dict:
+def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path,
+            deadline: float) -> dict:
     from model_zoo import VISION, export
 
     row: dict = {"model": model, "size": size, "precision": precision, "batch": batch,
@@ -72,7 +82,7 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
     t0 = time.time()
     rc, rep, err = _cli("tune", onnx_path, "--target", "cuda", "--db", str(db), "--time-budget", str(budget),
                         "--precision", precision, "--keep-going", "--trials-per-kernel", "16",
-                        timeout=budget + 240)
+                        timeout=min(budget + 240, max(deadline - time.time(), 1)))
     row["tune_s"] = time.time() - t0
     row["tune_rc"] = rc
     if rep is None:
@@ -88,7 +98,8 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
                         "space": (k.get("space") or {}).get("space"), "check": k.get("check")}
                        for k in kernels if k["status"] == "failed" or (k.get("check") or {}).get("ok") is False]
     rc, rep, err = _cli("bench", onnx_path, "--target", "cuda", "--db", str(db), "--precision", precision,
-                        "--against", BASELINES, "--repeat", "20", "--number", "5", timeout=420)
+                        "--against", BASELINES, "--repeat", "20", "--number", "5",
+                        timeout=min(420, max(deadline - time.time(), 1)))
     row["bench_rc"] = rc
     if rep is None:
         row["error"] = f"bench: {err}"
@@ -120,6 +131,8 @@ def main() -> int:
     ap.add_argument("--db", type=Path, default=None, help="a database carried in (copied to $OUT/zoo.db)")
     ap.add_argument("--results", type=Path, default=None, help="an earlier zoo_gpu.json carried in: its rows are kept")
     ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--row-extra-s", type=float, default=300.0,
+                    help="a row's time beyond its tune budget, before one has been measured in this call")
     a = ap.parse_args()
 
     db = OUT / "zoo.db"
@@ -127,20 +140,24 @@ def main() -> int:
         shutil.copy(a.db, db)
     rows: dict = json.loads(a.results.read_text()).get("rows", {}) if a.results and a.results.exists() else {}
     work = Path(tempfile.mkdtemp(prefix="zoo-"))
+    extra = a.row_extra_s
     for model in a.models.split(","):
         for precision in a.precisions.split(","):
             for batch in (int(b) for b in a.batches.split(",")):
                 key = row_key(model, a.size, precision, batch, a.seq)
                 if key in rows and "error" not in rows[key]:
                     continue
-                if time.time() - T0 > a.deadline_s - a.budget:
-                    log(f"{key}: left for the next call (deadline)")
+                if time.time() - T0 + a.budget + extra > a.deadline_s:
+                    log(f"{key}: left for the next call (it takes about {a.budget + extra:.0f} s)")
                     continue
+                t_row = time.time()
                 log(f"{key}: export, tune ({a.budget:.0f} s), bench")
                 try:
-                    rows[key] = run_row(model, a.size, precision, batch, a.seq, a.budget, db, work)
+                    rows[key] = run_row(model, a.size, precision, batch, a.seq, a.budget, db, work,
+                                        T0 + a.deadline_s)
                 except Exception as err:  # noqa: BLE001 - one row's failure is that row's entry
                     rows[key] = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"}
+                extra = max(extra, time.time() - t_row - a.budget)
                 rows[key]["summary"] = _summary(rows[key])
                 log(f"{key}: {rows[key]['summary']} {rows[key].get('error', '')}")
                 (OUT / "zoo_gpu.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
