@@ -51,6 +51,27 @@ def test_bench_cli_json(example_model, tmp_path):
         assert {"backend", "median_ms", "p90_ms"} <= set(r) and r["samples"] == 2
 
 
+def test_bench_samples_the_backends_in_turn(example_model, monkeypatch):
+    """One sample of each backend a round, after all are built: a load that comes and goes mid-run slows them alike
+    (taken one backend after another, a shared CPU ran onnxruntime's ResNet-50 at 8 ms, then at 17)."""
+    import tvmfuse.bench as bench
+
+    order: list[str] = []
+
+    def spy(name, make):
+        def wrapped(*args, **kwargs):
+            outs, sample, *rest = make(*args, **kwargs)
+            return (outs, lambda: order.append(name) or sample(), *rest)
+        return wrapped
+
+    monkeypatch.setattr(bench, "_tvm_run", spy("tvm", bench._tvm_run))
+    monkeypatch.setattr(bench, "_ort", spy("onnxruntime", bench._ort))
+    report = run_bench(BenchConfig(model=example_model, target="llvm", db=None, repeat=3, number=1,
+                                   against=("onnxruntime", "tvm-default")))
+    assert order == ["tvm", "tvm", "onnxruntime"] * 3
+    assert all(r["samples"] == 3 and r["ok"] for r in report["results"]), report["results"]
+
+
 def test_bench_cli_refuses_an_unknown_backend(example_model):
     from tvmfuse.cli.main import app
 

@@ -4,7 +4,9 @@ Every backend runs the same random inputs; each backend's outputs are compared w
 where onnxruntime can run the model. Latency: ``median_ms`` and ``p90_ms`` over ``repeat`` timed
 samples, each the mean of ``number`` back-to-back calls, synchronised once per sample for every backend (TVM's
 ``time_evaluator``; CUDA events around PyTorch's calls; a host clock around onnxruntime's), so that a GPU runs
-every backend under the same load (its clock falls under sustained load).
+every backend under the same load (its clock falls under sustained load). The samples are taken in rounds, one
+sample of each backend a round, after every backend is built and warm: a machine whose load changes during the
+run (a shared CPU ran onnxruntime's ResNet-50 at 8 ms, then 17) slows all of them alike, not whichever ran then.
 Torch baselines rebuild the ONNX graph with :mod:`tvmfuse.bench.torch_onnx` (no onnx2torch there);
 an unsupported graph or a missing torch gives an entry with ``available: false`` and the reason.
 """
@@ -79,7 +81,13 @@ def time_vm(vm, args, dev, *, repeat: int, number: int) -> list[float]:
     return [float(x) for x in te(*args).results]
 
 
+def _sampler(call, cfg: BenchConfig, cuda: bool = False):
+    """One timed sample of ``call`` (see :func:`call_samples`) each time it is called."""
+    return lambda: call_samples(call, repeat=1, number=cfg.number, cuda=cuda)[0]
+
+
 def _tvm_run(exe, target, feeds: list[np.ndarray], params: list, cfg: BenchConfig):
+    """(outputs, sampler) of a Relax executable."""
     from tvmfuse._tvm import relax, tvm
 
     dev = target.tvm_device()
@@ -90,7 +98,9 @@ def _tvm_run(exe, target, feeds: list[np.ndarray], params: list, cfg: BenchConfi
     from tvmfuse.runtime.loaded import _flatten
 
     outs = [t.numpy() for t in _flatten(out)]
-    return outs, time_vm(vm, args, dev, repeat=cfg.repeat, number=cfg.number)
+    time_vm(vm, args, dev, repeat=1, number=1)
+    te = vm.time_evaluator("main", dev, number=cfg.number, repeat=1, min_repeat_ms=0)
+    return outs, lambda: float(te(*args).results[0])
 
 
 def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
@@ -123,7 +133,7 @@ def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
         outs = [np.asarray(v) for v in call()]
     for _ in range(2):
         call()
-    return outs, call_samples(call, repeat=cfg.repeat, number=cfg.number), providers[0]
+    return outs, _sampler(call, cfg), providers[0]
 
 
 def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled: bool, mode: str | None = None):
@@ -140,8 +150,11 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
         outs = [o.detach().cpu().numpy() for o in fn(*args)]
         for _ in range(3):
             fn(*args)
-        samples = call_samples(lambda: fn(*args), repeat=cfg.repeat, number=cfg.number, cuda=device == "cuda")
-    return outs, samples
+
+    def call():
+        with torch.no_grad():
+            return fn(*args)
+    return outs, _sampler(call, cfg, cuda=device == "cuda")
 
 
 def run_bench(cfg: BenchConfig) -> dict:
@@ -200,42 +213,56 @@ def run_bench(cfg: BenchConfig) -> dict:
     report["tvmfuse_build"] = {"seconds": round(time.perf_counter() - t0, 2), "planner": plan.planner,
                                "kernels": [k.to_json() for k in built.kernels], "untuned": built.untuned,
                                "db": str(cfg.db) if db is not None else None, "cuda_graph": built.cuda_graph}
-    outs, samples = _tvm_run(built.executable, target, feeds, list(built.lifted_params), cfg)
+    samplers: dict = {}   # backend -> one timed sample a call; the rounds below take them in turn
+    outs, samplers["tvmfuse"] = _tvm_run(built.executable, target, feeds, list(built.lifted_params), cfg)
     outputs["tvmfuse"] = outs
-    results.append({"backend": "tvmfuse", **_stats(samples), "untuned_kernels": len(built.untuned),
-                    "cuda_graph": built.cuda_graph})
+    results.append({"backend": "tvmfuse", "untuned_kernels": len(built.untuned), "cuda_graph": built.cuda_graph})
 
     if "tvm-default" in against:
         t0 = time.perf_counter()
         try:
             with target.target:
                 exe = tvm.compile(mod, target.target)
-            outs, samples = _tvm_run(exe, target, feeds, [], cfg)
+            outs, samplers["tvm-default"] = _tvm_run(exe, target, feeds, [], cfg)
             outputs["tvm-default"] = outs
-            results.append({"backend": "tvm-default", **_stats(samples),
-                            "build_s": round(time.perf_counter() - t0, 2)})
+            results.append({"backend": "tvm-default", "build_s": round(time.perf_counter() - t0, 2)})
         except Exception as err:  # noqa: BLE001 - a baseline that fails is reported, not fatal
             results.append(_unavailable("tvm-default", err))
     if "onnxruntime" in against:
         try:
-            outs, samples, provider = _ort(loaded.proto.SerializeToString(), feeds_d, target.is_gpu, cfg)
+            outs, samplers["onnxruntime"], provider = _ort(loaded.proto.SerializeToString(), feeds_d, target.is_gpu,
+                                                           cfg)
             outputs["onnxruntime"] = outs
-            results.append({"backend": "onnxruntime", **_stats(samples), "provider": provider})
+            results.append({"backend": "onnxruntime", "provider": provider})
         except Exception as err:  # noqa: BLE001
             results.append(_unavailable("onnxruntime", err))
     for name, compiled, mode in (("torch-eager", False, None), *((n, True, m) for n, m in TORCH_MODES.items())):
         if name not in against:
             continue
         try:
-            outs, samples = _torch(loaded.proto, feeds, target.is_gpu, cfg, compiled, mode)
+            outs, samplers[name] = _torch(loaded.proto, feeds, target.is_gpu, cfg, compiled, mode)
             outputs[name] = outs
-            results.append({"backend": name, **_stats(samples)})
+            results.append({"backend": name})
         except ImportError:
             results.append({"backend": name, "median_ms": None, "p90_ms": None, "available": False,
                             "reason": "torch is not importable here"})
         except Exception as err:  # noqa: BLE001
             results.append(_unavailable(name, err))
 
+    samples: dict = {name: [] for name in samplers}
+    failed: dict = {}
+    for _ in range(cfg.repeat):
+        for name, sample in list(samplers.items()):
+            try:
+                samples[name].append(sample())
+            except Exception as err:  # noqa: BLE001 - a backend that fails while timed is reported, not fatal
+                failed[name] = _unavailable(name, err)
+                del samplers[name]
+    for i, r in enumerate(results):
+        if r["backend"] in failed:
+            results[i] = failed[r["backend"]]
+        elif r["backend"] in samples:
+            r.update(_stats(samples[r["backend"]]))
     if cfg.verify:
         try:
             refs = verify.run_onnxruntime(loaded.path, feeds_d)
