@@ -86,6 +86,8 @@ def pack():   # MetaSchedule's export of a built candidate (tvm.support.tar): ta
     return tar.returncode, out.decode()
 
 
+for signum in (signal.SIGINT, signal.SIGTERM):   # a worker's own default, whatever this test's parent ignores
+    signal.signal(signum, signal.SIG_DFL)            # (a shell's background job starts with SIGINT ignored)
 if sys.argv[2] == "blocked":   # as `tvmfuse tune` starts its workers (tvmfuse.cli.interrupt)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 worker_initializer()()

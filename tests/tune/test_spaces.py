@@ -427,7 +427,7 @@ def test_shared_memory_check_matches_what_launches(static_kb, dyn_kb, ok, cuda):
     """On the H200 7 of 26 GEMM/conv candidates died at launch (CUDA_ERROR_INVALID_VALUE) with, e.g., 14 KB static
     + 45 KB dynamic shared memory: TVM's runtime opts a kernel into more than 48 KB only when the dynamic part
     alone exceeds 48 KB. Such candidates are now rejected before they are built, as is a total over 227 KB."""
-    from tvmfuse._tvm import verify_gpu_kernel
+    from tvmfuse.kernels.tensorcore.postprocs import verify_gpu_kernel
 
     f = _shared_kernel(int(static_kb * 512), int(dyn_kb * 512))
     assert verify_gpu_kernel(f, cuda.target, max_shared_bytes=232448) is ok
