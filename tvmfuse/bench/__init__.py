@@ -98,8 +98,8 @@ def _tvm_run(exe, target, feeds: list[np.ndarray], params: list, cfg: BenchConfi
     from tvmfuse.runtime.loaded import _flatten
 
     outs = [t.numpy() for t in _flatten(out)]
-    time_vm(vm, args, dev, repeat=1, number=1)
     te = vm.time_evaluator("main", dev, number=cfg.number, repeat=1, min_repeat_ms=0)
+    te(*args)   # warm-up, untimed
     return outs, lambda: float(te(*args).results[0])
 
 
@@ -150,11 +150,12 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
         outs = [o.detach().cpu().numpy() for o in fn(*args)]
         for _ in range(3):
             fn(*args)
+    one_sample = _sampler(lambda: fn(*args), cfg, cuda=device == "cuda")
 
-    def call():
+    def sample():   # autograd off around the sample's calls, not inside each timed call
         with torch.no_grad():
-            return fn(*args)
-    return outs, _sampler(call, cfg, cuda=device == "cuda")
+            return one_sample()
+    return outs, sample
 
 
 def run_bench(cfg: BenchConfig) -> dict:
