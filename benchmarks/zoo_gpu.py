@@ -113,10 +113,13 @@ def _summary(row: dict) -> dict:
     tf = res.get("tvmfuse", {})
     torch_ms = {k: v.get("median_ms") for k, v in res.items() if k.startswith("torch") and v.get("median_ms")}
     best = min((k for k in torch_ms if k != "torch-eager"), key=lambda k: torch_ms[k], default=None)
-    # bench's verification puts ok and rel_error on each backend's result
+    # bench's verification puts ok and rel_error on each backend's result (``floor``: ok within torch eager's own
+    # error on the same converted graph, past the dtype's tolerance)
+    floor = (row.get("bench", {}).get("verification") or {}).get("floor") if tf.get("floor") else None
     return {"tvmfuse_ms": tf.get("median_ms"), "eager_ms": torch_ms.get("torch-eager"), "best_compile": best,
             "best_compile_ms": torch_ms.get(best) if best else None, "verify": tf.get("ok"),
-            "rel_error": tf.get("rel_error"), "untuned": tf.get("untuned_kernels")}
+            "rel_error": tf.get("rel_error"), "floor": floor and floor["rel_error"],
+            "untuned": tf.get("untuned_kernels")}
 
 
 def main() -> int:

@@ -122,3 +122,31 @@ def test_bench_times_torch_compile_with_cuda_graphs_mode(example_model):
     assert list(results) == ["tvmfuse", "torch-compile-ro"]
     r = results["torch-compile-ro"]
     assert r["median_ms"] > 0 and r["ok"] and r["rel_error"] < 1e-4, r
+
+
+def test_precision_floor_holds_a_reduced_precision_build_to_the_plain_same_precision_error():
+    from tvmfuse.bench import FLOOR_SLACK, precision_floor
+
+    # a random-weight CNN in fp16: every backend ~6.6e-2 off the fp32 reference, past fp16's 1e-2
+    results = [{"backend": "tvmfuse", "rel_error": 0.068, "ok": False},
+               {"backend": "torch-compile", "rel_error": 0.070, "ok": False},
+               {"backend": "torch-eager", "rel_error": 0.066, "ok": False},
+               {"backend": "tvm-default", "rel_error": 0.066 * FLOOR_SLACK * 1.01, "ok": False}]
+    doc = precision_floor(results)
+    assert doc["floor"] == {"backend": "torch-eager", "rel_error": 0.066, "slack": FLOOR_SLACK}
+    by = {r["backend"]: r for r in results}
+    assert by["tvmfuse"]["ok"] and by["tvmfuse"]["floor"] and by["torch-compile"]["ok"]
+    assert by["tvm-default"]["ok"] is False and "floor" not in by["tvm-default"]   # past the slack: still wrong
+    assert by["torch-eager"]["ok"] is False and "floor" not in by["torch-eager"]  # the floor does not pass itself
+    # no plain same-precision implementation ran: nothing is excused
+    alone = [{"backend": "tvmfuse", "rel_error": 0.068, "ok": False}]
+    assert precision_floor(alone)["floor"] is None and alone[0]["ok"] is False
+
+
+def test_bench_fp16_reports_its_precision_floor(example_model):
+    report = run_bench(BenchConfig(model=example_model, target="llvm", db=None, repeat=1, number=1,
+                                   against=("onnxruntime",), precision="fp16"))
+    floor = report["verification"]["floor"]
+    ort = next(r for r in report["results"] if r["backend"] == "onnxruntime")
+    assert floor["backend"] == "onnxruntime" and floor["rel_error"] == ort["rel_error"]
+    assert all(r["ok"] for r in report["results"]), report["results"]

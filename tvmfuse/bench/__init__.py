@@ -280,7 +280,32 @@ def run_bench(cfg: BenchConfig) -> dict:
                                         min_tolerance=PRECISION_TOLERANCE.get(cfg.precision, 0.0))
                 r["rel_error"] = max(c.rel_error for c in checks)
                 r["ok"] = all(c.ok for c in checks)
+            if cfg.precision in PRECISION_TOLERANCE:
+                report["verification"] = precision_floor(results)
     return report
+
+
+# a reduced-precision build is held to the error of a plain implementation of the same converted graph where that
+# error is above the dtype's tolerance: a deep random-weight CNN in fp16 is 1-7e-2 off the fp32 reference on every
+# backend (torch eager, inductor, tvmfuse alike), which is the graph's own fp16 error and says nothing of a kernel
+FLOOR_BACKENDS = ("torch-eager", "onnxruntime")
+FLOOR_SLACK = 1.25
+
+
+def precision_floor(results: list[dict]) -> dict:
+    """Mark each backend's result ``ok`` that misses the dtype's tolerance but stays within ``FLOOR_SLACK`` times the
+    error of the first plain implementation in ``FLOOR_BACKENDS`` that ran the same converted graph (``floor``:
+    True on it); returns what the floor was, or why there was none."""
+    by_name = {r["backend"]: r for r in results}
+    ref = next((by_name[n] for n in FLOOR_BACKENDS if by_name.get(n, {}).get("rel_error") is not None), None)
+    if ref is None:
+        return {"floor": None, "reason": "no plain implementation of the converted graph ran (torch-eager, "
+                                         "onnxruntime)"}
+    bound = FLOOR_SLACK * ref["rel_error"]
+    for r in results:
+        if r.get("ok") is False and r["backend"] != ref["backend"] and r["rel_error"] <= bound:
+            r["ok"], r["floor"] = True, True
+    return {"floor": {"backend": ref["backend"], "rel_error": ref["rel_error"], "slack": FLOOR_SLACK}}
 
 
 def _unavailable(backend: str, err: Exception) -> dict:

@@ -53,6 +53,9 @@ def bench_command(
                 rows.append([r["backend"], "-", "-", "-", "-", "not available: " + r.get("reason", "")])
                 continue
             check = "-" if "ok" not in r else ("ok" if r["ok"] else "WRONG") + f" ({r['rel_error']:.1e})"
+            if r.get("floor"):   # past the dtype's tolerance, within the plain same-precision run's own error
+                floor = report["verification"]["floor"]
+                check += f", {floor['backend']}'s {precision} error {floor['rel_error']:.1e}"
             note = r.get("provider", "")
             if r["backend"] == "tvmfuse":
                 note = f"{r['untuned_kernels']} untuned kernel(s)" + (", CUDA graph" if r.get("cuda_graph") else "")
