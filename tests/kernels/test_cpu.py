@@ -75,7 +75,23 @@ def activations():   # fp32 exp, tanh, sigmoid and log-softmax: the llvm fast-ma
                   [("x", [8, 32, 128])], ("y", [8, 32, 128]), [])
 
 
-MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations}
+def ragged_cnn():   # a prime output width (29: no row tile divides it) and a weight-heavy 1x1 conv at 3x3 pixels
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[7, 7], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Conv", ["p1", "w2"], ["c2"], kernel_shape=[3, 3], strides=[4, 4]),
+             helper.make_node("Conv", ["c2", "w3", "b3"], ["c3"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["c3"], ["r3"]),
+             helper.make_node("GlobalAveragePool", ["r3"], ["gp"]),
+             helper.make_node("Flatten", ["gp"], ["f"]),
+             helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    inits = [_w("w1", [32, 3, 7, 7], 0.1), _w("w2", [64, 32, 3, 3], 0.1), _w("w3", [512, 64, 1, 1], 0.1),
+             _w("b3", [512]), _w("wf", [10, 512], 0.1), _w("bf", [10])]
+    return _model(nodes, [("x", [1, 3, 64, 64])], ("y", [1, 10]), inits)
+
+
+MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
+          "ragged_cnn": ragged_cnn}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}
@@ -185,3 +201,24 @@ def test_conv_and_gemm_weights_are_packed_at_compile_time(tmp_path, llvm_target)
     vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
     got = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params).numpy()
     assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4
+
+
+def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_heavy_kernels_go_channel_first(
+        tmp_path, llvm_target):
+    from tvmfuse.kernels.cpu.schedule import contraction_tiles, weight_heavy
+
+    # 29 output pixels a row (SqueezeNet's first conv at 64x64): 6 rows of two vectors, the last tile guarded
+    assert contraction_tiles([1, 29, 29, 96], 16, False) == {3: 32, 2: 6}
+    assert contraction_tiles([1, 28, 28, 96], 16, False) == {3: 32, 2: 4}   # a divisor where one fits
+    _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
+    heavy = {}
+    for gv, func in fused.functions.items():
+        if isinstance(func, PrimFunc) and gv.name_hint.startswith("fused_conv2d"):
+            sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+            from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
+
+            inline_all_but_outputs(sch)
+            (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
+            heavy[gv.name_hint] = weight_heavy(sch, block)
+    # the 1x1 conv to 512 channels at 3x3 pixels reads 128 KB of weight for 2 KB of input; the 7x7 conv the reverse
+    assert heavy == {"fused_conv2d_relu": False, "fused_conv2d_add_relu": True}, heavy

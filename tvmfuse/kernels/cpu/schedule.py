@@ -144,6 +144,69 @@ def _inner_spatial_extent(sch, block) -> int:
     return int(spatial[-1].dom.extent) if spatial and isinstance(spatial[-1].dom.extent, tvm.tirx.IntImm) else 0
 
 
+def _buffer_bytes(buf) -> int:
+    n = int(tvm.runtime.DataType(str(buf.dtype)).bits) // 8
+    for e in buf.shape:
+        n *= int(e) if isinstance(e, tvm.tirx.IntImm) else 1
+    return n
+
+
+def weight_heavy(sch, block) -> bool:
+    """The contraction's weight (the tensor read along the output's innermost axis and the reduction) is larger
+    than its other input: a late conv of a CNN at few pixels, a GEMV. Its tiles then run weight-block first, each
+    thread streaming its own share of the weight once (a block re-read from L1/L2 for every pixel tile), where the
+    pixel tiles outermost stream the whole weight from memory again for each of them, on every thread."""
+    b = sch.get(block)
+    ivs = list(b.iter_vars)
+    spatial = [iv for iv in ivs if int(iv.iter_type) == DATA_PAR]
+    rvars = {str(iv.var.name) for iv in ivs if int(iv.iter_type) == REDUCE}
+    if not spatial:
+        return False
+    inner = str(spatial[-1].var.name)
+    weight, other = 0, 0
+    for r in b.reads:
+        used = set().union(*(names_in(rg.min) for rg in r.region)) if r.region else set()
+        if not used & rvars:
+            continue
+        if inner in used:
+            weight = max(weight, _buffer_bytes(r.source))
+        else:
+            other = max(other, _buffer_bytes(r.source))
+    return weight > other > 0
+
+
+def contraction_tiles(exts: list[int], lanes: int, heavy: bool) -> dict[int, int]:
+    """The register block of a contraction whose spatial extents are ``exts`` (the output's innermost axis last):
+    spatial axis index -> tile (absent: 1)."""
+    # the register block's rows: the nearest outer spatial axis longer than 1 (the GEMM's M, a conv's width)
+    row_axis = next((i for i in range(len(exts) - 2, -1, -1) if exts[i] > 1), None)
+    # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
+    # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
+    vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
+    cap = 8 if vt <= lanes else 6
+    tiles = {len(exts) - 1: vt}
+    if row_axis is not None:
+        tiles[row_axis] = _row_tile(exts[row_axis], cap)
+        # one vector and more rows where two vectors leave few: a 7- or 14-pixel conv row takes 7 rows of one
+        # vector (7 accumulators) rather than 1 or 2 rows of two (2 or 4); a two-vector tile can hold 6 rows
+        one = _row_tile(exts[row_axis], 8)
+        if vt == 2 * lanes and one > 2 * tiles[row_axis]:
+            vt, cap = lanes, 8
+            tiles = {len(exts) - 1: vt, row_axis: one}
+        elif tiles[row_axis] == 1:
+            # no row tile divides the axis (29 pixels, a prime): a ragged tile, the last one guarded, with the least
+            # padding (29: 6 rows, one wasted); one row of a single vector chain ran SqueezeNet's first conv
+            # (29x29x96, 7x7 over 3 channels) at a quarter of this speed: 3 accumulators cannot hide the FMA latency
+            tiles[row_axis] = min(range(cap, 3, -1), key=lambda t: (-(-exts[row_axis] // t) * t - exts[row_axis], -t))
+        # an axis taken whole (a 1x1 conv's width at 2x2 pixels) leaves accumulators free: the next outer axis
+        # fills them, so each weight vector loaded serves every pixel of the block (else each row of pixels
+        # streams the whole weight again)
+        outer = next((i for i in range(row_axis - 1, -1, -1) if exts[i] > 1), None)
+        if tiles[row_axis] == exts[row_axis] and outer is not None and cap // tiles[row_axis] >= 2:
+            tiles[outer] = _row_tile(exts[outer], cap // tiles[row_axis])
+    return tiles
+
+
 def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
     """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
     tile accumulators (the vector along the output's innermost axis)."""
@@ -154,30 +217,8 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
     exts = [_extent(sch, lp) for lp in spatial]
     if not spatial or None in exts or any(_extent(sch, lp) is None for lp in reduce):
         raise ValueError("a dynamic or reduction-only contraction")
-    # the register block's rows: the nearest outer spatial axis longer than 1 (the GEMM's M, a conv's width)
-    row_axis = next((i for i in range(len(spatial) - 2, -1, -1) if exts[i] > 1), None)
-    # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
-    # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
-    vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
-    cap = 8 if vt <= lanes else 6
-    tiles = {len(spatial) - 1: vt}
-    if row_axis is not None:
-        tiles[row_axis] = _row_tile(exts[row_axis], cap)
-        # one vector and more rows where two vectors leave few: a 7- or 14-pixel conv row takes 7 rows of one
-        # vector (7 accumulators) rather than 1 or 2 rows of two (2 or 4); a two-vector tile can hold 6 rows
-        one = _row_tile(exts[row_axis], 8)
-        if vt == 2 * lanes and one > 2 * tiles[row_axis]:
-            vt, cap = lanes, 8
-            tiles = {len(spatial) - 1: vt, row_axis: one}
-        elif tiles[row_axis] == 1:
-            # no row tile divides the axis (29 pixels): one row, as wide as a GEMV's
-            vt = tiles[len(spatial) - 1] = _vector_tile(exts[-1], lanes, 5)
-        # an axis taken whole (a 1x1 conv's width at 2x2 pixels) leaves accumulators free: the next outer axis
-        # fills them, so each weight vector loaded serves every pixel of the block (else each row of pixels
-        # streams the whole weight again)
-        outer = next((i for i in range(row_axis - 1, -1, -1) if exts[i] > 1), None)
-        if tiles[row_axis] == exts[row_axis] and outer is not None and cap // tiles[row_axis] >= 2:
-            tiles[outer] = _row_tile(exts[outer], cap // tiles[row_axis])
+    heavy = weight_heavy(sch, block)
+    tiles = contraction_tiles(exts, lanes, heavy)
     outers, inners = [], []
     for i, lp in enumerate(spatial):
         tile = tiles.get(i, 1)
@@ -187,6 +228,8 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
         o, n = sch.split(lp, [None, tile])
         outers.append(o)
         inners.append(n)
+    if heavy:
+        outers = [outers[-1], *outers[:-1]]
     sch.reorder(*outers, *reduce, *inners)
     tile_loop = sch.fuse(*outers) if len(outers) > 1 else outers[0]
     work = 1
