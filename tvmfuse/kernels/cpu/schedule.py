@@ -7,7 +7,9 @@ the default as a record, and a tuned build is never slower than it).
 * contractions (GEMM, batched GEMM, a conv in any layout, depthwise too): the output tiled into register blocks
   (a block of rows times a vector tile of the innermost output axis, up to two vectors wide), the reduction loops
   between the tile loops and the register block, the accumulators kept in a tile-sized buffer that the epilogue
-  (bias, activation, residual) reads once the tile is done, the tile loops fused and parallel;
+  (bias, activation, residual) reads once the tile is done, the tile loops fused and parallel (weight-block first
+  where the weight outweighs the other input, so each thread streams its share of the weight once; a ragged row
+  tile, the last one guarded, where no tile divides the row);
 * a single reduction over the innermost axes (a mean, a global pooling): the output's row loops fused and
   parallel, every other block computed at the row, the row's elementwise loops vectorised;
 * several reductions of a row along the output's innermost axis (softmax, LayerNorm, RMSNorm): the same, with the
