@@ -90,8 +90,14 @@ def ragged_cnn():   # a prime output width (29: no row tile divides it) and a we
     return _model(nodes, [("x", [1, 3, 64, 64])], ("y", [1, 10]), inits)
 
 
+def ragged_gemm():   # 29 rows (a prime: the ragged row tile) by a weight-heavy 40x512 weight, bias and ReLU
+    return _model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+                   helper.make_node("Relu", ["a"], ["y"])], [("x", [29, 40])], ("y", [29, 512]),
+                  [_w("w", [40, 512]), _w("b", [512])])
+
+
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
-          "ragged_cnn": ragged_cnn}
+          "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}
@@ -208,8 +214,8 @@ def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_
     from tvmfuse.kernels.cpu.schedule import contraction_tiles, weight_heavy
 
     # 29 output pixels a row (SqueezeNet's first conv at 64x64): 6 rows of two vectors, the last tile guarded
-    assert contraction_tiles([1, 29, 29, 96], 16, False) == {3: 32, 2: 6}
-    assert contraction_tiles([1, 28, 28, 96], 16, False) == {3: 32, 2: 4}   # a divisor where one fits
+    assert contraction_tiles([1, 29, 29, 96], 16) == {3: 32, 2: 6}
+    assert contraction_tiles([1, 28, 28, 96], 16) == {3: 32, 2: 4}   # a divisor where one fits
     _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
     heavy = {}
     for gv, func in fused.functions.items():

@@ -177,7 +177,7 @@ def weight_heavy(sch, block) -> bool:
     return weight > other > 0
 
 
-def contraction_tiles(exts: list[int], lanes: int, heavy: bool) -> dict[int, int]:
+def contraction_tiles(exts: list[int], lanes: int) -> dict[int, int]:
     """The register block of a contraction whose spatial extents are ``exts`` (the output's innermost axis last):
     spatial axis index -> tile (absent: 1)."""
     # the register block's rows: the nearest outer spatial axis longer than 1 (the GEMM's M, a conv's width)
@@ -220,7 +220,7 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
     if not spatial or None in exts or any(_extent(sch, lp) is None for lp in reduce):
         raise ValueError("a dynamic or reduction-only contraction")
     heavy = weight_heavy(sch, block)
-    tiles = contraction_tiles(exts, lanes, heavy)
+    tiles = contraction_tiles(exts, lanes)
     outers, inners = [], []
     for i, lp in enumerate(spatial):
         tile = tiles.get(i, 1)
