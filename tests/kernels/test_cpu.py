@@ -75,7 +75,8 @@ def activations():   # fp32 exp, tanh, sigmoid and log-softmax: the llvm fast-ma
                   [("x", [8, 32, 128])], ("y", [8, 32, 128]), [])
 
 
-def ragged_cnn():   # a prime output width (29: no row tile divides it) and a weight-heavy 1x1 conv at 3x3 pixels
+def ragged_cnn():   # a prime output width (29: no row tile divides it) and a weight-heavy 1x1 conv at 3x3 pixels to
+    # 520 channels (8-lane tiles: all 9 pixels a tile)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[7, 7], strides=[2, 2]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2]),
@@ -85,8 +86,8 @@ def ragged_cnn():   # a prime output width (29: no row tile divides it) and a we
              helper.make_node("GlobalAveragePool", ["r3"], ["gp"]),
              helper.make_node("Flatten", ["gp"], ["f"]),
              helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
-    inits = [_w("w1", [32, 3, 7, 7], 0.1), _w("w2", [64, 32, 3, 3], 0.1), _w("w3", [512, 64, 1, 1], 0.1),
-             _w("b3", [512]), _w("wf", [10, 512], 0.1), _w("bf", [10])]
+    inits = [_w("w1", [32, 3, 7, 7], 0.1), _w("w2", [64, 32, 3, 3], 0.1), _w("w3", [520, 64, 1, 1], 0.1),
+             _w("b3", [520]), _w("wf", [10, 520], 0.1), _w("bf", [10])]
     return _model(nodes, [("x", [1, 3, 64, 64])], ("y", [1, 10]), inits)
 
 
@@ -216,6 +217,8 @@ def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_
     # 29 output pixels a row (SqueezeNet's first conv at 64x64): 6 rows of two vectors, the last tile guarded
     assert contraction_tiles([1, 29, 29, 96], 16) == {3: 32, 2: 6}
     assert contraction_tiles([1, 28, 28, 96], 16) == {3: 32, 2: 4}   # a divisor where one fits
+    # 1000 channels take half-width (8-lane) tiles, which leave registers for all 9 pixels of a 3x3 output
+    assert contraction_tiles([1, 3, 3, 1000], 16) == {3: 8, 2: 3, 1: 3}
     _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
     heavy = {}
     for gv, func in fused.functions.items():
@@ -226,5 +229,5 @@ def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_
             inline_all_but_outputs(sch)
             (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
             heavy[gv.name_hint] = weight_heavy(sch, block)
-    # the 1x1 conv to 512 channels at 3x3 pixels reads 128 KB of weight for 2 KB of input; the 7x7 conv the reverse
+    # the 1x1 conv to 520 channels at 3x3 pixels reads 130 KB of weight for 2 KB of input; the 7x7 conv the reverse
     assert heavy == {"fused_conv2d_relu": False, "fused_conv2d_add_relu": True}, heavy
