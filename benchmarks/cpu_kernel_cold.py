@@ -34,7 +34,7 @@ def main() -> None:
     from tvmfuse.kernels.cpu import CpuTemplate
     from tvmfuse.plan.partition import plan_model
     from tvmfuse.target import resolve_target
-    from tvmfuse.tune.check import _params as param_specs
+    from tvmfuse.tune.check import param_specs
 
     target = resolve_target("llvm")
     fused, _ = plan_model(args.model, target="llvm")
@@ -81,9 +81,12 @@ def main() -> None:
         for _ in range(args.rounds):
             hot.append(sample(f, f_args, False))
             cold.append(sample(f, f_args, True))
-        weight = f_args[1].numpy().nbytes if len(f_args) > 2 else 0
+        # the weight: the planner's layout-free buffer (the packed one), where the kernel has one
+        free = [int(i) for i in (built_mod["main"].attrs or {}).get("layout_free_buffers", [])]
+        weight = sum(f_args[i].numpy().nbytes for i in free)
         h, c = float(np.median(hot)), float(np.median(cold))
-        print(f"{name:30s} hot {h:.3f} ms  cold {c:.3f} ms  weight {weight / 1e6:.2f} MB: {weight / c / 1e6:.1f} GB/s cold")
+        rate = f", {weight / c / 1e6:.1f} GB/s cold" if weight else ""
+        print(f"{name:30s} hot {h:.3f} ms  cold {c:.3f} ms  weight {weight / 1e6:.2f} MB{rate}")
 
 
 if __name__ == "__main__":

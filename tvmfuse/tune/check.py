@@ -40,7 +40,7 @@ class KernelCheck:
                 "unwritten": self.unwritten, "ok": self.ok, "reference": self.reference}
 
 
-def _params(func) -> list[tuple[str, tuple, str]]:
+def param_specs(func) -> list[tuple[str, tuple, str]]:
     """(name, shape, dtype) of each parameter (TVM 0.27: parameters are typed buffer vars; earlier: buffer_map)."""
     out = []
     for p in func.params:
@@ -56,7 +56,7 @@ def output_names(func) -> set[str]:
     for b in sch.get_output_blocks(sch.get_sblock("root")):
         names.update(str(w.source.name) for w in sch.get(b).writes)
     if not names:  # an opaque kernel: the last parameter by convention (FuseTIR puts outputs last)
-        names.add(_params(func)[-1][0])
+        names.add(param_specs(func)[-1][0])
     return names
 
 
@@ -105,14 +105,14 @@ def build_references(mod, target_info) -> list[Reference]:
     with build_context():
         for precision, ref_mod in candidates:
             lib = tvm.compile(reference_module(ref_mod, target_info), target=target_info.target)
-            refs.append(Reference(lib, tuple(d for _, _, d in _params(ref_mod["main"])), precision))
+            refs.append(Reference(lib, tuple(d for _, _, d in param_specs(ref_mod["main"])), precision))
     return refs
 
 
 def random_args(func, rng) -> tuple[list[np.ndarray], list[int]]:
     outs = output_names(func)
     arrays, out_idx = [], []
-    for i, (name, shape, dtype) in enumerate(_params(func)):
+    for i, (name, shape, dtype) in enumerate(param_specs(func)):
         if name in outs:
             out_idx.append(i)
             arrays.append(np.full(shape, np.nan, dtype) if np.issubdtype(np.dtype(dtype), np.floating)
