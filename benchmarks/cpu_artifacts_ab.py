@@ -36,6 +36,7 @@ def main() -> None:
     threads = apply_threads(None)   # TVM's pool on the physical cores, before anything runs; onnxruntime the same
     import onnxruntime as ort
 
+    from tvmfuse.bench import QUIET_S   # each backend's round starts after the other pools stopped spinning
     from tvmfuse.runtime.loaded import load_artifact
 
     feeds = dict(np.load(args.inputs))
@@ -61,7 +62,9 @@ def main() -> None:
     rounds: dict[str, list[float]] = {name: [] for name in [*loaded, "onnxruntime"]}
     for _ in range(args.rounds):
         for name, art in loaded.items():
+            time.sleep(QUIET_S)
             rounds[name].append(float(np.median(art.benchmark(feeds, repeat=args.calls, warmup=0))))
+        time.sleep(QUIET_S)
         rounds["onnxruntime"].append(ort_round())
     base = np.asarray(rounds["onnxruntime"])
     print(f"{'backend':40} {'median ms':>10} {'/ onnxruntime':>14}  ({threads} threads, {args.rounds} rounds)")

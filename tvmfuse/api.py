@@ -175,7 +175,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         export_artifact(result, out, target=target, inputs=loaded.inputs, outputs=loaded.outputs,
                         model_path=cfg.model, planner=plan.planner,
                         extra={"cuda_graph": result.cuda_graph, "precision": cfg.precision,
-                               "threads": threads})
+                               "threads": threads, "tir_pipeline": result.tir_pipeline})
     except OSError as e:  # a full disk, a folder made read-only since the check
         raise ArtifactError(f"cannot write the artifact folder {out}: {e.strerror or e}") from None
     return {
@@ -183,7 +183,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         "precision": cfg.precision, "threads": threads,
         "kernels": [k.to_json() for k in result.kernels],
         "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
-        "machine": target.machine(),
+        "tir_pipeline": result.tir_pipeline, "machine": target.machine(),
         "manifest_digest": manifest_digest(out), "seconds": round(time.perf_counter() - t0, 2),
     }
 

@@ -46,6 +46,7 @@ def test_artifact_manifest_describes_the_build(example_artifact, example_model):
     assert manifest["outputs"][0]["name"] == "y"
     assert manifest["target_kind"] == "llvm" and manifest["tvm_version"].startswith("0.27")
     assert manifest["cuda_graph"] is False
+    assert manifest["tir_pipeline"] == "tvmfuse-llvm"   # the weight prefetch (kernels/cpu/prefetch.py)
     assert set(manifest["files"]) == {"model.so", "params.npz"}
     assert manifest["model"]["name"] == example_model.name
     assert all(k["schedule"] == "tuned" for k in manifest["kernels"])

@@ -3,6 +3,8 @@ vectorised schedule on llvm (nothing silently keeps TVM's plain lowering), each 
 reference, and the untuned build matches onnxruntime at fp32 1e-4."""
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import onnx
 import pytest
@@ -231,3 +233,53 @@ def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_
             heavy[gv.name_hint] = weight_heavy(sch, block)
     # the 1x1 conv to 520 channels at 3x3 pixels reads 130 KB of weight for 2 KB of input; the 7x7 conv the reverse
     assert heavy == {"fused_conv2d_relu": False, "fused_conv2d_add_relu": True}, heavy
+
+
+def _lowered(mod, target, pipeline):
+    """``mod`` through a named TIR pipeline's lowering (no codegen), as TIR text."""
+    from tvm.tirx import compilation_pipeline
+
+    lower, _, _ = compilation_pipeline.get_tir_pipeline(pipeline)
+    with target:
+        return lower(tvm.tirx.transform.BindTarget(target.with_host(target))(mod)).script()
+
+
+def test_reduction_loops_prefetch_the_streamed_weight_ahead_and_nothing_else(tmp_path, llvm_target):
+    """The llvm pipeline (``kernels/cpu/prefetch.py``) adds, in each reduction's innermost loop, one prefetch per cache
+    line of the packed weight the loop advances, 4 KB ahead; the activation (4 bytes an iteration), pointwise and
+    row kernels get none; the builds with and without it agree bitwise, and the machine code has the prefetch."""
+    from tvmfuse.kernels import get
+    from tvmfuse.kernels.cpu.prefetch import DISTANCE, PIPELINE, tir_pipeline
+    from tvmfuse.tune.check import param_specs
+
+    assert tir_pipeline(llvm_target.target) == PIPELINE
+    assert tir_pipeline(tvm.target.Target("cuda")) == "default"
+    counts = {}
+    for name, model in (("ragged_gemm", ragged_gemm()), ("pointwise", pointwise()), ("rows", rows())):
+        _, fused = _fused(model, tmp_path, llvm_target)
+        for gv, func in fused.functions.items():
+            if not isinstance(func, PrimFunc):
+                continue
+            sch = get("cpu").traced_kernel(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                                           llvm_target.target)
+            mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
+            text = _lowered(mod, llvm_target.target, tir_pipeline(llvm_target.target))
+            counts[(name, gv.name_hint)] = text.count("llvm.prefetch")
+            assert "llvm.prefetch" not in _lowered(mod, llvm_target.target, "default")
+            if name != "ragged_gemm":
+                continue
+            # the 40x512 weight packed [512 / 32, 40, 32]: 128 bytes an iteration of the reduction over 40
+            assert text.count("llvm.prefetch") == 2, text
+            assert f"+ {DISTANCE // 4}]" in text and f"+ {(DISTANCE + 64) // 4}]" in text, text
+            args = [tvm.runtime.tensor(RNG.standard_normal(s).astype(d)) for _, s, d in param_specs(mod["main"])]
+            outs = []
+            for pipeline in ("default", PIPELINE):
+                with llvm_target.target:
+                    lib = tvm.compile(mod, target=llvm_target.target, tir_pipeline=pipeline)
+                lib["main"](*args)
+                outs.append(args[-1].numpy().copy())
+                if pipeline == PIPELINE and platform.machine() in ("x86_64", "AMD64"):
+                    assert "prefetcht0" in lib.mod.inspect_source("asm")
+            np.testing.assert_array_equal(outs[0], outs[1])
+    assert any(n == "ragged_gemm" and c for (n, _), c in counts.items()), counts
+    assert not any(c for (n, _), c in counts.items() if n != "ragged_gemm"), counts

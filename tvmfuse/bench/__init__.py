@@ -7,6 +7,7 @@ samples, each the mean of ``number`` back-to-back calls, synchronised once per s
 every backend under the same load (its clock falls under sustained load). The samples are taken in rounds, one
 sample of each backend a round, after every backend is built and warm: a machine whose load changes during the
 run (a shared CPU ran onnxruntime's ResNet-50 at 8 ms, then 17) slows all of them alike, not whichever ran then.
+On the CPU a sample starts ``QUIET_S`` after the one before, once the other runtime's threads stopped spinning.
 Torch baselines rebuild the ONNX graph with :mod:`tvmfuse.bench.torch_onnx` (no onnx2torch there);
 an unsupported graph or a missing torch gives an entry with ``available: false`` and the reason.
 """
@@ -43,6 +44,16 @@ class BenchConfig:
     cuda_graph: bool = True
     precision: str = "model"
     threads: int | None = None   # TVM's runtime threads (None: the physical cores; tvmfuse.threads)
+
+
+# seconds between two CPU samples: after a call a runtime's worker threads spin for new work before they sleep
+# (onnxruntime's for about 35 ms, TVM's for 65 ms, measured on the 2-core Xeon of BENCHMARKS.md), so a sample taken
+# right after another runtime's ran on cores that runtime's threads still held: SqueezeNet's tvmfuse build timed
+# 1.07 ms so, 0.78-0.95 ms alone, onnxruntime 0.75-0.90 ms (a user runs one runtime, not both)
+QUIET_S = 0.1
+# and then runs untimed for this long, so its own threads and cores are awake, as in a model served back to back
+# (after the quiet gap, SqueezeNet's first 5 calls ran 1.2 ms each, against 0.8-0.95 ms once warm)
+WARM_S = 0.05
 
 
 def _stats(samples_s: list[float]) -> dict:
@@ -252,9 +263,16 @@ def run_bench(cfg: BenchConfig) -> dict:
 
     samples: dict = {name: [] for name in samplers}
     failed: dict = {}
+    # on the CPU each sample starts once the other runtimes' pools have stopped spinning (see QUIET_S)
+    quiet = QUIET_S if not target.is_gpu and len(samplers) > 1 else 0.0
     for _ in range(cfg.repeat):
         for name, sample in list(samplers.items()):
             try:
+                if quiet:
+                    time.sleep(quiet)
+                    warm_until = time.perf_counter() + WARM_S
+                    while time.perf_counter() < warm_until:
+                        sample()
                 samples[name].append(sample())
             except Exception as err:  # noqa: BLE001 - a backend that fails while timed is reported, not fatal
                 failed[name] = _unavailable(name, err)

@@ -15,6 +15,7 @@ from tvmfuse._tvm import (PrimFunc, WholeReduction, build_context, const_value, 
                          tvm)
 from tvmfuse.target import TargetInfo
 from tvmfuse.kernels import expand
+from tvmfuse.kernels.cpu.prefetch import tir_pipeline
 from tvmfuse.tune.defaults import untuned_kernel
 
 
@@ -41,6 +42,7 @@ class BuildResult:
     kernels: tuple[KernelStatus, ...]
     lifted_params: tuple  # constants lifted out of main, in the order main takes them after the inputs
     cuda_graph: bool = False  # main's static part replays as one CUDA graph
+    tir_pipeline: str = "default"  # the kernels' TIR lowering: "tvmfuse-llvm" adds the weight prefetch (kernels/cpu)
 
     @property
     def untuned(self) -> list[str]:
@@ -246,5 +248,7 @@ def build(fused_mod: tvm.IRModule, *, target: TargetInfo, database=None, lift_pa
     if target.is_gpu:   # the kernels compile when the build is loaded on a GPU (a bench, a check): through the cache
         nvcc_cache.install()
     with target.target, build_context(cuda_graph=graph):
-        exe = tvm.compile(mod, target.target, relax_pipeline=finish_pipeline(target))
-    return BuildResult(executable=exe, kernels=tuple(statuses), lifted_params=tuple(params), cuda_graph=graph)
+        lowering = tir_pipeline(target.target)
+        exe = tvm.compile(mod, target.target, relax_pipeline=finish_pipeline(target), tir_pipeline=lowering)
+    return BuildResult(executable=exe, kernels=tuple(statuses), lifted_params=tuple(params), cuda_graph=graph,
+                       tir_pipeline=lowering)

@@ -9,6 +9,7 @@ import signal
 from tvmfuse import nvcc_cache
 from tvmfuse._tvm import build_context, cuda_compile, cuda_sources, derived_object, ms
 from tvmfuse.kernels import expand
+from tvmfuse.kernels.cpu.prefetch import tir_pipeline
 
 log = logging.getLogger("tvmfuse.tune")
 
@@ -28,8 +29,8 @@ def fast_build(mod, target, _params, *, precompile: bool = False):
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     mod = expand(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod))  # flash attention, wgmma GEMMs
-    with build_context():
-        built = tvm_build(mod, target=target)
+    with build_context():   # the pipeline the model's build runs (on llvm: the weight prefetch)
+        built = tvm_build(mod, target=target, pipeline=tir_pipeline(target))
     if precompile and nvcc_cache.installed() is not None:
         try:
             with target:
