@@ -28,10 +28,14 @@ def main() -> None:
     if not args.model.is_file():
         sys.exit(f"model file not found: {args.model}")
 
+    from tvmfuse.threads import apply_threads
+
+    apply_threads(None)   # the pool on the physical cores, as a model runs (TVM's own default on x86 is half)
     from tvm import te
 
     from tvmfuse._tvm import tvm
     from tvmfuse.kernels.cpu import CpuTemplate
+    from tvmfuse.kernels.cpu.prefetch import tir_pipeline
     from tvmfuse.plan.partition import plan_model
     from tvmfuse.target import resolve_target
     from tvmfuse.tune.check import param_specs
@@ -73,7 +77,7 @@ def main() -> None:
         # the weight taken packed, as the build passes it, rather than rewritten inside each call
         built_mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(scheduled.mod)
         with target.target:
-            f = tvm.compile(built_mod, target=target.target)["main"]
+            f = tvm.compile(built_mod, target=target.target, tir_pipeline=tir_pipeline(target.target))["main"]
         rng = np.random.default_rng(0)
         f_args = [tvm.runtime.tensor(rng.standard_normal(shape).astype(dtype))
                   for _, shape, dtype in param_specs(built_mod["main"])]
