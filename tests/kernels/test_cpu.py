@@ -283,3 +283,46 @@ def test_reduction_loops_prefetch_the_streamed_weight_ahead_and_nothing_else(tmp
             np.testing.assert_array_equal(outs[0], outs[1])
     assert any(n == "ragged_gemm" and c for (n, _), c in counts.items()), counts
     assert not any(c for (n, _), c in counts.items() if n != "ragged_gemm"), counts
+
+
+def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_matches_the_reference(tmp_path,
+                                                                                                     llvm_target):
+    """``template: cpu_contraction`` (llvm.yaml): one sketch per loop order, sampling the vector tile (whole vectors
+    that divide the channels, and the rules' own tile), the rows and the reduction unroll; the rules' choice is
+    among the values; points drawn at random post-process and match the kernel's plain lowering."""
+    from tvmfuse.kernels.cpu.schedule import contraction_loops, contraction_tiles, vector_lanes
+    from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
+    from tvmfuse.kernels.space import postprocessor, tune_context
+    from tvmfuse.tune.check import check_kernel
+    from tvmfuse.tune.spaces import select_space
+
+    _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
+    rng = np.random.default_rng(1)
+    for gv, func in fused.functions.items():
+        if not (isinstance(func, PrimFunc) and gv.name_hint.startswith("fused_conv2d")):
+            continue
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        choice = select_space(mod, llvm_target.target)
+        assert choice.source == "template:cpu_contraction", (gv.name_hint, choice.source, choice.note)
+        ctx = tune_context(mod, llvm_target.target, choice.generator)
+        sketches = ctx.generate_design_space()
+        assert len(sketches) == 2   # weight-first, pixel-first
+        probe = tvm.s_tir.Schedule(mod)
+        inline_all_but_outputs(probe)
+        (block,) = [b for b in probe.get_child_blocks(probe.get_sblock("root")) if REDUCE in iter_types(probe, b)]
+        exts = contraction_loops(probe, block)[2]
+        rules = contraction_tiles(exts, vector_lanes(llvm_target.target))
+        for sketch in sketches:
+            cats = [i for i in sketch.trace.insts if i.kind.name == "SampleCategorical"]
+            vectors = [int(c) for c in cats[0].attrs[0]]
+            assert rules[len(exts) - 1] in vectors, (vectors, rules)
+            assert all(exts[-1] % v == 0 for v in vectors), vectors
+            for _ in range(3):
+                trace = sketch.trace
+                for inst in cats:
+                    trace = trace.with_decision(inst, int(rng.integers(len(inst.attrs[0]))), remove_postproc=True)
+                sch = tvm.s_tir.Schedule(mod)
+                trace.apply_to_schedule(sch, remove_postproc=True)
+                assert postprocessor(ctx)(sch)
+                check = check_kernel(mod, sch.mod, llvm_target)
+                assert check.ok, f"{gv.name_hint}: {check.rel_error:.2e}, {check.unwritten} unwritten"

@@ -175,10 +175,10 @@ def test_failing_template_falls_back_cleanly(tmp_path, cuda):
     assert sample_schedules(kernel.mod, cuda.target, choice, n=1)
 
 
-def test_llvm_keeps_the_stock_space(llvm):
-    for case in ("pointwise", "gemm_bias_relu"):
+def test_llvm_tunes_contractions_over_the_cpu_sketch_and_the_rest_over_the_stock_space(llvm):
+    for case, source in (("pointwise", "stock:llvm"), ("gemm_bias_relu", "template:cpu_contraction")):
         (kernel, *_) = _kernels(case, llvm)
-        assert select_space(kernel.mod, llvm.target).source == "stock:llvm"
+        assert select_space(kernel.mod, llvm.target).source == source
 
 
 def test_tiny_llvm_tuning_improves_on_its_first_candidate(tmp_path, llvm):
@@ -200,7 +200,7 @@ def test_tiny_llvm_tuning_improves_on_its_first_candidate(tmp_path, llvm):
         assert {r.space_version for r in records} == {load_spaces("llvm").version}
     finally:
         db.close()
-    assert res.status == "tuned" and res.space["space"] == "stock:llvm"
+    assert res.status == "tuned" and res.space["space"] == "template:cpu_contraction"
     assert len(res.curve) == 12
     ok = [r for r in records if not r.failed]
     # the first candidate is the default schedule (what an untuned build runs: the CPU default, parallel and

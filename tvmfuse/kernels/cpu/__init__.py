@@ -3,13 +3,15 @@ reductions, GEMMs and convs), parallel over the target's cores and vectorised at
 (``schedule``). Without it an untuned CPU kernel kept TVM's plain lowering: scalar, single-threaded loops
 (MobileNetV2-style CNN at 112x112: 51 ms against onnxruntime's 2.8 ms).
 
-It has no sketch of its own: MetaSchedule's stock CPU space tunes these kernels (``search_spaces/llvm.yaml``),
-and the tuner measures this default first and keeps it as a record, so a tuned build is never slower.
+GEMMs and convs are tuned over ``sketch``: the default's register block, packed width, reduction unroll and loop
+order as knobs (``search_spaces/llvm.yaml``); every other class over MetaSchedule's stock CPU space. The tuner
+measures this default first and keeps it as a record, so a tuned build is never slower.
 """
 from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.cpu.schedule import cpu_schedule, pack_weights, vector_lanes
+from tvmfuse.kernels.cpu.sketch import contraction_sketches
 from tvmfuse.kernels.sketch import is_attention
 
 __all__ = ["CpuTemplate", "cpu_schedule", "vector_lanes"]
@@ -23,11 +25,18 @@ def _cores(target) -> int:
 
 
 class CpuTemplate(KernelTemplate):
-    """Every kernel class on llvm; its untuned kernel is a hand schedule (see ``schedule``)."""
+    """Every kernel class on llvm; its untuned kernel is a hand schedule (see ``schedule``); GEMMs and convs also
+    have a sketch whose knobs are the hand schedule's choices (``sketch``, ``template: cpu_contraction``)."""
 
     name = "cpu"
     targets = ("llvm",)
     kernel_classes = ("pointwise", "row_reduction", "gemm", "conv", "other")
+    sketch_name = "cpu_contraction"
+    searched_in = "cpu_contraction"
+    knobs = ("vectors", "rows", "unroll", "order")
+
+    def schedule(self, sch, space, info: dict) -> list:
+        return contraction_sketches(sch, space, info)
 
     def fits(self, func, target) -> str | None:
         if target.kind.name not in self.targets:

@@ -211,9 +211,8 @@ def contraction_tiles(exts: list[int], lanes: int) -> dict[int, int]:
     return tiles
 
 
-def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
-    """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
-    tile accumulators (the vector along the output's innermost axis)."""
+def contraction_loops(sch, block) -> tuple[list, list, list[int]]:
+    """A contraction block's spatial loops, its reduction loops and the spatial extents (raises where dynamic)."""
     types = iter_types(sch, block)
     loops = sch.get_loops(block)
     spatial = [lp for lp, t in zip(loops, types) if t == DATA_PAR]
@@ -221,12 +220,23 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
     exts = [_extent(sch, lp) for lp in spatial]
     if not spatial or None in exts or any(_extent(sch, lp) is None for lp in reduce):
         raise ValueError("a dynamic or reduction-only contraction")
-    heavy = weight_heavy(sch, block)
-    tiles = contraction_tiles(exts, lanes)
+    return spatial, reduce, exts
+
+
+def schedule_contraction(sch, block, lanes: int, cores: int, tiles: dict | None = None,
+                         weight_first: bool | None = None, unroll=None) -> None:
+    """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
+    tile accumulators (the vector along the output's innermost axis). ``tiles`` (spatial axis -> tile, a number or
+    a sampled decision), ``weight_first`` and ``unroll`` (the innermost reduction loop split by it, the inner part
+    unrolled: a sampled decision or None) are the sketch's knobs (``kernels/cpu/sketch.py``); by default the rules
+    above choose."""
+    spatial, reduce, exts = contraction_loops(sch, block)
+    heavy = weight_heavy(sch, block) if weight_first is None else weight_first
+    tiles = contraction_tiles(exts, lanes) if tiles is None else tiles
     outers, inners = [], []
     for i, lp in enumerate(spatial):
         tile = tiles.get(i, 1)
-        if tile == 1:
+        if isinstance(tile, int) and tile == 1:
             outers.append(lp)
             continue
         o, n = sch.split(lp, [None, tile])
@@ -234,7 +244,11 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
         inners.append(n)
     if heavy:
         outers = [outers[-1], *outers[:-1]]
-    sch.reorder(*outers, *reduce, *inners)
+    unrolled = []
+    if unroll is not None and reduce:
+        reduce[-1], inner_r = sch.split(reduce[-1], [None, unroll])
+        unrolled = [inner_r]
+    sch.reorder(*outers, *reduce, *unrolled, *inners)
     tile_loop = sch.fuse(*outers) if len(outers) > 1 else outers[0]
     work = 1
     for e in exts + [_extent(sch, lp) for lp in reduce]:
@@ -256,6 +270,8 @@ def schedule_contraction(sch, block, lanes: int, cores: int) -> None:
         sch.vectorize(inner_loops[-1])
         for lp in inner_loops[:-1]:
             sch.unroll(lp)
+    for lp in unrolled:
+        sch.unroll(lp)
     if reduce:
         init = sch.decompose_reduction(block, reduce[0])
         # the init's loops copy the update's kinds; vectorise its last where that did not carry over

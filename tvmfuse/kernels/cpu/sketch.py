@@ -1,0 +1,67 @@
+"""The CPU contraction sketch (``template: cpu_contraction`` in ``search_spaces/llvm.yaml``): the CPU default's
+register-blocked GEMM / conv (``schedule.schedule_contraction``) with its choices as knobs the search samples:
+
+* ``vectors``: the vector tile along the output's innermost axis, in vectors of the target's width (the width the
+  weight is packed at: ``[O / tile, ..., tile]``), kept where it divides the axis;
+* ``rows``: the register block's rows along the nearest outer axis (a ragged last tile where it does not divide);
+* ``unroll``: the innermost reduction loop split by it and the inner part unrolled (a longer straight line of
+  loads and FMAs), kept where it divides that loop;
+* ``order``: ``weight-first`` (each thread streams its share of the weight once: few pixels, a big weight) or
+  ``pixel-first`` (the pixel tiles outermost): a structural choice, so one sketch each.
+
+The rules' own choice for the kernel (the untuned default) is always among the values, so every sketch holds it;
+the tuner measures the default first as a record. Where the kernel is not one contraction the sketch raises and
+the space falls back to MetaSchedule's stock CPU space (reported per kernel).
+"""
+from __future__ import annotations
+
+from tvmfuse.kernels.cpu.schedule import (_contraction, _dtype_bits, contraction_loops, contraction_tiles,
+                                          schedule_contraction)
+from tvmfuse.kernels.knobs import Knob, sample
+from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
+
+ORDERS = ("weight-first", "pixel-first")
+
+
+def _values(knob: Knob | None, fallback: tuple, keep, extra: int) -> tuple:
+    """The knob's values (``fallback`` without one) that ``keep`` accepts, with ``extra`` (the rules' choice)."""
+    values = knob.values if knob is not None else fallback
+    return tuple(sorted({int(v) for v in values if keep(int(v))} | {extra}))
+
+
+def contraction_sketches(sch, space, info: dict) -> list:
+    """The sketches of a contraction kernel (one per ``order``), each sampling ``vectors``, ``rows`` and
+    ``unroll``; ``info``: ``vector_bits`` and ``cores`` of the target (``kernels.space.sketch_info``)."""
+    inline_all_but_outputs(sch)
+    root = sch.get_sblock("root")
+    reductions = [b for b in sch.get_child_blocks(root) if REDUCE in iter_types(sch, b)]
+    if len(reductions) != 1 or not _contraction(sch, reductions[0]):
+        raise ValueError("the cpu_contraction sketch takes one GEMM or conv reduction")
+    name = sch.get(reductions[0]).name_hint
+    lanes = max(1, int(info["vector_bits"]) // _dtype_bits(sch, reductions[0]))
+    cores = int(info["cores"])
+    _, reduce, exts = contraction_loops(sch, reductions[0])
+    default = contraction_tiles(exts, lanes)
+    last = len(exts) - 1
+    row_axis = next((i for i in range(len(exts) - 2, -1, -1) if exts[i] > 1), None)
+    widths = _values(space.knobs.get("vectors"), (1, 2, 4), lambda v: exts[last] % (v * lanes) == 0, 0)
+    vectors = tuple(sorted({v * lanes for v in widths if v} | {default[last]}))   # the rules' may be half a vector
+    rows = (_values(space.knobs.get("rows"), (1, 2, 4, 6, 8), lambda r: r <= exts[row_axis],
+                    default.get(row_axis, 1)) if row_axis is not None else ())
+    inner_r = int(sch.get(reduce[-1]).extent) if reduce else 1
+    unrolls = _values(space.knobs.get("unroll"), (1, 2, 4), lambda u: inner_r % u == 0, 1) if reduce else ()
+    orders = space.knobs["order"].values if "order" in space.knobs else ORDERS
+    sketches = []
+    for order in orders:
+        if order not in ORDERS:
+            raise ValueError(f"cpu_contraction: unknown order '{order}' (orders: {', '.join(ORDERS)})")
+        s = sch.copy()
+        block = s.get_sblock(name)
+        tiles = {last: sample(s, Knob.uniform("vectors", vectors))}
+        if rows:
+            tiles[row_axis] = sample(s, Knob.uniform("rows", rows))
+        unroll = sample(s, Knob.uniform("unroll", unrolls)) if len(unrolls) > 1 else None
+        schedule_contraction(s, block, lanes, cores, tiles=tiles, weight_first=order == "weight-first",
+                             unroll=unroll)
+        sketches.append(s)
+    return sketches
