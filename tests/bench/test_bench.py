@@ -66,9 +66,27 @@ def test_bench_samples_the_backends_in_turn(example_model, monkeypatch):
 
     monkeypatch.setattr(bench, "_tvm_run", spy("tvm", bench._tvm_run))
     monkeypatch.setattr(bench, "_ort", spy("onnxruntime", bench._ort))
+    monkeypatch.setattr(bench, "QUIET_S", 0.0)   # no gap: every sampler call is a kept sample
     report = run_bench(BenchConfig(model=example_model, target="llvm", db=None, repeat=3, number=1,
                                    against=("onnxruntime", "tvm-default")))
     assert order == ["tvm", "tvm", "onnxruntime"] * 3
+    assert all(r["samples"] == 3 and r["ok"] for r in report["results"]), report["results"]
+    # on the CPU each sample comes after a quiet gap and untimed calls of its own backend (the other runtime's
+    # threads stop spinning first): still one kept sample of each backend a round, in turn
+    order.clear()
+    monkeypatch.setattr(bench, "QUIET_S", 0.01)
+    monkeypatch.setattr(bench, "WARM_S", 0.005)
+    report = run_bench(BenchConfig(model=example_model, target="llvm", db=None, repeat=3, number=1,
+                                   against=("onnxruntime", "tvm-default")))
+    groups = [[order[0], 1]]
+    for name in order[1:]:
+        if name == groups[-1][0]:
+            groups[-1][1] += 1
+        else:
+            groups.append([name, 1])
+    # tvmfuse's and tvm-default's calls run together (both "tvm"): at least a warm-up and a sample each
+    assert [g[0] for g in groups] == ["tvm", "onnxruntime"] * 3, groups
+    assert all(n >= (4 if name == "tvm" else 2) for name, n in groups), groups
     assert all(r["samples"] == 3 and r["ok"] for r in report["results"]), report["results"]
 
 
