@@ -49,7 +49,7 @@ class BenchConfig:
 # seconds between two CPU samples: after a call a runtime's worker threads spin for new work before they sleep
 # (onnxruntime's for about 35 ms, TVM's for 65 ms, measured on the 2-core Xeon of BENCHMARKS.md), so a sample taken
 # right after another runtime's ran on cores that runtime's threads still held: SqueezeNet's tvmfuse build timed
-# 1.07 ms so, 0.78-0.95 ms alone, onnxruntime 0.75-0.90 ms (a user runs one runtime, not both)
+# 1.07 ms so against onnxruntime's 0.75 ms, and 0.74-1.05 ms alone (a user runs one runtime, not both)
 QUIET_S = 0.1
 # and then runs untimed for this long, so its own threads and cores are awake, as in a model served back to back
 # (after the quiet gap, SqueezeNet's first 5 calls ran 1.2 ms each, against 0.8-0.95 ms once warm)

@@ -58,8 +58,8 @@ def _stmts(body) -> list:
 
 
 def _prefetches(loop) -> list:
-    """The prefetch statements for the innermost serial ``loop``: none unless its body is a reduction's straight
-    line of bindings and stores."""
+    """The prefetch statements for the innermost serial ``loop``: none unless its body is a contraction's straight
+    line of bindings and stores (guarded ones too)."""
     from tvm.sym.analyzer import Analyzer
     from tvm.sym.pattern import detect_linear_equation
 
@@ -82,6 +82,7 @@ def _prefetches(loop) -> list:
 
     if not scan(_stmts(loop.body)):
         return []
+
     def stride(ld):
         """(the load's address with the body's bindings inlined, bytes it advances an iteration), or None."""
         if len(ld.indices) != 1:   # after FlattenBuffer every buffer is one-dimensional

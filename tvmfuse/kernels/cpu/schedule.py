@@ -231,6 +231,9 @@ def schedule_contraction(sch, block, lanes: int, cores: int, tiles: dict | None 
     unrolled: a sampled decision or None) are the sketch's knobs (``kernels/cpu/sketch.py``); by default the rules
     above choose."""
     spatial, reduce, exts = contraction_loops(sch, block)
+    work = 1
+    for e in exts + [_extent(sch, lp) for lp in reduce]:
+        work *= e
     heavy = weight_heavy(sch, block) if weight_first is None else weight_first
     tiles = contraction_tiles(exts, lanes) if tiles is None else tiles
     outers, inners = [], []
@@ -250,9 +253,6 @@ def schedule_contraction(sch, block, lanes: int, cores: int, tiles: dict | None 
         unrolled = [inner_r]
     sch.reorder(*outers, *reduce, *unrolled, *inners)
     tile_loop = sch.fuse(*outers) if len(outers) > 1 else outers[0]
-    work = 1
-    for e in exts + [_extent(sch, lp) for lp in reduce]:
-        work *= e
     if work >= MIN_PARALLEL_WORK:
         sch.parallel(tile_loop)
     acc = sch.cache_write(block, 0, "global")
