@@ -37,7 +37,7 @@ def main() -> None:
     import onnxruntime as ort
 
     # each backend's round starts after the other runtime's threads stopped spinning, and runs warm first
-    from tvmfuse.bench import QUIET_S, WARM_S
+    from tvmfuse.bench import settle
     from tvmfuse.runtime.loaded import load_artifact
 
     feeds = dict(np.load(args.inputs))
@@ -53,9 +53,7 @@ def main() -> None:
         art.benchmark(feeds, repeat=3)
 
     def ort_round() -> float:
-        warm_until = time.perf_counter() + WARM_S
-        while time.perf_counter() < warm_until:
-            sess.run(None, feeds)
+        settle(lambda: sess.run(None, feeds))
         times = []
         for _ in range(args.calls):
             t0 = time.perf_counter()
@@ -66,12 +64,8 @@ def main() -> None:
     rounds: dict[str, list[float]] = {name: [] for name in [*loaded, "onnxruntime"]}
     for _ in range(args.rounds):
         for name, art in loaded.items():
-            time.sleep(QUIET_S)
-            warm_until = time.perf_counter() + WARM_S
-            while time.perf_counter() < warm_until:
-                art.run(feeds)
+            settle(lambda: art.run(feeds))
             rounds[name].append(float(np.median(art.benchmark(feeds, repeat=args.calls, warmup=0))))
-        time.sleep(QUIET_S)
         rounds["onnxruntime"].append(ort_round())
     base = np.asarray(rounds["onnxruntime"])
     print(f"{'backend':40} {'median ms':>10} {'/ onnxruntime':>14}  ({threads} threads, {args.rounds} rounds)")

@@ -52,8 +52,16 @@ class BenchConfig:
 # 1.07 ms so against onnxruntime's 0.75 ms, and 0.74-1.05 ms alone (a user runs one runtime, not both)
 QUIET_S = 0.1
 # and then runs untimed for this long, so its own threads and cores are awake, as in a model served back to back
-# (after the quiet gap, SqueezeNet's first 5 calls ran 1.2 ms each, against 0.8-0.95 ms once warm)
+# (after the gap alone, SqueezeNet's 5-call samples averaged 1.23 ms; with the warm-up 0.66 ms, minutes later)
 WARM_S = 0.05
+
+
+def settle(call) -> None:
+    """Before a CPU sample: ``QUIET_S`` idle, then ``call`` repeated untimed for ``WARM_S``."""
+    time.sleep(QUIET_S)
+    warm_until = time.perf_counter() + WARM_S
+    while time.perf_counter() < warm_until:
+        call()
 
 
 def _stats(samples_s: list[float]) -> dict:
@@ -264,15 +272,12 @@ def run_bench(cfg: BenchConfig) -> dict:
     samples: dict = {name: [] for name in samplers}
     failed: dict = {}
     # on the CPU each sample starts once the other runtimes' pools have stopped spinning (see QUIET_S)
-    quiet = QUIET_S if not target.is_gpu and len(samplers) > 1 else 0.0
+    quiet = QUIET_S > 0 and not target.is_gpu and len(samplers) > 1
     for _ in range(cfg.repeat):
         for name, sample in list(samplers.items()):
             try:
                 if quiet:
-                    time.sleep(quiet)
-                    warm_until = time.perf_counter() + WARM_S
-                    while time.perf_counter() < warm_until:
-                        sample()
+                    settle(sample)
                 samples[name].append(sample())
             except Exception as err:  # noqa: BLE001 - a backend that fails while timed is reported, not fatal
                 failed[name] = _unavailable(name, err)

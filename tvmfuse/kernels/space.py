@@ -15,11 +15,10 @@ def sketch_info(space, target) -> dict:
     from tvmfuse.target import device_figures
 
     info = {"target_kind": target.kind.name, "target_arch": str(target.attrs.get("arch", ""))}
-    if target.kind.name == "llvm":   # the CPU sketch's vector width (from the mcpu's features) and cores
+    if target.kind.name == "llvm":   # the CPU sketch's vector width, from the mcpu's features
         from tvmfuse.kernels.cpu.schedule import vector_lanes
 
-        cores = target.attrs.get("num-cores", 1)
-        info.update(vector_bits=32 * vector_lanes(target, 32), cores=max(1, int(cores) if cores else 1))
+        info["vector_bits"] = 32 * vector_lanes(target, 32)
     if target.kind.name == "cuda":
         fig = device_figures(target)
         info.update(sm_count=int(space.extra.get("sm_count", fig.sm_count)), shared_per_sm=fig.shared_per_sm,

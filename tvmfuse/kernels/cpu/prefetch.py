@@ -3,8 +3,7 @@ pipeline that runs it (``PIPELINE``, for ``tvm.compile``'s ``tir_pipeline`` and 
 
 A late ResNet conv at a few pixels streams a weight of megabytes from memory once a call, contiguous thanks to
 the packed layout (``schedule.pack_weights``), with a few FMAs for each vector it loads. The hardware prefetcher
-follows such a stream but stops at every 4 KB page and keeps few lines in flight per core, so the kernel read
-its weight at 12-14 GB/s where a plain read of the same bytes runs at 17-18 GB/s (the 2-core Xeon of
+follows such a stream but does not cross a 4 KB page, and the kernel read its weight at 12-14 GB/s where a plain read of the same bytes runs at 17-18 GB/s (the 2-core Xeon of
 BENCHMARKS.md). A prefetch of the line ``DISTANCE`` bytes ahead, issued every iteration of the reduction loop,
 keeps the stream ahead of the FMAs across page boundaries: ResNet-50's 3x3 512-channel conv at 2x2 pixels went
 from 0.60 to 0.51 ms with its weight from memory, and ran as fast with it in cache.
@@ -84,7 +83,8 @@ def _prefetches(loop) -> list:
         return []
 
     def stride(ld):
-        """(the load's address with the body's bindings inlined, bytes it advances an iteration), or None."""
+        """(the load's address with the body's bindings inlined, its element's bytes, the bytes it advances an
+        iteration), or None."""
         if len(ld.indices) != 1:   # after FlattenBuffer every buffer is one-dimensional
             return None
         index = ld.indices[0]
@@ -92,13 +92,14 @@ def _prefetches(loop) -> list:
         coef = detect_linear_equation(first, [loop.loop_var])
         if len(coef) != 2 or type(coef[0]).__name__ != "IntImm":
             return None
-        return first, int(coef[0].value) * (tvm.runtime.DataType(str(ld.source.dtype)).bits // 8)
+        elem = tvm.runtime.DataType(str(ld.source.dtype)).bits // 8
+        return first, elem, int(coef[0].value) * elem
 
     contracts, streamed = False, []
     for s in stores:
         found: list = []
         _loads(s.value, found)
-        moving = [(ld, st) for ld in found if not ld.source.same_as(s.buffer) and (st := stride(ld)) and st[1]]
+        moving = [(ld, st) for ld in found if not ld.source.same_as(s.buffer) and (st := stride(ld)) and st[2]]
         # a multiply-accumulate: the accumulator read back, and two operands that move with the loop (a GEMM's or
         # conv's); a row reduction (softmax's sum, LayerNorm's with its mean) moves along one row, which the
         # hardware prefetcher streams on its own
@@ -108,9 +109,8 @@ def _prefetches(loop) -> list:
     if not contracts:
         return []
     out, seen = [], set()
-    for ld, (first, step) in streamed:
+    for ld, (first, elem, step) in streamed:
         # the address is valid at the end of the body, outside any guard: the bindings are inlined
-        elem = tvm.runtime.DataType(str(ld.source.dtype)).bits // 8
         key = (str(ld.source.name), str(first))
         if step < LINE or key in seen:
             continue

@@ -85,14 +85,14 @@ def _vectorize_last(sch, block, lanes: int) -> None:
     sch.vectorize(loops[-1])
 
 
-def _dtype_bits(sch, block) -> int:
+def dtype_bits(sch, block) -> int:
     return int(tvm.runtime.DataType(str(sch.get(block).writes[0].source.dtype)).bits)
 
 
 def schedule_pointwise(sch, lanes_of, cores: int) -> None:
     inline_all_but_outputs(sch)
     for block in sch.get_output_blocks(sch.get_sblock("root")):
-        lanes = lanes_of(_dtype_bits(sch, block))
+        lanes = lanes_of(dtype_bits(sch, block))
         loops = sch.get_loops(block)
         last = _extent(sch, loops[-1]) or 0
         if len(loops) > 1 and last % lanes == 0 and last >= 4 * lanes:
@@ -123,7 +123,7 @@ def schedule_pointwise(sch, lanes_of, cores: int) -> None:
         sch.vectorize(vec)
 
 
-def _contraction(sch, block) -> bool:
+def is_contraction(sch, block) -> bool:
     """A multiply-accumulate: two tensors read with the reduction variables (a GEMM, a conv)."""
     b = sch.get(block)
     rvars = {str(iv.var.name) for iv in b.iter_vars if int(iv.iter_type) == REDUCE}
@@ -177,11 +177,16 @@ def weight_heavy(sch, block) -> bool:
     return weight > other > 0
 
 
+def row_axis_of(exts: list[int]) -> int | None:
+    """The register block's rows: the nearest spatial axis outside the innermost one that is longer than 1 (the
+    GEMM's M, a conv's width), or None (a GEMV)."""
+    return next((i for i in range(len(exts) - 2, -1, -1) if exts[i] > 1), None)
+
+
 def contraction_tiles(exts: list[int], lanes: int) -> dict[int, int]:
     """The register block of a contraction whose spatial extents are ``exts`` (the output's innermost axis last):
     spatial axis index -> tile (absent: 1)."""
-    # the register block's rows: the nearest outer spatial axis longer than 1 (the GEMM's M, a conv's width)
-    row_axis = next((i for i in range(len(exts) - 2, -1, -1) if exts[i] > 1), None)
+    row_axis = row_axis_of(exts)
     # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
     # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
     vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
@@ -223,8 +228,8 @@ def contraction_loops(sch, block) -> tuple[list, list, list[int]]:
     return spatial, reduce, exts
 
 
-def schedule_contraction(sch, block, lanes: int, cores: int, tiles: dict | None = None,
-                         weight_first: bool | None = None, unroll=None) -> None:
+def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weight_first: bool | None = None,
+                         unroll=None) -> None:
     """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
     tile accumulators (the vector along the output's innermost axis). ``tiles`` (spatial axis -> tile, a number or
     a sampled decision), ``weight_first`` and ``unroll`` (the innermost reduction loop split by it, the inner part
@@ -411,7 +416,7 @@ def cpu_schedule(mod, target, cores: int):
     if not reductions:
         schedule_pointwise(sch, lanes_of, cores)
         return sch, "pointwise"
-    contractions = [b for b in reductions if _contraction(sch, b)]
+    contractions = [b for b in reductions if is_contraction(sch, b)]
     # one reduction along an axis that is not the output's innermost (a GEMM, a conv, a pooling window): tiles
     # vectorised along the output's innermost axis
     if len(reductions) == 1 and (contractions or _inner_spatial_extent(sch, reductions[0]) >= 4):
@@ -419,17 +424,17 @@ def cpu_schedule(mod, target, cores: int):
         (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
         if not _loops_are_iters(sch, block):
             return None
-        schedule_contraction(sch, block, lanes_of(_dtype_bits(sch, block)), cores)
+        schedule_contraction(sch, block, lanes_of(dtype_bits(sch, block)))
         return sch, "contraction"
     if contractions:
         return None
     if len(reductions) > 1:
         try:
-            schedule_norm_rows(sch, lanes_of(_dtype_bits(sch, reductions[0])), cores)
+            schedule_norm_rows(sch, lanes_of(dtype_bits(sch, reductions[0])), cores)
         except Exception:  # noqa: BLE001 - rows these rules do not read keep TVM's plain lowering
             return None
         return sch, "rows"
-    schedule_rows(sch, lanes_of(_dtype_bits(sch, reductions[0])), cores)
+    schedule_rows(sch, lanes_of(dtype_bits(sch, reductions[0])), cores)
     return sch, "rows"
 
 

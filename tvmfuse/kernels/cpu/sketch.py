@@ -15,8 +15,8 @@ the space falls back to MetaSchedule's stock CPU space (reported per kernel).
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.cpu.schedule import (_contraction, _dtype_bits, contraction_loops, contraction_tiles,
-                                          schedule_contraction)
+from tvmfuse.kernels.cpu.schedule import (contraction_loops, contraction_tiles, dtype_bits, is_contraction,
+                                          row_axis_of, schedule_contraction)
 from tvmfuse.kernels.knobs import Knob, sample
 from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
 
@@ -31,21 +31,22 @@ def _values(knob: Knob | None, fallback: tuple, keep, extra: int) -> tuple:
 
 def contraction_sketches(sch, space, info: dict) -> list:
     """The sketches of a contraction kernel (one per ``order``), each sampling ``vectors``, ``rows`` and
-    ``unroll``; ``info``: ``vector_bits`` and ``cores`` of the target (``kernels.space.sketch_info``)."""
+    ``unroll``; ``info``: the target's ``vector_bits`` (``kernels.space.sketch_info``)."""
     inline_all_but_outputs(sch)
     root = sch.get_sblock("root")
     reductions = [b for b in sch.get_child_blocks(root) if REDUCE in iter_types(sch, b)]
-    if len(reductions) != 1 or not _contraction(sch, reductions[0]):
+    if len(reductions) != 1 or not is_contraction(sch, reductions[0]):
         raise ValueError("the cpu_contraction sketch takes one GEMM or conv reduction")
     name = sch.get(reductions[0]).name_hint
-    lanes = max(1, int(info["vector_bits"]) // _dtype_bits(sch, reductions[0]))
-    cores = int(info["cores"])
+    lanes = max(1, int(info["vector_bits"]) // dtype_bits(sch, reductions[0]))
     _, reduce, exts = contraction_loops(sch, reductions[0])
     default = contraction_tiles(exts, lanes)
     last = len(exts) - 1
-    row_axis = next((i for i in range(len(exts) - 2, -1, -1) if exts[i] > 1), None)
-    widths = _values(space.knobs.get("vectors"), (1, 2, 4), lambda v: exts[last] % (v * lanes) == 0, 0)
-    vectors = tuple(sorted({v * lanes for v in widths if v} | {default[last]}))   # the rules' may be half a vector
+    row_axis = row_axis_of(exts)
+    knob = space.knobs.get("vectors")
+    # whole vectors that divide the axis, and the rules' tile (which may be half a vector: 1000 channels)
+    vectors = tuple(sorted({int(v) * lanes for v in (knob.values if knob else (1, 2, 4))
+                            if exts[last] % (int(v) * lanes) == 0} | {default[last]}))
     rows = (_values(space.knobs.get("rows"), (1, 2, 4, 6, 8), lambda r: r <= exts[row_axis],
                     default.get(row_axis, 1)) if row_axis is not None else ())
     inner_r = int(sch.get(reduce[-1]).extent) if reduce else 1
@@ -61,7 +62,6 @@ def contraction_sketches(sch, space, info: dict) -> list:
         if rows:
             tiles[row_axis] = sample(s, Knob.uniform("rows", rows))
         unroll = sample(s, Knob.uniform("unroll", unrolls)) if len(unrolls) > 1 else None
-        schedule_contraction(s, block, lanes, cores, tiles=tiles, weight_first=order == "weight-first",
-                             unroll=unroll)
+        schedule_contraction(s, block, lanes, tiles=tiles, weight_first=order == "weight-first", unroll=unroll)
         sketches.append(s)
     return sketches
