@@ -20,6 +20,7 @@ from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_m
 from tvmfuse.target import TargetInfo
 from tvmfuse import nvcc_cache
 from tvmfuse.tune.builder import close_builder, make_builder, worker_initializer
+from tvmfuse.tune.samples import KeptSamplesRunner
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -275,6 +276,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     builder = make_builder(workers=workers, timeout_s=max(config.builder_timeout_s, spaces.builder_timeout_s),
                            precompile=target.is_gpu and runner is None and config.rpc is None)
     runner = runner if runner is not None else _local_runner(config.runner_timeout_s, gpu=target.is_gpu)
+    runner = KeptSamplesRunner(runner)   # a record keeps the samples no other process stretched
     if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
         user_stop = stop
         stop = lambda: bool(ledger.gone) or bool(user_stop is not None and user_stop())  # noqa: E731
@@ -299,9 +301,9 @@ _WORKER_START_S = 60.0
 def _local_runner(timeout_s, *, gpu: bool = True):
     from tvmfuse.tune.measure_args import alloc_arguments
 
-    # a record's time is the mean of ``repeat`` samples of at least 20 ms each. A CPU shares its cores with the
-    # builders of the next candidates (and often with other jobs): one sample there ranked a record above the
-    # default that ran slower in deployment, so CPU trials take five
+    # a record's time is the mean of ``repeat`` samples of at least 20 ms each (those tvmfuse.tune.samples keeps).
+    # A CPU shares its cores with other jobs: one sample there ranked a record above the default that ran slower
+    # in deployment, so CPU trials take five
     repeat = 1 if gpu else 5
     runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S),
                                    evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=repeat,
