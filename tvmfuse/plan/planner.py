@@ -202,6 +202,9 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
         if getattr(cost_model, "im2col_k", 0):
             mod = rewrites.im2col_narrow_convs(mod, log=log, limit_k=cost_model.im2col_k)
             dump("im2col", mod)
+        if getattr(cost_model, "gemm_conv_rows", 0):
+            mod = rewrites.pointwise_convs_as_gemms(mod, log=log, max_rows=cost_model.gemm_conv_rows)
+            dump("pointwise_convs", mod)
     if config.attention:
         mod = rewrites.FuseAttention(log=log, decline=getattr(cost_model, "attention_decline", None))(mod)
         dump("attention", mod)

@@ -15,6 +15,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   undo each other.
 - :func:`im2col_narrow_convs` / :func:`Im2colNarrowConvs` (``im2col``): NHWC convs of fewer than 16 input
   channels as an im2col kernel and a GEMM.
+- :func:`pointwise_convs_as_gemms` / :func:`PointwiseConvsAsGemms` (``pointwise_convs``): 1x1 NHWC convs that no
+  conv template takes (fp32, or a few output pixels) as GEMMs.
 - :class:`FuseAttention` (``fuse_attention``): MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V)
   becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores;
   a constant causal mask becomes the spec's ``causal`` flag and K/V heads repeated for GQA are read in place
@@ -35,9 +37,11 @@ from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
 from tvmfuse.plan.rewrites.identities import DropInferenceIdentities, drop_inference_identities
 from tvmfuse.plan.rewrites.im2col import Im2colNarrowConvs, im2col_narrow_convs
 from tvmfuse.plan.rewrites.pairwise_extrema import PairwiseExtrema, pairwise_extrema
+from tvmfuse.plan.rewrites.pointwise_convs import PointwiseConvsAsGemms, pointwise_convs_as_gemms
 
 __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
     "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
-    "im2col_narrow_convs", "module_pass", "PairwiseExtrema", "pairwise_extrema", "rebuild_main",
+    "im2col_narrow_convs", "module_pass", "PairwiseExtrema", "pairwise_extrema", "PointwiseConvsAsGemms",
+    "pointwise_convs_as_gemms", "rebuild_main",
 ]
