@@ -117,10 +117,11 @@ def test_fits_small_m_gemms_in_both_layouts_and_dtypes(tmp_path, cuda):
 
 
 def test_declines_m17_without_tensor_cores_m65_convs_and_non_matmuls(tmp_path, cuda):
-    """Past 16 rows only an fp16 [K, N] weight (the tensor-core kernel, up to 64 rows): M = 17 declined in fp32 and
-    for an [N, K] weight, M = 65 in fp16; M = 17 and 64 of an fp16 [K, N] weight taken, every row in one block."""
+    """Past 16 rows only an fp16 [K, N] weight (the tensor-core kernel, up to 64 rows) and a small fp32 GEMM: M = 17
+    declined in fp32 where its outputs pass half a wave of dlight's tiles and for an fp16 [N, K] weight, M = 65 in
+    fp16; M = 17 and 64 of an fp16 [K, N] weight taken, every row in one block."""
     tmpl = next(t for t in registry() if t.name == "gemv")
-    for f in (_one(tmp_path, _matmul_model(17, 64, 48, dtype=TensorProto.FLOAT), cuda), _nk_func(17, 64, 48),
+    for f in (_one(tmp_path, _matmul_model(17, 64, 8192, dtype=TensorProto.FLOAT), cuda), _nk_func(17, 64, 48),
               _one(tmp_path, _matmul_model(65, 64, 48), cuda)):
         assert "M = " in tmpl.fits(f, cuda.target)
         assert tmpl.default_kernel(f, cuda.target) is None and tmpl.configs(f, cuda.target) == []
@@ -559,3 +560,16 @@ def test_zoo_gemms_take_it_and_match_their_planner_functions(name, cuda):
     assert len(taken) >= 3
     for f in taken:
         _check(f, [gemv.untuned(f, cuda.target)[2]])
+
+
+def test_a_small_fp32_gemm_of_up_to_256_rows_runs_in_groups_of_16_rows(tmp_path, cuda):
+    """A 1x1 conv of MobileNetV2 at batch 1 as a GEMM (64 pixels, 384 -> 64 channels, fp32): dlight's matmul tiled it
+    into 2 blocks; the template takes it, 16 rows a block, and 257 rows or an output past half a wave it declines."""
+    tmpl = next(t for t in registry() if t.name == "gemv")
+    f = _one(tmp_path, _matmul_model(64, 384, 64, dtype=TensorProto.FLOAT), cuda)
+    assert tmpl.fits(f, cuda.target) is None
+    d = gemv.untuned(f, cuda.target)[2]
+    assert not d.mma and d.rows == gemv.MAX_ROWS, d.name
+    for m, n in ((257, 64), (128, 2048)):
+        f = _one(tmp_path, _matmul_model(m, 64, n, dtype=TensorProto.FLOAT), cuda)
+        assert "M = " in tmpl.fits(f, cuda.target)

@@ -66,6 +66,10 @@ class CostModel:
         GEMM) or HWIO (CPUs: output channels contiguous, the axis the CPU default vectorises)
     im2col_k : channels-last convs with fewer than 16 input channels (a stem's 3) run as an im2col kernel and a
         GEMM where their K, padded to 64, is at most this; 0: never
+    im2col_pixels : with ``im2col_k`` set, convs of at most this many output pixels (any channels, type and K) run
+        as im2col + GEMM too: a GEMM of that few rows is the gemv template's
+    im2col_untemplated_pixels : the same for convs of a type no conv template takes (fp32), up to this many pixels
+        (the gemv template takes small fp32 GEMMs of up to 256 rows)
     gemm_conv_rows : 1x1 channels-last convs run as GEMMs where they have at most this many output pixels, or
         inputs of a type the tensor-core conv template does not take (fp32); 0: never
     reduction_results : the most results a kernel holding a reduction may store (0: no limit). The GPU's row
@@ -82,6 +86,8 @@ class CostModel:
     conv_layout: str | None = None
     conv_kernel_layout: str = "OHWI"
     im2col_k: int = 0
+    im2col_pixels: int = 0
+    im2col_untemplated_pixels: int = 0
     gemm_conv_rows: int = 0
     reduction_results: int = 0
 
@@ -101,7 +107,8 @@ class CostModel:
                        min_parallel_units=device_figures(target).sm_count,
                        attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
-                       conv_layout="NHWC", im2col_k=512, gemm_conv_rows=64, reduction_results=1)
+                       conv_layout="NHWC", im2col_k=512, im2col_pixels=16,
+                       im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1)
         else:
             cores = int(attrs.get("num-cores", 2)) if attrs else 2
             # channels-last with HWIO filters: the CPU default (tvmfuse/kernels/cpu) vectorises a conv along its

@@ -200,7 +200,9 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
                                         kernel_layout=getattr(cost_model, "conv_kernel_layout", "OHWI"))
         dump("channels_last", mod)
         if getattr(cost_model, "im2col_k", 0):
-            mod = rewrites.im2col_narrow_convs(mod, log=log, limit_k=cost_model.im2col_k)
+            mod = rewrites.im2col_narrow_convs(mod, log=log, limit_k=cost_model.im2col_k,
+                                               few_pixels=getattr(cost_model, "im2col_pixels", 0),
+                                               untemplated_pixels=getattr(cost_model, "im2col_untemplated_pixels", 0))
             dump("im2col", mod)
         if getattr(cost_model, "gemm_conv_rows", 0):
             mod = rewrites.pointwise_convs_as_gemms(mod, log=log, max_rows=cost_model.gemm_conv_rows)

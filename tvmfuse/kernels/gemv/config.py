@@ -24,6 +24,13 @@ MAX_ROWS = 16
 # splits K over blocks until they fill the SMs. Past 64 rows its accumulators (4 registers a tile) and x's pieces
 # (each warp along N copies them again from L2) grow with M while wgmma's shared tiles do not.
 MMA_ROWS = 64
+# An fp32 GEMM of up to this many rows is taken too where it is small (at most SMALL_OUTPUTS outputs): the CUDA-core
+# kernel in groups of MAX_ROWS rows (adjacent blocks, the weight tile read again from L2), its K split over the SMs.
+# Such a GEMM has no tensor-core template, and dlight's matmul rule tiles its outputs 32 x 64 a block with K whole:
+# a 1x1 conv of MobileNetV2 or ResNet-50 at batch 1 (64-256 pixels, 64-512 channels) ran in 2-16 blocks on the
+# H200's 132 SMs. Past half a wave of those tiles, dlight's reuse of each operand across a block is worth more
+SMALL_ROWS = 256
+SMALL_OUTPUTS = 32 * 64 * SMS // 2
 _VECTOR_BYTES = 16     # one 128-bit load per vector
 # per-thread register words a config may ask for (accumulators + vectors in flight + x); above it ptxas spills
 _REGISTER_WORDS = 160
@@ -390,7 +397,7 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
     vec = _VECTOR_BYTES // dtype_bytes(dtype)
     lanes = tuple(v for v in (8, 4, 2) if v <= vec)   # lanes and unroll: the space file's values too
     # past 16 rows only the tensor-core kernel holds every row in one block
-    kinds = tuple(tc for tc in mma if tc or spec.rows <= MAX_ROWS) or mma
+    kinds = tuple(tc for tc in mma if tc or spec.rows <= MAX_ROWS or dtype == "float32") or mma
     cands = [c for tc in kinds for c in configs(spec, dtype, lanes=lanes,
                                               threads=_MMA_THREADS if tc else (128, 256, 512),
                                               threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,

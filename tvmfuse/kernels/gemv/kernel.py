@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tvmfuse.kernels.annotations import chosen, root_annotations, swap_kernels
-from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, MMA_ROWS, SPEC, GemvConfig, configs,
+from tvmfuse.kernels.gemv.config import (ANNOTATION, CANDIDATES, MAX_ROWS, MMA_ROWS, SMALL_OUTPUTS, SMALL_ROWS, SPEC, GemvConfig, configs,
                                          default_config, parse_config)
 from tvmfuse.kernels.gemv.source import gemv_source
 from tvmfuse.kernels.wgmma.analysis import Misfit, _param_buffers, _param_decls, _reduction_blocks
@@ -33,6 +33,8 @@ def analyze(func) -> tuple[GemmSpec, dict]:
     dtype = dtypes.pop()
     # past 16 rows only the tensor-core kernel (an fp16 [K, N] weight) keeps the weight's stream the time (MMA_ROWS)
     most = MMA_ROWS if dtype == "float16" and not spec.b_kmajor else MAX_ROWS
+    if dtype == "float32" and spec.rows * spec.n <= SMALL_OUTPUTS:
+        most = SMALL_ROWS   # a small fp32 GEMM: row groups of MAX_ROWS (see SMALL_ROWS)
     if spec.rows > most:
         raise Misfit(f"M = {spec.rows} rows: the GEMV template takes at most {most}"
                      + ("" if most == MMA_ROWS else f" (an fp16 [K, N] weight: {MMA_ROWS})"))

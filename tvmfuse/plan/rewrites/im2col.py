@@ -1,4 +1,4 @@
-"""Narrow NHWC convs (a network's stem) as an im2col kernel and a GEMM."""
+"""Narrow NHWC convs (a network's stem) and convs of a few output pixels as an im2col kernel and a GEMM."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +26,8 @@ def _im2col(x, *, oh: int, ow: int, r: int, s: int, kpad: int, stride, dilation,
     return te.compute((n * oh * ow, kpad), row, name="im2col")
 
 
-def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",)):
+def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",), few_pixels: int = 0,
+                        untemplated_pixels: int = 0):
     """NHWC convs with fewer than 16 input channels (an image's 1-4: a network's stem), as an im2col kernel and a
     GEMM.
 
@@ -39,7 +40,13 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     where K, padded, is at most ``limit_k``, and only below 16 channels, where a tap's channels do not fill one
     tensor-core K step (wider convs that the template cannot take keep the other tensor-core template, untested
     against this), and for the input types in ``allow_dtypes`` (fp16: the wgmma template's). The plan accounts
-    the three new nodes as the one conv they replace."""
+    the three new nodes as the one conv they replace.
+
+    A conv of at most ``few_pixels`` output pixels (a late stage at batch 1) is taken whatever its channels, type
+    and K, and one of a type no conv template takes (fp32) up to ``untemplated_pixels``: its rows are a few hundred
+    KB at most, and as a GEMM of that few rows it is the gemv template's, which streams the filter over every SM
+    (split along K). A 1x1 conv of stride 1 is left to :func:`pointwise_convs_as_gemms`. As a conv it ran dlight's matmul rule in 4-16 thread blocks: ResNet-50
+    fp32 (1 x 3 x 64 x 64) untuned took 3.25 ms on the H200 against torch.compile's 0.86."""
     bindings = main_bindings(mod)
     if bindings is None:
         return mod
@@ -51,13 +58,17 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
         at, x = call.attrs, call.args[0]
         xs, ys = tensor_shape(x.ty), tensor_shape(b.var.ty)
         if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "OHWI", "NHWC") \
-                or int(at.groups) != 1 or xs is None or ys is None or xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes:
+                or int(at.groups) != 1 or xs is None or ys is None:
             continue
         weight = const_numpy(call.args[1])
         f, r, s, c = weight.shape
         k = r * s * c
         kpad = -(-k // 64) * 64
-        if kpad > limit_k:
+        pixels = ys[0] * ys[1] * ys[2]
+        gemm_already = (r, s) == (1, 1) and all(int(v) == 1 for v in at.strides) and not any(int(v) for v in at.padding)
+        few = not gemm_already and (pixels <= few_pixels or (str(x.ty.dtype) not in allow_dtypes
+                                                            and pixels <= untemplated_pixels))
+        if not few and (xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes or kpad > limit_k):
             continue
         w_mat = np.zeros((kpad, f), weight.dtype)
         w_mat[:k] = weight.reshape(f, k).T
@@ -76,14 +87,17 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
             return relax.op.reshape(gemm, ys)
 
         plan[b.var], names[b.var] = emit, out_name
-        log.notes.append(f"conv {b.var.name} ({c} input channels, {r}x{s}) runs as im2col + GEMM (K {k} padded to "
-                         f"{kpad})")
+        log.notes.append(f"conv {b.var.name} ({c} input channels, {r}x{s}"
+                         + (f", {pixels} output pixels" if few else "")
+                         + f") runs as im2col + GEMM (K {k} padded to {kpad})")
     if not plan:
         return mod
     return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set(), names))
 
 
-def Im2colNarrowConvs(*, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",)) -> tvm.transform.Pass:
+def Im2colNarrowConvs(*, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",),
+                      few_pixels: int = 0, untemplated_pixels: int = 0) -> tvm.transform.Pass:
     """:func:`im2col_narrow_convs` as a Relax module pass."""
-    return module_pass("Im2colNarrowConvs",
-                       lambda mod: im2col_narrow_convs(mod, log=log, limit_k=limit_k, allow_dtypes=allow_dtypes))
+    return module_pass("Im2colNarrowConvs", lambda mod: im2col_narrow_convs(
+        mod, log=log, limit_k=limit_k, allow_dtypes=allow_dtypes, few_pixels=few_pixels,
+        untemplated_pixels=untemplated_pixels))
