@@ -331,6 +331,14 @@ def _index_preserving_epilogue(func) -> bool:
     return True
 
 
+def _lower(mod, target) -> None:
+    """Run TIR's default lowering on ``mod`` for ``target`` (no code generation): raises where a schedule does not
+    lower, which some rules find only there."""
+    lower = tvm.tirx.get_tir_pipeline("default")   # TVM 0.27: (lowering pass, host and device finalizers)
+    with target:
+        (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(mod))
+
+
 class UnpaddedMatmul(dlight.gpu.Matmul):
     """dlight's Matmul rule, declined where it pads a GEMM whose epilogue is not elementwise on its result.
 
@@ -352,9 +360,7 @@ class UnpaddedMatmul(dlight.gpu.Matmul):
         # some epilogues (T5's fp16 clamp: cast, isinf, where) leave it reading a staging buffer it never
         # allocates, which only TIR lowering finds: lower it here (no code generation) and pass on a failure
         try:
-            lower = tvm.tirx.get_tir_pipeline("default")   # TVM 0.27: (lowering pass, host and device finalizers)
-            with target:
-                (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(sch.mod))
+            _lower(sch.mod, target)
         except Exception:  # noqa: BLE001 - the schedule does not lower: the next rule takes the kernel
             return None
         return sch
@@ -397,6 +403,7 @@ class WholeReduction:
     beside the GEMMs around them."""
 
     max_threads = 1024
+    source = "whole-reduction"   # the schedule's name in the reports
 
     @classmethod
     def takes(cls, func, target) -> bool:
@@ -436,9 +443,7 @@ class WholeReduction:
                 sch.set_scope(red, 0, "local")   # an intermediate: the reduced value stays in the threads
             for b in sch.get_child_blocks(root)[1:]:
                 sch.reverse_compute_at(b, block)
-            lower = tvm.tirx.get_tir_pipeline("default")
-            with target:
-                (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(sch.mod))
+            _lower(sch.mod, target)
         except Exception:  # noqa: BLE001 - a kernel this schedule does not fit: the next rule takes it
             return None
         return sch
@@ -455,6 +460,7 @@ class ShortReduction:
 
     max_elements = 64
     threads = 256
+    source = "short-reduction"   # the schedule's name in the reports
     few_outputs = 1 << 18   # about 8 waves of 256-thread blocks over the H200's 132 SMs
 
     def __init__(self, max_outputs: int | None = None):
@@ -501,9 +507,7 @@ class ShortReduction:
             for acc in stores:   # a sum the epilogue reads: from the register, never stored (CUDA has no global scratch)
                 if any(b.same_as(sch.get(acc).writes[0].source) for b in root.alloc_buffers):
                     sch.compute_inline(acc)
-            lower = tvm.tirx.get_tir_pipeline("default")
-            with target:
-                (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(sch.mod))
+            _lower(sch.mod, target)
         except Exception:  # noqa: BLE001 - a kernel this schedule does not fit: the next rule takes it
             return None
         return sch
@@ -557,10 +561,16 @@ def reference_schedule(mod, target, *, is_gpu: bool):
 
 
 def default_schedule(mod, target, *, is_gpu: bool):
-    """The traced schedule an untuned build gives ``mod`` (dlight's first applicable rule on GPUs, TVM's
-    plain lowering, an empty trace, on CPUs), or None when no rule applies."""
+    """The traced schedule an untuned build gives ``mod`` (the first of :func:`default_gpu_rules` that takes it on
+    GPUs, TVM's plain lowering, an empty trace, on CPUs), or None when no rule applies."""
     if not is_gpu:
         return tvm.s_tir.Schedule(mod)
+    return default_gpu_schedule(mod, target)[0]
+
+
+def default_gpu_schedule(mod, target):
+    """(schedule, source) of the first of :func:`default_gpu_rules` that takes ``mod``: the source names the rule
+    as the reports do (``whole-reduction``, ``short-reduction``, else ``dlight``); (None, "dlight") when none does."""
     func = mod["main"]
     with target:
         for rule in default_gpu_rules():
@@ -571,8 +581,8 @@ def default_schedule(mod, target, *, is_gpu: bool):
             if isinstance(sch, list):
                 sch = sch[0] if sch else None
             if sch is not None:
-                return sch
-    return None
+                return sch, getattr(rule, "source", "dlight")
+    return None, "dlight"
 
 
 # --- CUDA compilation. TVM 0.27 keeps a CUDA module's source (``tvm.compile`` and ``export_library`` run no compiler);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tvmfuse.compile import build
@@ -304,3 +305,78 @@ def test_the_t5_flag_takes_the_whole_reduction_schedule(cuda_target):
 
     _, statuses = apply_records(fused, target=cuda_target, database=None)
     assert {s.name: s.schedule for s in statuses if s.name in flags} == {n: "whole-reduction" for n in flags}
+
+
+def _fused(build) -> "tvm.IRModule":
+    """The one fused kernel of a Relax ``main`` written by ``build(bb)``, as a module of ``main`` (the planner's
+    legalize and fuse, without its patterns)."""
+    from tvmfuse._tvm import PrimFunc, relax, tvm
+
+    bb = relax.BlockBuilder()
+    build(bb)
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.finalize())
+    (func,) = [f for f in mod.functions.values() if isinstance(f, PrimFunc)]
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def _depthwise(bb, hw=16, c=32):
+    from tvmfuse._tvm import relax
+
+    x = relax.Var("x", relax.TensorType((1, hw, hw, c), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(np.ones((c, 3, 3, 1), "float32"))
+            y = relax.op.nn.conv2d(x, w, padding=[1, 1, 1, 1], groups=c, data_layout="NHWC", kernel_layout="OHWI")
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, relax.const(np.ones((c,), "float32")))))
+        bb.emit_func_output(out)
+
+
+def _gemm(bb, m, k, n):
+    from tvmfuse._tvm import relax
+
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = relax.op.matmul(x, relax.const(np.ones((k, n), "float32")))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+
+
+def _launch(text: str) -> list[tuple[int, str]]:
+    return [(int(n), t) for n, t in re.findall(r'thread_binding\((?:T\.int64\()?(\d+)\)?, thread="(\w+\.\w)"\)', text)]
+
+
+def test_a_depthwise_conv_takes_one_output_a_thread_with_its_epilogue(cuda_target):
+    """A depthwise 3x3 conv with bias and ReLU (NHWC, 16 x 16 x 32 = 8192 outputs of 9 products): dlight's reduction
+    rule gave each output a 256-thread block (MobileNetV2 fp32's took 31 us on the H200). The untuned build runs
+    32 blocks of 256 threads, each thread its output's sum in a register and the epilogue on it; it builds for
+    CUDA (which has no global scratch buffer a kernel could keep the sums in)."""
+    from tvmfuse._tvm import ShortReduction, default_gpu_schedule, tvm
+
+    mod = _fused(_depthwise)
+    sch, source = default_gpu_schedule(mod, cuda_target.target)
+    assert source == "short-reduction"   # the name compile's report gives it
+    text = sch.mod["main"].script()
+    assert _launch(text) == [(32, "blockIdx.x"), (256, "threadIdx.x")], text
+    allocs = [line for line in text.splitlines() if "sblock_alloc_buffer(" in line]
+    assert allocs and all('scope="local"' in line for line in allocs), allocs   # the sums in registers only
+    with cuda_target.target:
+        assert ShortReduction().apply(mod["main"], cuda_target.target, False) is not None
+    tvm.compile(sch.mod, target=cuda_target.target)
+
+
+def test_a_short_gemm_takes_one_output_a_thread_only_where_its_outputs_are_few(cuda_target):
+    """K = 32: at 64 x 64 outputs one output a thread (dlight's matmul tiled it into 2 blocks); at 4096 x 512 (past
+    ``ShortReduction.few_outputs``) dlight's tiled matmul, whose blocks reuse each operand; K = 96 is not short."""
+    from tvmfuse._tvm import ShortReduction, default_schedule, tvm
+
+    small = default_schedule(_fused(lambda bb: _gemm(bb, 64, 32, 64)), cuda_target.target, is_gpu=True)
+    assert _launch(small.mod["main"].script()) == [(16, "blockIdx.x"), (256, "threadIdx.x")]
+    tvm.compile(small.mod, target=cuda_target.target)
+    big = _fused(lambda bb: _gemm(bb, 4096, 32, 512))
+    assert 4096 * 512 > ShortReduction.few_outputs
+    assert "threadIdx.y" in default_schedule(big, cuda_target.target, is_gpu=True).mod["main"].script()
+    with cuda_target.target:
+        assert ShortReduction(max_outputs=ShortReduction.few_outputs).apply(
+            _fused(lambda bb: _gemm(bb, 64, 96, 64))["main"], cuda_target.target, False) is None

@@ -13,7 +13,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import tvmfuse.plan.rewrites as rewrites
-from tvmfuse._tvm import relax, tvm
+from tvmfuse._tvm import const_numpy, relax, tvm
 from tvmfuse.plan.cost import Score
 from tvmfuse.plan.tags import RewriteLog
 
@@ -30,11 +30,11 @@ def test_every_rewrite_is_a_module_pass():
     log = RewriteLog()
     passes = [rewrites.DropInferenceIdentities(), rewrites.FoldBatchNorm(log=log), rewrites.ChannelsLast(log=log),
               rewrites.ComposeTransposes(), rewrites.Im2colNarrowConvs(log=log), rewrites.FuseAttention(log=log),
-              rewrites.HorizontalGemm(log=log), rewrites.PairwiseExtrema(log=log)]
+              rewrites.HorizontalGemm(log=log), rewrites.PairwiseExtrema(log=log), rewrites.PointwiseConvsAsGemms(log=log)]
     assert all(isinstance(p, tvm.transform.Pass) for p in passes)
     assert [p.info.name for p in passes] == ["DropInferenceIdentities", "FoldBatchNorm", "ChannelsLast",
                                              "ComposeTransposes", "Im2colNarrowConvs", "FuseAttention", "HorizontalGemm",
-                                             "PairwiseExtrema"]
+                                             "PairwiseExtrema", "PointwiseConvsAsGemms"]
 
 
 # ---------------------------------------------------------------------------------------------- pairwise extrema
@@ -419,6 +419,95 @@ def test_wide_fp32_or_too_deep_convs_stay_convs():
     _unchanged(_bind(Fp32, w=_STEM_W.astype("float32")), rewrites.Im2colNarrowConvs(log=log))
     _unchanged(_bind(Stem, w=_STEM_W), rewrites.Im2colNarrowConvs(log=log, limit_k=32))   # K 27 pads to 64
     assert not log.notes and not log.tags
+
+
+def _run_llvm(mod, *args):
+    """``main`` of ``mod`` compiled for llvm and run on ``args`` (numpy arrays)."""
+    ex = tvm.compile(mod, target="llvm")
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def _conv_module(*, hw: int, cin: int, cout: int, k: int, stride: int, dtype: str):
+    """relu(conv(x, w) + b), NHWC / OHWI, "same" padding, its weights parameters to bind."""
+    pad = k // 2
+    oh = (hw + 2 * pad - k) // stride + 1
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, hw, hw, cin), dtype))
+    w = relax.Var("w", relax.TensorType((cout, k, k, cin), dtype))
+    b = relax.Var("b", relax.TensorType((1, 1, 1, cout), dtype))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, strides=[stride, stride], padding=[pad] * 4, data_layout="NHWC",
+                                           kernel_layout="OHWI"))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, b)))
+        bb.emit_func_output(out)
+    return bb.finalize(), oh
+
+
+def _weights(cout, k, cin, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    # small integers: every product and sum exact in fp16 and fp32, so the rewritten module agrees bitwise
+    return (rng.integers(-2, 3, (cout, k, k, cin)).astype(dtype), rng.integers(-2, 3, (1, 1, 1, cout)).astype(dtype))
+
+
+def _calls(mod) -> set:
+    from tvmfuse.plan.rewrites._common import main_bindings, op_name
+
+    return {op_name(b.value) for b in main_bindings(mod)}
+
+
+@pytest.mark.parametrize("dtype,hw,stride", [("float32", 8, 1), ("float32", 16, 2), ("float16", 4, 1)])
+def test_a_few_pixel_or_untemplated_conv_becomes_im2col_and_a_gemm(dtype, hw, stride):
+    """A 3x3 conv of 64 channels: at 16 output pixels or fewer (fp16, 4 x 4) or fp32 up to 256 pixels (8 x 8, and
+    16 x 16 at stride 2) it runs as im2col + GEMM, and computes what the conv computed."""
+    mod, oh = _conv_module(hw=hw, cin=64, cout=32, k=3, stride=stride, dtype=dtype)
+    w, b = _weights(32, 3, 64, dtype)
+    before = _bind(mod, w=w, b=b)
+    log = RewriteLog()
+    after = rewrites.Im2colNarrowConvs(log=log, few_pixels=16, untemplated_pixels=256)(before)
+    assert "relax.nn.conv2d" not in _calls(after) and "relax.matmul" in _calls(after)
+    assert log.notes == [f"conv lv (64 input channels, 3x3, {oh * oh} output pixels) runs as im2col + GEMM "
+                         "(K 576 padded to 576)"]
+    x = np.random.default_rng(1).integers(-2, 3, (1, hw, hw, 64)).astype(dtype)
+    np.testing.assert_array_equal(_run_llvm(after, x), _run_llvm(before, x))
+
+
+def test_many_pixel_fp16_convs_and_large_fp32_convs_stay_convs():
+    """fp16 at 64 pixels has the tensor-core conv template; fp32 at 324 pixels is past ``untemplated_pixels``; a 1x1
+    conv of stride 1 is a GEMM as it is (pointwise_convs_as_gemms takes it)."""
+    log = RewriteLog()
+    rewrite = rewrites.Im2colNarrowConvs(log=log, few_pixels=16, untemplated_pixels=256)
+    for dtype, hw, k in (("float16", 8, 3), ("float32", 18, 3), ("float32", 2, 1)):
+        mod, _ = _conv_module(hw=hw, cin=64, cout=32, k=k, stride=1, dtype=dtype)
+        _unchanged(_bind(mod, **dict(zip("wb", _weights(32, k, 64, dtype)))), rewrite)
+    assert not log.notes
+
+
+@pytest.mark.parametrize("dtype,hw,stride,rewritten", [
+    ("float32", 32, 1, True),    # fp32: no conv template takes it, at any size
+    ("float16", 8, 1, True),     # 64 pixels: the gemv template's rows on tensor cores
+    ("float16", 16, 1, False),   # 256 fp16 pixels: the tensor-core conv template's
+    ("float32", 8, 2, False),    # strided: not a GEMM as it is (im2col's, at few pixels)
+])
+def test_pointwise_convs_that_no_conv_template_takes_become_gemms(dtype, hw, stride, rewritten):
+    """A 1x1 conv as ``matmul(x, W)`` on the NHWC input, the filter a [C, F] constant, nothing reshaped; the result
+    is the conv's."""
+    mod, _ = _conv_module(hw=hw, cin=32, cout=16, k=1, stride=stride, dtype=dtype)
+    w, b = _weights(16, 1, 32, dtype)
+    before = _bind(mod, w=w, b=b)
+    log = RewriteLog()
+    after = rewrites.PointwiseConvsAsGemms(log=log)(before)
+    if not rewritten:
+        tvm.ir.assert_structural_equal(after, before)
+        assert not log.notes
+        return
+    assert _calls(after) == {"relax.matmul", "relax.add", "relax.nn.relu"}
+    (gemm,) = [b.value for b in after["main"].body.blocks[0].bindings if b.value.op.name == "relax.matmul"]
+    np.testing.assert_array_equal(const_numpy(gemm.args[1]), w.reshape(16, 32).T)
+    assert log.notes == [f"1 1x1 convs run as GEMMs ({hw * hw} pixels): no conv template takes them"]
+    x = np.random.default_rng(2).integers(-2, 3, (1, hw, hw, 32)).astype(dtype)
+    np.testing.assert_array_equal(_run_llvm(after, x), _run_llvm(before, x))
 
 
 # ---------------------------------------------------------------------------------------------- attention

@@ -6,12 +6,12 @@ schedule source, so a build never hides an untuned kernel.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tvmfuse import nvcc_cache
-from tvmfuse._tvm import (PrimFunc, WholeReduction, build_context, const_value, default_schedule, is_scheduled, relax,
+from tvmfuse._tvm import (PrimFunc, build_context, const_value, default_gpu_schedule, is_scheduled, relax,
                          tvm)
 from tvmfuse.target import TargetInfo
 from tvmfuse.kernels import expand
@@ -29,7 +29,8 @@ class KernelStatus:
     #                cuda, untuned: the pointwise template at the space's `untuned` knobs) | cpu-default (llvm,
     #                untuned: tvmfuse/kernels/cpu's parallel, vectorised schedule) | whole-reduction (cuda,
     #                untuned: a whole tensor reduced to one element by one block, _tvm.WholeReduction) |
-    #                prescheduled
+    #                short-reduction (cuda, untuned: reductions of at most 64 elements, one output a thread,
+    #                _tvm.ShortReduction) | prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:
@@ -83,28 +84,29 @@ def apply_records(fused_mod: tvm.IRModule, *, target: TargetInfo, database) -> t
             source, kernel = found
             updates[gv] = kernel.with_attr("global_symbol", name)
             statuses.append(KernelStatus(name, source))
-        else:
-            gpu = "whole-reduction" if WholeReduction.takes(_normalized(func)["main"], target.target) else "dlight"
-            statuses.append(KernelStatus(name, gpu if target.is_gpu else "default"))
+        else:   # on a GPU the rule that schedules it names it below
+            statuses.append(KernelStatus(name, "dlight" if target.is_gpu else "default"))
     # a new module (dlight's ApplyDefaultSchedule below updates the module it is given in place)
     mod = expand(tvm.IRModule({gv: updates.get(gv, f) for gv, f in fused_mod.functions.items()},
                               attrs=fused_mod.attrs))
     if target.is_gpu:
-        mod = _default_gpu_schedules(mod, target)
+        mod, sources = _default_gpu_schedules(mod, target)
+        statuses = [replace(s, schedule=sources[s.name]) if s.schedule == "dlight" and s.name in sources else s
+                    for s in statuses]
     return mod, statuses
 
 
-def _default_gpu_schedules(mod: tvm.IRModule, target: TargetInfo) -> tvm.IRModule:
-    """dlight's first rule that takes each unscheduled kernel. dlight's own pass stops the build when a rule
+def _default_gpu_schedules(mod: tvm.IRModule, target: TargetInfo) -> tuple[tvm.IRModule, dict]:
+    """(module, {kernel: the rule's name}): the first of the default GPU rules that takes each unscheduled kernel. dlight's own pass stops the build when a rule
     raises (its Matmul asserts on some GEMM epilogues: "consumers of the cache-write stage that are not properly
     inlined", LLaMA and T5 in fp32); here that rule is passed over and the next one schedules the kernel."""
-    funcs = {}
+    funcs, sources = {}, {}
     for gv, func in mod.functions.items():
         if isinstance(func, PrimFunc) and not is_scheduled(func):
-            sch = default_schedule(_normalized(func), target.target, is_gpu=True)
+            sch, sources[gv.name_hint] = default_gpu_schedule(_normalized(func), target.target)
             if sch is not None:
                 funcs[gv] = sch.mod["main"].with_attr("global_symbol", gv.name_hint).with_attr("tirx.is_scheduled", True)
-    return tvm.IRModule({gv: funcs.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs)
+    return tvm.IRModule({gv: funcs.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs), sources
 
 
 def _with_function(mod: tvm.IRModule, gv, func) -> tvm.IRModule:

@@ -1,11 +1,11 @@
-"""What the rewrites share: reading ``main``'s dataflow block, re-emitting it with some bindings replaced, and
-wrapping a ``mod -> mod`` function as a Relax module pass."""
+"""What the rewrites share: reading ``main``'s dataflow block (and the channels-last convs in it), re-emitting it
+with some bindings replaced, and wrapping a ``mod -> mod`` function as a Relax module pass."""
 from __future__ import annotations
 
 from typing import Callable
 
-from tvmfuse._tvm import relax, tvm
-from tvmfuse.plan.graph import substitute
+from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
+from tvmfuse.plan.graph import substitute, tensor_shape
 
 # the clean-up after a rewrite: fold what became constant, drop the identities and what nothing reads
 CLEAN = [relax.transform.FoldConstant(), relax.transform.CanonicalizeBindings(),
@@ -21,6 +21,20 @@ def main_bindings(mod):
     """``main``'s bindings when its body is one dataflow block; ``None`` otherwise (nothing to rewrite)."""
     blocks = [b for b in mod["main"].body.blocks if isinstance(b, relax.DataflowBlock)]
     return list(blocks[0].bindings) if len(blocks) == 1 else None
+
+
+def channels_last_convs(bindings):
+    """``(binding, x, x_shape, y_shape, weight)`` for each conv of ``bindings`` with a constant filter, one group,
+    NHWC activations and OHWI filters (``weight`` the filter as numpy, ``[F, R, S, C]``), in order."""
+    for b in bindings:
+        call = b.value
+        if op_name(call) != "relax.nn.conv2d" or not isinstance(call.args[1], RelaxConstant):
+            continue
+        at, x = call.attrs, call.args[0]
+        xs, ys = tensor_shape(x.ty), tensor_shape(b.var.ty)
+        if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) == ("NHWC", "OHWI", "NHWC") \
+                and int(at.groups) == 1 and xs is not None and ys is not None:
+            yield b, x, xs, ys, const_numpy(call.args[1])
 
 
 def users_of(bindings) -> dict:

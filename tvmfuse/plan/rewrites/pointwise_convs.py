@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
-from tvmfuse.plan.graph import tensor_shape
-from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, module_pass, op_name, rebuild_main
+from tvmfuse._tvm import relax, tvm
+from tvmfuse.plan.rewrites._common import CLEAN, channels_last_convs, main_bindings, module_pass, rebuild_main
 from tvmfuse.plan.tags import RewriteLog
 
 
@@ -26,16 +25,8 @@ def pointwise_convs_as_gemms(mod, *, log: RewriteLog, max_rows: int = 64, templa
     if bindings is None:
         return mod
     plan, rows_of = {}, {}
-    for b in bindings:
-        call = b.value
-        if op_name(call) != "relax.nn.conv2d" or not isinstance(call.args[1], RelaxConstant):
-            continue
-        at, x = call.attrs, call.args[0]
-        xs, ys = tensor_shape(x.ty), tensor_shape(b.var.ty)
-        if (str(at.data_layout), str(at.kernel_layout), str(at.out_layout)) != ("NHWC", "OHWI", "NHWC") \
-                or int(at.groups) != 1 or xs is None or ys is None:
-            continue
-        weight = const_numpy(call.args[1])
+    for b, x, _, ys, weight in channels_last_convs(bindings):
+        at = b.value.attrs
         f, r, s, c = weight.shape
         if (r, s) != (1, 1) or any(int(v) != 1 for v in at.strides) or any(int(v) != 0 for v in at.padding):
             continue
