@@ -1,8 +1,8 @@
 """The samples a record keeps: a trial's times without the ones another process stretched.
 
-A CPU trial is timed as five samples of at least 20 ms each. On a shared machine one sample in four or five runs
-3-10x the others (a neighbour took a core for part of its window), and a mean of the five ranked records by
-chance: a SqueezeNet kernel measured [0.25, 1.14, 0.11, 0.11, 0.11] ms. The median is what the kernel runs at
+A CPU trial is timed as several samples (tvmfuse.tune.tuner.CPU_SAMPLES). On a shared machine one sample in four
+or five runs 3-10x the others (a neighbour took a core for part of its window), and a mean of the samples ranked
+records by chance: a SqueezeNet kernel measured [0.25, 1.14, 0.11, 0.11, 0.11] ms (five samples of 20 ms each). The median is what the kernel runs at
 when nothing else interferes; a sample more than ``STRETCH`` times it is dropped before the record is stored,
 so the database, the cost model and the report all see the kept samples (their mean is the record's time).
 A GPU trial is one sample and passes unchanged.
