@@ -182,7 +182,8 @@ def run_arm(arm: str, kernel, *, target, db, trials: int, cost_model, workers: i
 def dry_run(classes, args, target) -> int:
     """Build (nvcc, no GPU needed) each drawn shape's default schedule and ``--dry-run-samples`` random points of its
     space for the target: what the GPU run would build, so it cannot fail there for a reason a CPU can see."""
-    from tvmfuse._tvm import build_context, default_schedule, tvm
+    from tvmfuse._gpu_rules import default_schedule
+    from tvmfuse._tvm import build_context, tvm
     from tvmfuse.kernels import expand
     from tvmfuse.tune.defaults import default_template_schedule
     from tvmfuse.tune.spaces import sample_schedules, select_space

@@ -92,7 +92,8 @@ def _ptxas(src: str) -> str:
 
 def _reference(func):
     """The kernel under dlight's default GPU schedule (what an untuned build runs)."""
-    from tvmfuse._tvm import default_gpu_rules, dlight, tvm
+    from tvmfuse._gpu_rules import default_gpu_rules
+    from tvmfuse._tvm import dlight, tvm
 
     target = tvm.target.Target(SM90A)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})

@@ -68,7 +68,9 @@ def test_the_package_has_no_import_cycle():
 
 
 def test_the_tvm_adapter_imports_nothing_of_tvmfuse():
-    assert _graph()["tvmfuse._tvm"] == set()
+    graph = _graph()
+    assert graph["tvmfuse._tvm"] == set()
+    assert graph["tvmfuse._gpu_rules"] == {"tvmfuse._tvm"}   # the untuned GPU rules build on the adapter alone
 
 
 def test_the_scan_finds_a_cycle_when_there_is_one():
@@ -80,7 +82,7 @@ def test_the_scan_finds_a_cycle_when_there_is_one():
 # measure on them), the runtime's thread count, the reference check; the library's entry points (api, cli) come
 # last.
 STAGES = [
-    {"tvmfuse", "tvmfuse._tvm", "tvmfuse.nvcc_cache", "tvmfuse.errors", "tvmfuse.logs", "tvmfuse.target",
+    {"tvmfuse", "tvmfuse._tvm", "tvmfuse._gpu_rules", "tvmfuse.nvcc_cache", "tvmfuse.errors", "tvmfuse.logs", "tvmfuse.target",
      "tvmfuse.machine", "tvmfuse.rpc",
      "tvmfuse.data", "tvmfuse.verify", "tvmfuse.threads"},
     {"tvmfuse.frontend"},

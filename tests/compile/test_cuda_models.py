@@ -75,7 +75,8 @@ def _heads_merged(head_dim: int):
 def test_dlight_matmul_is_declined_where_it_would_pad(cuda_target):
     """dlight's Matmul pads a 16-wide head to its 64-wide tile and then guards the merged-heads store with the wrong
     index (the H200 computed it with relative error 0.67); where its tiles divide the GEMM it is kept."""
-    from tvmfuse._tvm import UnpaddedMatmul, _pads, default_schedule, dlight
+    from tvmfuse._gpu_rules import UnpaddedMatmul, _pads, default_schedule
+    from tvmfuse._tvm import dlight
 
     narrow, wide = _heads_merged(16), _heads_merged(64)
     with cuda_target.target:
@@ -113,7 +114,8 @@ def test_dlight_matmul_pads_a_gemm_whose_epilogue_is_elementwise(cuda_target):
     """An odd GEMM with a bias + ReLU epilogue keeps dlight's padded Matmul (the padded tile's index is the
     epilogue's own, so its guard is right): declining it left such GEMMs on one thread an output (1.97 s on the
     H200 for 7674 x 11355 x 3294). An epilogue that moves elements is still declined."""
-    from tvmfuse._tvm import UnpaddedMatmul, _index_preserving_epilogue, _pads, dlight, tvm
+    from tvmfuse._gpu_rules import UnpaddedMatmul, _index_preserving_epilogue, _pads
+    from tvmfuse._tvm import dlight, tvm
 
     elementwise, transposed = _odd_gemm("elementwise"), _odd_gemm("transposed")
     assert _index_preserving_epilogue(elementwise["main"])
@@ -189,7 +191,8 @@ def test_a_dlight_matmul_schedule_that_does_not_lower_passes_to_the_next_rule(cu
     fails ("used before its definition") and the whole model's build with it; the rule must decline it."""
     from tvm.script import tirx as T  # noqa: F401 - the TVMScript below names T
 
-    from tvmfuse._tvm import UnpaddedMatmul, default_schedule, dlight, tvm
+    from tvmfuse._gpu_rules import UnpaddedMatmul, default_schedule
+    from tvmfuse._tvm import dlight, tvm
 
     func = tvm.script.from_source(T5_CLAMP)
     mod = tvm.IRModule({"main": func})
@@ -232,7 +235,8 @@ def test_dlights_reduction_rules_are_declined_for_a_guarded_epilogue(cuda_target
     without the padding keeps the GEMV rule."""
     from tvm.script import tirx as T  # noqa: F401 - the TVMScript below names T
 
-    from tvmfuse._tvm import _guarded_epilogue, default_gpu_rules, default_schedule, dlight, tvm
+    from tvmfuse._gpu_rules import _guarded_epilogue, default_gpu_rules, default_schedule
+    from tvmfuse._tvm import dlight, tvm
 
     func = tvm.script.from_source(SE_IM2COL)
     plain = tvm.script.from_source(SE_IM2COL.replace("T.if_then_else(v_kk < T.int64(10), act[v_m, v_kk], "
@@ -272,7 +276,8 @@ def test_a_whole_tensor_reduction_is_spread_over_a_block(cuda_target, shape, int
     infinite" flag: 227 ms a call on the H200). The untuned build gives it one block whose threads each
     accumulate a strided slice in a register and then meet in warp shuffles; sizes no block divides are
     guarded, and thread 0 alone writes the result."""
-    from tvmfuse._tvm import WholeReduction, default_schedule, tvm
+    from tvmfuse._gpu_rules import WholeReduction, default_schedule
+    from tvmfuse._tvm import tvm
 
     mod = _whole_sum(shape, intermediate=intermediate)
     sch = default_schedule(mod, cuda_target.target, is_gpu=True)
@@ -294,7 +299,8 @@ def test_a_whole_tensor_reduction_is_spread_over_a_block(cuda_target, shape, int
 def test_the_t5_flag_takes_the_whole_reduction_schedule(cuda_target):
     """T5 fp16's clamp flag, planned as the models are, takes the whole-reduction schedule, and the untuned
     build reports it by that name."""
-    from tvmfuse._tvm import PrimFunc, WholeReduction
+    from tvmfuse._gpu_rules import WholeReduction
+    from tvmfuse._tvm import PrimFunc
 
     loaded = load_model(FIXTURES / "tiny_t5_encoder.float16.onnx")
     fused, _ = partition(import_model(loaded), target=cuda_target)
@@ -352,7 +358,8 @@ def test_a_depthwise_conv_takes_one_output_a_thread_with_its_epilogue(cuda_targe
     rule gave each output a 256-thread block (MobileNetV2 fp32's took 31 us on the H200). The untuned build runs
     32 blocks of 256 threads, each thread its output's sum in a register and the epilogue on it; it builds for
     CUDA (which has no global scratch buffer a kernel could keep the sums in)."""
-    from tvmfuse._tvm import ShortReduction, default_gpu_schedule, tvm
+    from tvmfuse._gpu_rules import ShortReduction, default_gpu_schedule
+    from tvmfuse._tvm import tvm
 
     mod = _fused(_depthwise)
     sch, source = default_gpu_schedule(mod, cuda_target.target)
@@ -369,7 +376,8 @@ def test_a_depthwise_conv_takes_one_output_a_thread_with_its_epilogue(cuda_targe
 def test_a_short_gemm_takes_one_output_a_thread_only_where_its_outputs_are_few(cuda_target):
     """K = 32: at 64 x 64 outputs one output a thread (dlight's matmul tiled it into 2 blocks); at 4096 x 512 (past
     ``ShortReduction.few_outputs``) dlight's tiled matmul, whose blocks reuse each operand; K = 96 is not short."""
-    from tvmfuse._tvm import ShortReduction, default_schedule, tvm
+    from tvmfuse._gpu_rules import ShortReduction, default_schedule
+    from tvmfuse._tvm import tvm
 
     small = default_schedule(_fused(lambda bb: _gemm(bb, 64, 32, 64)), cuda_target.target, is_gpu=True)
     assert _launch(small.mod["main"].script()) == [(16, "blockIdx.x"), (256, "threadIdx.x")]

@@ -20,7 +20,7 @@ from tvmfuse.plan import partition
 from tvmfuse.target import resolve_target
 from tvmfuse.tune import extract_kernels
 from tvmfuse.tune.builder import make_builder
-from tvmfuse.tune.tuner import _local_runner
+from tvmfuse.tune.samples import local_runner
 from tvmfuse.tune.spaces import classify, select_space, sketch_mutators
 
 
@@ -138,7 +138,7 @@ def test_an_llvm_tune_tasks_run_applies_the_mutator(tmp_path):
     database = ms.database.MemoryDatabase()
     ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=str(tmp_path), max_trials_global=8,
                   max_trials_per_task=8, num_trials_per_iter=4,
-                  builder=make_builder(workers=1, timeout_s=60), runner=_local_runner(30),
+                  builder=make_builder(workers=1, timeout_s=60), runner=local_runner(30),
                   database=database, cost_model=ms.cost_model.RandomModel(),
                   task_scheduler="round-robin")
     assert M.APPLIED.get(_CAND, 0) > 0

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tvmfuse import nvcc_cache
-from tvmfuse._tvm import (PrimFunc, build_context, const_value, default_gpu_schedule, is_scheduled, relax,
-                         tvm)
+from tvmfuse._gpu_rules import default_gpu_schedule
+from tvmfuse._tvm import PrimFunc, build_context, const_value, is_scheduled, relax, tvm
 from tvmfuse.target import TargetInfo
 from tvmfuse.kernels import expand
 from tvmfuse.kernels.cpu.prefetch import tir_pipeline
@@ -28,9 +28,9 @@ class KernelStatus:
     #                untuned: the row program's default config) | pointwise-default (a pointwise kernel on
     #                cuda, untuned: the pointwise template at the space's `untuned` knobs) | cpu-default (llvm,
     #                untuned: tvmfuse/kernels/cpu's parallel, vectorised schedule) | whole-reduction (cuda,
-    #                untuned: a whole tensor reduced to one element by one block, _tvm.WholeReduction) |
+    #                untuned: a whole tensor reduced to one element by one block, _gpu_rules.WholeReduction) |
     #                short-reduction (cuda, untuned: reductions of at most 64 elements, one output a thread,
-    #                _tvm.ShortReduction) | prescheduled
+    #                _gpu_rules.ShortReduction) | prescheduled
     best_ms: float | None = None
 
     def to_json(self) -> dict:

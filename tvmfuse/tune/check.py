@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import build_context, reference_schedule, tvm
+from tvmfuse._gpu_rules import reference_schedule
+from tvmfuse._tvm import build_context, tvm
 from tvmfuse.kernels import expand
 from tvmfuse.verify import relative_error, tolerance
 

@@ -1,6 +1,7 @@
-"""The samples a record keeps: a trial's times without the ones another process stretched.
+"""How a trial is timed (:func:`local_runner`) and the samples its record keeps: its times without the ones
+another process stretched.
 
-A CPU trial is timed as several samples (tvmfuse.tune.tuner.CPU_SAMPLES). On a shared machine one sample in four
+A CPU trial is timed as several samples (``CPU_SAMPLES``). On a shared machine one sample in four
 or five runs 3-10x the others (a neighbour took a core for part of its window), and a mean of the samples ranked
 records by chance: a SqueezeNet kernel measured [0.25, 1.14, 0.11, 0.11, 0.11] ms (five samples of 20 ms each). The median is what the kernel runs at
 when nothing else interferes; a sample more than ``STRETCH`` times it is dropped before the record is stored,
@@ -10,6 +11,8 @@ A GPU trial is one sample and passes unchanged.
 from __future__ import annotations
 
 from tvmfuse._tvm import derived_object, ms
+from tvmfuse.tune.builder import worker_initializer
+from tvmfuse.tune.measure_args import alloc_arguments
 
 # a sample above this multiple of the trial's median is another process's time, not the kernel's: the kernels'
 # own spread on the CI-class machine, hot, stayed within 10% of the median
@@ -60,3 +63,29 @@ class KeptSamplesRunner(ms.runner.PyRunner):
 
     def run(self, runner_inputs):
         return [_KeptFuture(f) for f in self.inner.run(runner_inputs)]
+
+
+# LocalRunner checks its worker at construction under the trials' own timeout: a short runner timeout made
+# that check itself time out (a TimeoutError traceback before any trial, seen in CI). The worker
+# is checked under this bound and the trials then run under the configured one.
+_WORKER_START_S = 60.0
+
+
+CPU_SAMPLES = 9   # cold calls a CPU trial is timed with
+
+
+def local_runner(timeout_s, *, gpu: bool = True):
+    # A GPU trial: one sample of at least 20 ms of back-to-back calls. A CPU trial: CPU_SAMPLES single calls, each
+    # after the kernel's arguments but the first (its weights; the first is the activations a model hands it warm)
+    # are flushed from the caches: a CPU model at batch 1 streams its weights from DRAM every call (ResNet-50, 100
+    # MB a call at 17-18 GB/s on the CI-class machine), and ranked by hot times, where the weights sat in L2, a
+    # 26-minute search made ResNet-50 2.5% faster than its untuned build while the kernels' hot sums said 40%.
+    # The shared machine stretches some samples: KeptSamplesRunner drops them before the record is stored
+    evaluator = (ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20) if gpu else
+                 ms.runner.EvaluatorConfig(number=1, repeat=CPU_SAMPLES, min_repeat_ms=0, enable_cpu_cache_flush=True))
+    runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S), evaluator_config=evaluator,
+                                   f_alloc_argument=alloc_arguments, initializer=worker_initializer())
+    inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper
+    inst.timeout_sec = timeout_s
+    inst.pool._timeout = timeout_s  # PopenPoolExecutor reads it on each submit (TVM 0.27)
+    return runner

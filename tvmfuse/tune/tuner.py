@@ -15,12 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
-from tvmfuse._tvm import default_schedule, derived_object, ensure_tensor_intrinsics, ms
+from tvmfuse._gpu_rules import default_schedule
+from tvmfuse._tvm import derived_object, ensure_tensor_intrinsics, ms
 from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_model  # noqa: F401 (their home was here)
 from tvmfuse.target import TargetInfo
 from tvmfuse import nvcc_cache
-from tvmfuse.tune.builder import close_builder, make_builder, worker_initializer
-from tvmfuse.tune.samples import KeptSamplesRunner
+from tvmfuse.tune.builder import close_builder, make_builder
+from tvmfuse.tune.samples import KeptSamplesRunner, local_runner
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -275,7 +276,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     # a CUDA candidate measured here is compiled in the parallel build workers, the runner's load then a cache hit
     builder = make_builder(workers=workers, timeout_s=max(config.builder_timeout_s, spaces.builder_timeout_s),
                            precompile=target.is_gpu and runner is None and config.rpc is None)
-    runner = runner if runner is not None else _local_runner(config.runner_timeout_s, gpu=target.is_gpu)
+    runner = runner if runner is not None else local_runner(config.runner_timeout_s, gpu=target.is_gpu)
     runner = KeptSamplesRunner(runner)   # a record keeps the samples no other process stretched
     if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
         user_stop = stop
@@ -290,34 +291,6 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
         close_builder(builder)
         if not config.log_dir:
             shutil.rmtree(log_root, ignore_errors=True)
-
-
-# LocalRunner checks its worker at construction under the trials' own timeout: a short runner timeout made
-# that check itself time out (a TimeoutError traceback before any trial, seen in CI). The worker
-# is checked under this bound and the trials then run under the configured one.
-_WORKER_START_S = 60.0
-
-
-CPU_SAMPLES = 9   # cold calls a CPU trial is timed with
-
-
-def _local_runner(timeout_s, *, gpu: bool = True):
-    from tvmfuse.tune.measure_args import alloc_arguments
-
-    # A GPU trial: one sample of at least 20 ms of back-to-back calls. A CPU trial: CPU_SAMPLES single calls, each
-    # after the kernel's arguments but the first (its weights; the first is the activations a model hands it warm)
-    # are flushed from the caches: a CPU model at batch 1 streams its weights from DRAM every call (ResNet-50, 100
-    # MB a call at 17-18 GB/s on the CI-class machine), and ranked by hot times, where the weights sat in L2, a
-    # 26-minute search made ResNet-50 2.5% faster than its untuned build while the kernels' hot sums said 40%.
-    # The shared machine stretches some samples: tvmfuse.tune.samples drops them before the record is stored
-    evaluator = (ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20) if gpu else
-                 ms.runner.EvaluatorConfig(number=1, repeat=CPU_SAMPLES, min_repeat_ms=0, enable_cpu_cache_flush=True))
-    runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S), evaluator_config=evaluator,
-                                   f_alloc_argument=alloc_arguments, initializer=worker_initializer())
-    inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper
-    inst.timeout_sec = timeout_s
-    inst.pool._timeout = timeout_s  # PopenPoolExecutor reads it on each submit (TVM 0.27)
-    return runner
 
 
 def _tune_all(kernels, budgets, spent, results, *, target, database, config, spaces, builder, runner, log_root,

@@ -1,0 +1,298 @@
+"""The schedule rules an untuned GPU kernel gets: dlight's, some declined where they compute a kernel wrong or
+slowly, and tvmfuse's own for whole-tensor and short reductions. Each rule is named in the reports by its
+``source``."""
+from __future__ import annotations
+
+import functools
+import re
+
+from tvmfuse._tvm import dlight, tvm
+
+def _pads(func) -> bool:
+    """Whether a scheduled kernel stages a padded copy of a buffer (dlight names them ``*_pad*``). TVM 0.27 has no
+    Python TIR visitor; the kernel's TVMScript names its allocations."""
+    return re.search(r"\b\w*_pad\w* = T\.sblock_alloc_buffer", func.script()) is not None
+
+
+def _index_preserving_epilogue(func) -> bool:
+    """Whether every block after a kernel's last reduction is elementwise on the reduction's result: a spatial
+    block whose writes, and whose reads of the kernel's own intermediates, index exactly its own iteration
+    variables in order, all of the reduction result's shape (a bias read as ``c[j]`` or a residual is an input and
+    may be indexed as it likes). A transposing or reshaping epilogue (heads merged back) is not."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    root = sch.get_sblock("root")
+    blocks = [sch.get(b) for b in sch.get_child_blocks(root)]
+    reductions = [i for i, b in enumerate(blocks) if any(int(iv.iter_type) != 0 for iv in b.iter_vars)]
+    if not reductions:
+        return False
+    last = reductions[-1]
+    shape = [int(d) for d in blocks[last].writes[0].source.shape]
+    local = {str(b.writes[0].source.name) for b in blocks} - {str(p.name) for p in func.params}
+
+    def identity(region, ivs) -> bool:
+        return ([int(d) for d in region.source.shape] == shape and len(region.region) == len(ivs)
+                and all(r.min.same_as(v) and int(r.extent) == 1 for r, v in zip(region.region, ivs)))
+
+    for b in blocks[last + 1:]:
+        ivs = [iv.var for iv in b.iter_vars]
+        if any(int(iv.iter_type) != 0 for iv in b.iter_vars):
+            return False
+        if not all(identity(w, ivs) for w in b.writes):
+            return False
+        if not all(identity(r, ivs) for r in b.reads if str(r.source.name) in local):
+            return False
+    return True
+
+
+def _lower(mod, target) -> None:
+    """Run TIR's default lowering on ``mod`` for ``target`` (no code generation): raises where a schedule does not
+    lower, which some rules find only there."""
+    lower = tvm.tirx.get_tir_pipeline("default")   # TVM 0.27: (lowering pass, host and device finalizers)
+    with target:
+        (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(mod))
+
+
+class UnpaddedMatmul(dlight.gpu.Matmul):
+    """dlight's Matmul rule, declined where it pads a GEMM whose epilogue is not elementwise on its result.
+
+    Where it pads (an attention head's 16 or 80 columns to its 64), it inlines the kernel's epilogue into the
+    write-back of the padded tile and guards it with the epilogue's index instead of the padded one: a
+    transposing epilogue (heads merged back, ``matmul + transpose + reshape``) then writes the padding over
+    other heads' results (relative error 0.67 on the H200). The other rules compute such a kernel correctly. With
+    an index-preserving epilogue (bias, activation, residual) the epilogue's index is the padded tile's own, so
+    the guard is right; declining those too left a GEMM whose N and K no tile divides (7674 x 11355 x 3294 fp16)
+    on dlight's Fallback, one thread an output: 1.97 s untuned on the H200, where a searched schedule took 4.4 ms.
+    """
+
+    def apply(self, func, target, tunable):
+        sch = super().apply(func, target, tunable)
+        if isinstance(sch, list):
+            sch = sch[0] if sch else None
+        if sch is None or (_pads(sch.mod["main"]) and not _index_preserving_epilogue(func)):
+            return None
+        # some epilogues (T5's fp16 clamp: cast, isinf, where) leave it reading a staging buffer it never
+        # allocates, which only TIR lowering finds: lower it here (no code generation) and pass on a failure
+        try:
+            _lower(sch.mod, target)
+        except Exception:  # noqa: BLE001 - the schedule does not lower: the next rule takes the kernel
+            return None
+        return sch
+
+
+@functools.lru_cache(maxsize=64)   # (the three reduction rules ask it of one kernel in turn)
+def _guarded_epilogue(func) -> bool:
+    """Whether a kernel's blocks after its last reduction write through a condition on their index (an im2col
+    epilogue padding a 10-channel GEMV result to the next GEMM's 64 columns): dlight's GEMV rule wrote such a
+    kernel wrong on the H200 (EfficientNet-B0 fp16's squeeze-excitation, relative error 0.72). Read from the
+    TVMScript: TVM 0.27 has no Python TIR visitor."""
+    text = func.script()
+    last = max(text.rfind('R"'), text.rfind("T.axis.reduce"))
+    return last >= 0 and "T.if_then_else(" in text[last:]
+
+
+class _NoGuardedEpilogue:
+    """A dlight reduction rule, declined for a kernel with a guarded epilogue (see ``_guarded_epilogue``):
+    dlight's Fallback computes those correctly, an output element a thread."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def apply(self, func, target, tunable):
+        return None if _guarded_epilogue(func) else self.rule.apply(func, target, tunable)
+
+    def __getattr__(self, name):
+        return getattr(self.rule, name)
+
+
+class WholeReduction:
+    """A kernel whose one reduction reduces a whole tensor to one element (T5's "is any element infinite" flag,
+    a global max or sum), with scalar epilogues: one thread block, each of its threads accumulates a strided
+    slice in a register (consecutive threads read consecutive elements), the block's threads then meet in a
+    cross-thread reduction (warp shuffles), and thread 0 computes the epilogues.
+
+    dlight's reduction rules need an output axis to spread over threads: given none they reduced the whole
+    tensor in one thread with its accumulator in global memory (T5 fp16 at 2 x 128 tokens: 227 ms a call for
+    16384 elements on the H200). One block reads at a fraction of HBM's bandwidth; these flags are small
+    beside the GEMMs around them."""
+
+    max_threads = 1024
+    source = "whole-reduction"   # the schedule's name in the reports
+
+    @classmethod
+    def takes(cls, func, target) -> bool:
+        """Whether the untuned build gives ``func`` this schedule (the first of :func:`default_gpu_rules`)."""
+        with target:
+            return cls().apply(func, target, False) is not None
+
+    def apply(self, func, target, tunable):
+        sch = tvm.s_tir.Schedule(func)
+        root = sch.get_sblock("root")
+        blocks = sch.get_child_blocks(root)
+        kinds = [[int(iv.iter_type) for iv in sch.get(b).iter_vars] for b in blocks]
+        reducing = [i for i, k in enumerate(kinds) if any(t != 0 for t in k)]
+        if len(reducing) != 1 or not _one_element(sch.get(blocks[reducing[0]]).writes[0].source):
+            return None
+        red = blocks[reducing[0]]
+        if any(not all(_one_element(w.source) for w in sch.get(b).writes) for b in blocks[reducing[0] + 1:]):
+            return None
+        try:
+            for b in reversed(blocks[:reducing[0]]):   # elementwise producers: computed where they are read
+                sch.compute_inline(b)
+            for b in sch.get_child_blocks(root)[1:-1]:   # scalar intermediates of the epilogue
+                try:
+                    sch.compute_inline(b)
+                except Exception:  # noqa: BLE001 - an epilogue block that stays a block of its own
+                    pass
+            loops = sch.get_loops(red)
+            size = functools.reduce(lambda a, b: a * b, (int(sch.get(lp).extent) for lp in loops), 1)
+            threads = max(32, min(self.max_threads, 1 << (size - 1).bit_length()))
+            strided, lane = sch.split(sch.fuse(*loops) if len(loops) > 1 else loops[0], [None, threads])
+            sch.reorder(lane, strided)
+            sch.bind(lane, "threadIdx.x")
+            block = sch.add_unit_loop(lane)
+            sch.bind(block, "blockIdx.x")
+            if sch.get(red).writes[0].source.same_as(next(
+                    (b for b in sch.get(root).alloc_buffers if b.same_as(sch.get(red).writes[0].source)), None)):
+                sch.set_scope(red, 0, "local")   # an intermediate: the reduced value stays in the threads
+            for b in sch.get_child_blocks(root)[1:]:
+                sch.reverse_compute_at(b, block)
+            _lower(sch.mod, target)
+        except Exception:  # noqa: BLE001 - a kernel this schedule does not fit: the next rule takes it
+            return None
+        return sch
+
+
+class ShortReduction:
+    """A kernel whose every reduction sums at most ``max_elements`` elements an output (a depthwise conv's 3x3
+    window, a GEMM over 16-64 channels): one output a thread, blocks of ``threads``, the sum in a register, the
+    epilogue computed by the same thread (a kernel whose epilogue's indices do not allow it goes to the next rule).
+
+    dlight's rules spread a reduction over a block's threads: a depthwise 3x3 conv of MobileNetV2 (1 x 3 x 64 x 64,
+    fp32) took one 256-thread block per output element for its 9 products (36864 blocks, 31 us on the H200), and a
+    GEMM over 16 channels the same; its Fallback keeps the accumulator in global memory."""
+
+    max_elements = 64
+    threads = 256
+    source = "short-reduction"   # the schedule's name in the reports
+    few_outputs = 1 << 18   # about 8 waves of 256-thread blocks over the H200's 132 SMs
+
+    def __init__(self, max_outputs: int | None = None):
+        self.max_outputs = max_outputs
+
+    def apply(self, func, target, tunable):
+        from tvm.s_tir.dlight.analysis import normalize_prim_func
+        from tvm.s_tir.dlight.base import try_inline
+
+        sch = tvm.s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        reducing = [b for b in infos if "R" in b.dom_kind()]
+        if not reducing or any(_reduced_elements(sch, b) > self.max_elements or "O" in b.dom_kind()
+                               for b in reducing):
+            return None
+        if self.max_outputs is not None and any(_outputs(sch, b) > self.max_outputs for b in reducing):
+            return None
+        try:
+            infos = try_inline(sch, infos)
+            pending, stores = [], []
+            for info in infos:
+                block, kinds = info.block_rv, info.dom_kind()
+                loops = sch.get_loops(block)
+                s_loops = [lp for lp, k in zip(loops, kinds) if k == "S"] or [sch.add_unit_loop(block)]
+                r_loops = [lp for lp, k in zip(loops, kinds) if k == "R"]
+                if pending and not r_loops:
+                    # the epilogue by the thread that holds its sum (indices that do not line up raise: the
+                    # sum would need a global buffer of the kernel's own, which CUDA cannot allocate)
+                    sch.reverse_compute_at(block, pending[-1])
+                    continue
+                sch.reorder(*s_loops, *r_loops)
+                bx, tx = sch.split(sch.fuse(*s_loops), [None, self.threads])
+                sch.bind(bx, "blockIdx.x")
+                sch.bind(tx, "threadIdx.x")
+                if r_loops:
+                    acc = sch.cache_write(block, 0, "local")
+                    sch.reverse_compute_at(acc, tx)
+                    sch.decompose_reduction(block, r_loops[0])
+                    pending.append(tx)
+                    stores.append(acc)
+            root = sch.get(sch.get_sblock("root"))
+            for acc in stores:   # a sum the epilogue reads: from the register, never stored (CUDA has no global scratch)
+                if any(b.same_as(sch.get(acc).writes[0].source) for b in root.alloc_buffers):
+                    sch.compute_inline(acc)
+            _lower(sch.mod, target)
+        except Exception:  # noqa: BLE001 - a kernel this schedule does not fit: the next rule takes it
+            return None
+        return sch
+
+
+def _extent_product(sch, info, kind: str) -> int:
+    """The product of a block's loop extents of ``kind`` ("S" spatial, "R" reduction); huge when not constant."""
+    n = 1
+    for lp, k in zip(sch.get_loops(info.block_rv), info.dom_kind()):
+        if k == kind:
+            extent = sch.get(lp).extent
+            if not isinstance(extent, (int, tvm.tirx.IntImm)):
+                return 1 << 62
+            n *= int(extent)
+    return n
+
+
+def _reduced_elements(sch, info) -> int:
+    """The elements one output of a block sums."""
+    return _extent_product(sch, info, "R")
+
+
+def _outputs(sch, info) -> int:
+    """The outputs a block computes."""
+    return _extent_product(sch, info, "S")
+
+
+def _one_element(buffer) -> bool:
+    return all(isinstance(d, (int, tvm.tirx.IntImm)) and int(d) == 1 for d in buffer.shape)
+
+
+def default_gpu_rules() -> tuple:
+    """dlight's default GPU schedule rules, in the order an untuned build applies them."""
+    # a short reduction one output a thread: first where its outputs are few (a GEMM over 16-64 channels of a few
+    # pixels, which dlight's matmul tiles into 1-8 blocks), after the matmul rule where they are many (its tiles
+    # reuse each operand across a block; one output a thread reads both operands K times an output)
+    return (WholeReduction(), ShortReduction(max_outputs=ShortReduction.few_outputs), UnpaddedMatmul(),
+            ShortReduction(), _NoGuardedEpilogue(dlight.gpu.GEMV()), _NoGuardedEpilogue(dlight.gpu.Reduction()),
+            _NoGuardedEpilogue(dlight.gpu.GeneralReduction()), dlight.gpu.Fallback())
+
+
+def reference_schedule(mod, target, *, is_gpu: bool):
+    """The schedule kernels are checked against: TVM's plain lowering on CPUs; on GPUs dlight's Fallback
+    alone (every output element by one thread, reductions in order), simple enough to trust where the
+    tiling rules are not (see UnpaddedMatmul)."""
+    if not is_gpu:
+        return tvm.s_tir.Schedule(mod)
+    with target:
+        sch = dlight.gpu.Fallback().apply(mod["main"], target, False)
+    return sch[0] if isinstance(sch, list) else sch
+
+
+def default_schedule(mod, target, *, is_gpu: bool):
+    """The traced schedule an untuned build gives ``mod`` (the first of :func:`default_gpu_rules` that takes it on
+    GPUs, TVM's plain lowering, an empty trace, on CPUs), or None when no rule applies."""
+    if not is_gpu:
+        return tvm.s_tir.Schedule(mod)
+    return default_gpu_schedule(mod, target)[0]
+
+
+def default_gpu_schedule(mod, target):
+    """(schedule, source) of the first of :func:`default_gpu_rules` that takes ``mod``: the source names the rule
+    as the reports do (``whole-reduction``, ``short-reduction``, else ``dlight``); (None, "dlight") when none does."""
+    func = mod["main"]
+    with target:
+        for rule in default_gpu_rules():
+            try:
+                sch = rule.apply(func, target, False)
+            except Exception:  # noqa: BLE001 - a rule that cannot take this kernel: the next one
+                continue
+            if isinstance(sch, list):
+                sch = sch[0] if sch else None
+            if sch is not None:
+                return sch, getattr(rule, "source", "dlight")
+    return None, "dlight"
