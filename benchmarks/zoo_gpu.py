@@ -69,7 +69,7 @@ def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
 
 
 def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path,
-            deadline: float) -> dict:
+            deadline: float, baselines: str = BASELINES) -> dict:
     from model_zoo import VISION, export
 
     row: dict = {"model": model, "size": size, "precision": precision, "batch": batch,
@@ -79,6 +79,24 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
     paths = export(work, [model], size, seq if model not in VISION else None, batch, ("float32",))
     row["export_s"] = time.time() - t0
     onnx_path = str(paths[0])
+    if budget > 0:
+        err = _tune_row(row, onnx_path, precision, budget, db, deadline)
+        if err:
+            row["error"] = f"tune: {err}"
+            return row
+    rc, rep, err = _cli("bench", onnx_path, "--target", "cuda", "--db", str(db), "--precision", precision,
+                        "--against", baselines, "--repeat", "20", "--number", "5",
+                        timeout=min(420, max(deadline - time.time(), 1)))
+    row["bench_rc"] = rc
+    if rep is None:
+        row["error"] = f"bench: {err}"
+        return row
+    row["bench"] = rep
+    return row
+
+
+def _tune_row(row: dict, onnx_path: str, precision: str, budget: float, db: Path, deadline: float) -> str | None:
+    """Tune one row's model into ``db``, its statuses and problems into ``row``; the error, or None."""
     t0 = time.time()
     rc, rep, err = _cli("tune", onnx_path, "--target", "cuda", "--db", str(db), "--time-budget", str(budget),
                         "--precision", precision, "--keep-going", "--trials-per-kernel", "16",
@@ -86,8 +104,7 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
     row["tune_s"] = time.time() - t0
     row["tune_rc"] = rc
     if rep is None:
-        row["error"] = f"tune: {err}"
-        return row
+        return err
     kernels = rep.get("kernels", [])
     row["kernels"] = len(kernels)
     row["status"] = {s: sum(1 for k in kernels if k["status"] == s) for s in {k["status"] for k in kernels}}
@@ -97,15 +114,7 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
     row["problems"] = [{"name": k["name"], "status": k["status"], "message": k.get("message", ""),
                         "space": (k.get("space") or {}).get("space"), "check": k.get("check")}
                        for k in kernels if k["status"] == "failed" or (k.get("check") or {}).get("ok") is False]
-    rc, rep, err = _cli("bench", onnx_path, "--target", "cuda", "--db", str(db), "--precision", precision,
-                        "--against", BASELINES, "--repeat", "20", "--number", "5",
-                        timeout=min(420, max(deadline - time.time(), 1)))
-    row["bench_rc"] = rc
-    if rep is None:
-        row["error"] = f"bench: {err}"
-        return row
-    row["bench"] = rep
-    return row
+    return None
 
 
 def _summary(row: dict) -> dict:
@@ -130,7 +139,10 @@ def main() -> int:
     ap.add_argument("--precisions", default="fp32,fp16")
     ap.add_argument("--batches", default="1")
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--budget", type=float, default=120.0, help="tune --time-budget per row, seconds")
+    ap.add_argument("--budget", type=float, default=120.0,
+                    help="tune --time-budget per row, seconds; 0: no tuning, every kernel on its untuned default")
+    ap.add_argument("--baselines", default=BASELINES,
+                    help="bench --against (torch-compile-max alone compiles for minutes a model)")
     ap.add_argument("--db", type=Path, default=None, help="a database carried in (copied to $OUT/zoo.db)")
     ap.add_argument("--results", type=Path, default=None, help="an earlier zoo_gpu.json carried in: its rows are kept")
     ap.add_argument("--deadline-s", type=float, default=540.0)
@@ -154,10 +166,10 @@ def main() -> int:
                     log(f"{key}: left for the next call (it takes about {a.budget + extra:.0f} s)")
                     continue
                 t_row = time.time()
-                log(f"{key}: export, tune ({a.budget:.0f} s), bench")
+                log(f"{key}: export, " + (f"tune ({a.budget:.0f} s), " if a.budget > 0 else "untuned, ") + "bench")
                 try:
                     rows[key] = run_row(model, a.size, precision, batch, a.seq, a.budget, db, work,
-                                        T0 + a.deadline_s)
+                                        T0 + a.deadline_s, a.baselines)
                 except Exception as err:  # noqa: BLE001 - one row's failure is that row's entry
                     rows[key] = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"}
                 extra = max(extra, time.time() - t_row - a.budget)
