@@ -24,6 +24,7 @@ from tvmfuse.runtime.loaded import check_digest, manifest_digest
 from tvmfuse.target import resolve_target
 from tvmfuse.threads import apply_threads
 from tvmfuse.tune import TuneConfig, TuneProgress, extract_kernels, tune_kernels
+from tvmfuse.tune.retime import finalists_for
 from tvmfuse.tune.tuner import make_cost_model
 from tvmfuse.tune.warm_start import warm_start
 
@@ -119,6 +120,9 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         "kernels": [r.to_json() for r in results],
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
+        "retime_finalists": finalists_for(tune_cfg, target),
+        "retimed": sum(bool(r.retimed and "best_ms" in r.retimed) for r in results),
+        "retimed_best_changed": sum(bool(r.retimed and r.retimed.get("best_changed")) for r in results),
         "failed": [r.name for r in results if r.status == "failed"],
         "interrupted": bool(stop is not None and stop()),
         "left": [r.name for r in results if r.status in ("interrupted", "skipped-interrupt", "lost")],

@@ -12,17 +12,6 @@ class _K:
     weight: int = 1
 
 
-@pytest.fixture(scope="module")
-def example_kernels(example_model, llvm_target):
-    """The example's kernels planned for llvm, once for the tests that tune them (each tunes into its own database)."""
-    from tvmfuse.frontend import import_model, load_model
-    from tvmfuse.plan import partition
-    from tvmfuse.tune import extract_kernels
-
-    return extract_kernels(partition(import_model(load_model(example_model)), target=llvm_target)[0],
-                           target=llvm_target)
-
-
 def test_budget_gives_every_kernel_a_share_then_favours_heavy_kernels():
     kernels = [_K(10), _K(1000), _K(100)]
     b = allocate_budget(kernels, [0, 0, 0], TuneConfig(trials=10, trials_per_kernel=8))

@@ -216,6 +216,23 @@ class TuningDatabase(ms.database.PyDatabase):
             c.execute("UPDATE records SET failed=1, mean_secs=NULL, run_secs=?, record_json=? WHERE id=?",
                       (json.dumps(body[1]), json.dumps(body, separators=(",", ":")), record_id))
 
+    def retime_records(self, record_ids: list[int], run_secs: list[float]) -> None:
+        """Give valid records the times of a later measurement (``run_secs``, seconds): a search's finalists timed
+        again side by side (:mod:`tvmfuse.tune.retime`). Each keeps its id and record key (the trial it was); its
+        mean and the times in the record itself change, so builds, merges and exports rank it by the new ones."""
+        secs, failed, mean = split_run_secs(run_secs)
+        if failed:
+            raise DatabaseError("a record is retimed with valid times only")
+        with self.store.transaction() as c:
+            for rid in record_ids:
+                row = c.execute("SELECT record_json FROM records WHERE id=? AND failed=0", (rid,)).fetchone()
+                if row is None:
+                    raise DatabaseError(f"no valid record {rid} in {self.store.path}")
+                body = json.loads(row[0])
+                body[1] = secs
+                c.execute("UPDATE records SET mean_secs=?, run_secs=?, record_json=? WHERE id=?",
+                          (mean, json.dumps(secs), json.dumps(body, separators=(",", ":")), rid))
+
     def record_error(self, mod, kind: str, message: str) -> None:
         """Keep why one trial of ``mod`` failed (``kind``: build | run) beside its failed record."""
         wid = self._commit(mod)

@@ -21,6 +21,7 @@ from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_m
 from tvmfuse.target import TargetInfo
 from tvmfuse import nvcc_cache
 from tvmfuse.tune.builder import close_builder, make_builder
+from tvmfuse.tune.retime import retime_result
 from tvmfuse.tune.samples import KeptSamplesRunner, local_runner
 from tvmfuse.tune.tasks import Kernel
 
@@ -61,6 +62,7 @@ class TuneConfig:
     cost_model: str = "xgb"  # xgb | random: one model per run, shared by every kernel (see make_cost_model)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
+    retime_finalists: int | None = None  # fastest schedules timed again side by side (tune.retime; None: by target)
     nvcc_cache: str | None = None  # the CUDA compile cache's folder ("off": none; None: tvmfuse.nvcc_cache.default_dir)
     # evolutionary (MetaSchedule's, the cost model and mutators steering it) | random (random points of the space,
     # MetaSchedule's ReplayTrace: the baseline benchmarks/bench_convergence.py compares the search with)
@@ -91,6 +93,7 @@ class KernelResult:
     lost: int = 0  # trials lost with their RPC server (not in trials_run: nothing was measured)
     servers: dict | None = None  # RPC server -> trials it measured for this kernel (remote runs only)
     default: str | None = None  # whose default was measured first: rule | model (N records) | stock
+    retimed: dict | None = None  # the finalists timed again side by side (tvmfuse.tune.retime.retime_finalists)
 
     def to_json(self) -> dict:
         return {
@@ -102,6 +105,7 @@ class KernelResult:
             "curve": [[n, None if b is None else b * 1e3] for n, b in self.curve],
             "baseline_ms": None if self.baseline_s is None else self.baseline_s * 1e3,
             "check": self.check, "lost_trials": self.lost, "servers": self.servers, "default": self.default,
+            "retimed": self.retimed,
             "speedup_vs_default": (self.baseline_s / self.best_s if self.baseline_s and self.best_s else None),
         }
 
@@ -316,7 +320,7 @@ def _tune_all(kernels, budgets, spent, results, *, target, database, config, spa
 
     def finish(i: int) -> None:
         _finish_kernel(kernels[i], results[i], states[i], target=target, database=database, config=config,
-                       spent=spent[i], progress=progress)
+                       spent=spent[i], progress=progress, builder=builder, runner=runner)
         finished.add(i)
 
     def finish_interrupted(i: int) -> None:
@@ -400,8 +404,9 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
         log.warning("tuning %s failed: %s", kernel.name, message, exc_info=log.isEnabledFor(logging.DEBUG))
 
 
-def _finish_kernel(kernel, result, state, *, target, database, config, spent, progress) -> None:
-    """Status, curve, check and best time of a kernel whose tuning is over."""
+def _finish_kernel(kernel, result, state, *, target, database, config, spent, progress, builder=None,
+                   runner=None) -> None:
+    """Status, curve, finalists timed again, check and best time of a kernel whose tuning is over."""
     measured = state.trials - state.lost  # trials lost with their RPC server measured nothing
     result.trials_run = measured + state.extra
     result.lost = state.lost + state.default_lost
@@ -434,6 +439,9 @@ def _finish_kernel(kernel, result, state, *, target, database, config, spent, pr
         else:
             result.status = "resumed" if spent else "tuned"
     result.curve = list(state.history)
+    if measured > 0:
+        retime_result(result, kernel, target=target, database=database, config=config, builder=builder,
+                      runner=runner, spent=spent)
     if config.check and measured + state.extra > 0:
         try:
             result.check = check_best(kernel, target=target, database=database)
