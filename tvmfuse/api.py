@@ -25,6 +25,7 @@ from tvmfuse.target import resolve_target
 from tvmfuse.threads import apply_threads
 from tvmfuse.tune import TuneConfig, TuneProgress, extract_kernels, tune_kernels
 from tvmfuse.tune.retime import finalists_for
+from tvmfuse.tune.samples import cpu_trials
 from tvmfuse.tune.tuner import make_cost_model
 from tvmfuse.tune.warm_start import warm_start
 
@@ -121,6 +122,8 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
         "retime_finalists": finalists_for(tune_cfg, target),
+        "cpu_trials": None if target.is_gpu or rpc is not None else dict(zip(("mode", "why"),
+                                                                            cpu_trials(kernels, tune_cfg.cpu_trials))),
         "retimed": sum(bool(r.retimed and "best_ms" in r.retimed) for r in results),
         "retimed_best_changed": sum(bool(r.retimed and r.retimed.get("best_changed")) for r in results),
         "failed": [r.name for r in results if r.status == "failed"],

@@ -3,6 +3,7 @@ and the kernel check: fresh inputs, outputs poisoned, an unwritten output fails.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -168,3 +169,24 @@ def test_bench_fp16_reports_its_precision_floor(example_model):
     ort = next(r for r in report["results"] if r["backend"] == "onnxruntime")
     assert floor["backend"] == "onnxruntime" and floor["rel_error"] == ort["rel_error"]
     assert all(r["ok"] for r in report["results"]), report["results"]
+
+
+def test_the_quiet_gap_lasts_until_the_process_threads_stop_spinning():
+    """A thread of this process that spins for 0.3 s (a runtime's pool after its last call) holds the gap open
+    until it stops; an idle process waits QUIET_S alone."""
+    import threading
+
+    from tvmfuse import bench
+
+    assert bench.quiet() < bench.QUIET_S + 3 * bench.QUIET_STEP_S + 0.05
+
+    def spin(until):
+        while time.perf_counter() < until:
+            pass
+
+    t0 = time.perf_counter()
+    worker = threading.Thread(target=spin, args=(t0 + 0.3,))
+    worker.start()
+    waited = bench.quiet()
+    worker.join()
+    assert 0.3 <= waited + 0.01 and waited < bench.QUIET_MAX_S

@@ -56,3 +56,32 @@ def test_the_runner_passes_kept_samples_and_failures_through_metaschedules_objec
     assert ok.error_msg is None
     assert error.error_msg == "did not run" and error.run_secs is None
     assert [float(s) for s in failed.run_secs] == [1e9]
+
+
+def test_cpu_trials_are_cold_where_the_weights_outgrow_the_cache(example_kernels):
+    """auto: warm where the model's weights fit in half the last-level cache, cold past it; cold and warm as asked;
+    anything else is a one-line error."""
+    from tvmfuse.errors import TvmfuseError
+    from tvmfuse.tune import samples
+
+    llc = samples.last_level_cache_bytes()
+    weights = samples.weight_bytes(example_kernels)
+    # the example's weights: every layout-free parameter of every kernel, times its calls
+    assert weights > 0
+    assert samples.cpu_trials(example_kernels, "cold") == ("cold", "asked")
+    assert samples.cpu_trials(example_kernels, "warm") == ("warm", "asked")
+    with pytest.raises(TvmfuseError, match="auto, cold or warm"):
+        samples.cpu_trials(example_kernels, "hot")
+    mode, why = samples.cpu_trials(example_kernels)
+    if llc is None:
+        assert mode == "cold" and "not known" in why
+    else:
+        assert (mode == "warm") == (weights <= samples.WARM_SHARE * llc) and "last-level cache" in why
+
+
+def test_the_local_runner_flushes_the_weights_only_for_cold_trials():
+    from tvmfuse.tune.samples import CPU_SAMPLES, local_runner
+
+    for cold in (True, False):
+        cfg = getattr(local_runner(30, gpu=False, cold=cold), "_inst").evaluator_config
+        assert cfg.enable_cpu_cache_flush is cold and cfg.repeat == CPU_SAMPLES and cfg.number == 1

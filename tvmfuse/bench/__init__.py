@@ -7,7 +7,7 @@ samples, each the mean of ``number`` back-to-back calls, synchronised once per s
 every backend under the same load (its clock falls under sustained load). The samples are taken in rounds, one
 sample of each backend a round, after every backend is built and warm: a machine whose load changes during the
 run (a shared CPU ran onnxruntime's ResNet-50 at 8 ms, then 17) slows all of them alike, not whichever ran then.
-On the CPU a sample starts ``QUIET_S`` after the one before, once the other runtime's threads stopped spinning.
+On the CPU a sample starts once the other runtimes' threads stopped spinning (:func:`quiet`).
 Torch baselines rebuild the ONNX graph with :mod:`tvmfuse.bench.torch_onnx` (no onnx2torch there);
 an unsupported graph or a missing torch gives an entry with ``available: false`` and the reason.
 """
@@ -46,19 +46,37 @@ class BenchConfig:
     threads: int | None = None   # TVM's runtime threads (None: the physical cores; tvmfuse.threads)
 
 
-# seconds between two CPU samples: after a call a runtime's worker threads spin for new work before they sleep
-# (onnxruntime's for about 35 ms, TVM's for 65 ms, measured on the 2-core Xeon of BENCHMARKS.md), so a sample taken
-# right after another runtime's ran on cores that runtime's threads still held: SqueezeNet's tvmfuse build timed
-# 1.07 ms so against onnxruntime's 0.75 ms, and 0.74-1.05 ms alone (a user runs one runtime, not both)
+# seconds between two CPU samples, at the least: after a call a runtime's worker threads spin for new work before
+# they sleep, so a sample taken right after another runtime's ran on cores that runtime's threads still held:
+# SqueezeNet's tvmfuse build timed 1.07 ms so against onnxruntime's 0.75 ms, and 0.74-1.05 ms alone (a user runs one
+# runtime, not both). How long they spin differs by machine: onnxruntime's about 35 ms and TVM's 65 ms on the 2-core
+# Xeon of BENCHMARKS.md, TVM's 150-170 ms on the 2-core AMD EPYC, where onnxruntime's SqueezeNet timed 0.70-0.90 ms
+# right after TVM's calls and 0.32-0.40 ms 2 s later. So the gap goes on, in QUIET_STEP_S steps, until the process's
+# threads burn less than QUIET_IDLE of a core in a step (or QUIET_MAX_S has passed)
 QUIET_S = 0.1
+QUIET_STEP_S = 0.02
+QUIET_IDLE = 0.1
+QUIET_MAX_S = 1.0
 # and then runs untimed for this long, so its own threads and cores are awake, as in a model served back to back
 # (after the gap alone, SqueezeNet's 5-call samples averaged 1.23 ms; with the warm-up 0.66 ms, minutes later)
 WARM_S = 0.05
 
 
-def settle(call) -> None:
-    """Before a CPU sample: ``QUIET_S`` idle, then ``call`` repeated untimed for ``WARM_S``."""
+def quiet() -> float:
+    """Sleep ``QUIET_S``, then on until this process's threads are idle (see ``QUIET_IDLE``); the seconds slept."""
+    t0 = time.perf_counter()
     time.sleep(QUIET_S)
+    while time.perf_counter() - t0 < QUIET_MAX_S:
+        cpu = time.process_time()
+        time.sleep(QUIET_STEP_S)
+        if time.process_time() - cpu < QUIET_IDLE * QUIET_STEP_S:
+            break
+    return time.perf_counter() - t0
+
+
+def settle(call) -> None:
+    """Before a CPU sample: :func:`quiet`, then ``call`` repeated untimed for ``WARM_S``."""
+    quiet()
     warm_until = time.perf_counter() + WARM_S
     while time.perf_counter() < warm_until:
         call()

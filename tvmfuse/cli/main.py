@@ -155,6 +155,9 @@ def tune_command(
     retime: Optional[int] = typer.Option(None, "--retime", min=0, help="After each kernel's search, its N fastest "
                                          "schedules and its default are timed again in interleaved rounds and "
                                          "ranked by those times (default: 4 on CPUs, 0 on GPUs; 0: off)."),
+    cpu_trials: str = typer.Option("auto", "--cpu-trials", help="cold (each trial's weights flushed from the "
+                                   "caches), warm, or auto: cold where the model's weights outgrow half the "
+                                   "last-level cache, as a model at batch 1 then reads them from DRAM."),
     rpc_tracker: Optional[str] = RpcTrackerOpt, rpc_key: Optional[str] = RpcKeyOpt,
     rpc_workers: Optional[int] = typer.Option(None, "--rpc-workers", help="Trials measured at once on the RPC "
                                               "servers (default: one per server under the key)."),
@@ -192,7 +195,8 @@ def tune_command(
             cfg = _model_config(model, target, db, planner, input_shape, precision, threads)
             rpc = rpc_options(rpc_tracker, rpc_key, workers=rpc_workers, session_timeout_s=rpc_timeout)
             tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune,
-                              time_budget_s=time_budget, cost_model=cost_model, rpc=rpc, retime_finalists=retime)
+                              time_budget_s=time_budget, cost_model=cost_model, rpc=rpc, retime_finalists=retime,
+                              cpu_trials=cpu_trials)
             with RichProgress(enabled=not json_out, time_budget_s=time_budget) as progress:
                 report = api.tune(cfg, tcfg, progress=progress, stop=stop)
         interrupted = stop()
@@ -221,6 +225,8 @@ def tune_command(
                              "vs default", "check"], rows, caption=TABLE_ORDER))
             out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run, "
                       f"warm-started with {report['warm_start_records']} records of the database)")
+            if report.get("cpu_trials"):
+                out.print(f"CPU trials: {report['cpu_trials']['mode']} ({report['cpu_trials']['why']})")
             if report["retime_finalists"]:
                 out.print(f"retimed: {report['retimed']} kernels' {report['retime_finalists']} fastest schedules and "
                           f"default, side by side; another schedule came first for {report['retimed_best_changed']}")

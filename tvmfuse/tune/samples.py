@@ -10,7 +10,12 @@ A GPU trial is one sample and passes unchanged.
 """
 from __future__ import annotations
 
-from tvmfuse._tvm import derived_object, ms
+from pathlib import Path
+
+import numpy as np
+
+from tvmfuse._tvm import derived_object, ms, tvm
+from tvmfuse.errors import TvmfuseError
 from tvmfuse.tune.builder import worker_initializer
 from tvmfuse.tune.measure_args import alloc_arguments
 
@@ -71,18 +76,67 @@ class KeptSamplesRunner(ms.runner.PyRunner):
 _WORKER_START_S = 60.0
 
 
-CPU_SAMPLES = 9   # cold calls a CPU trial is timed with
+CPU_SAMPLES = 9   # single calls a CPU trial is timed with
+# "auto" times a CPU trial warm where the model's weights take at most this share of the last-level cache
+WARM_SHARE = 0.5
 
 
-def local_runner(timeout_s, *, gpu: bool = True):
-    # A GPU trial: one sample of at least 20 ms of back-to-back calls. A CPU trial: CPU_SAMPLES single calls, each
-    # after the kernel's arguments but the first (its weights; the first is the activations a model hands it warm)
-    # are flushed from the caches: a CPU model at batch 1 streams its weights from DRAM every call (ResNet-50, 100
-    # MB a call at 17-18 GB/s on the CI-class machine), and ranked by hot times, where the weights sat in L2, a
-    # 26-minute search made ResNet-50 2.5% faster than its untuned build while the kernels' hot sums said 40%.
-    # The shared machine stretches some samples: KeptSamplesRunner drops them before the record is stored
+def last_level_cache_bytes() -> int | None:
+    """The largest data cache of this machine's first CPU (Linux sysfs), or None where it is not known."""
+    sizes = []
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            kind, size = (d / "type").read_text().strip(), (d / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        if kind != "Instruction" and size.rstrip("KMG").isdigit():
+            sizes.append(int(size.rstrip("KMG")) * scale)
+    return max(sizes) if sizes else None
+
+
+def weight_bytes(kernels) -> int:
+    """The weights a model's kernels read in one call of it: each kernel's constant parameters (the planner's
+    ``layout_free_buffers``) times the kernel's calls."""
+    from tvmfuse.tune.check import param_specs
+
+    total = 0
+    for k in kernels:
+        func = k.mod["main"]
+        specs = param_specs(func)
+        for i in (func.attrs or {}).get("layout_free_buffers", []):
+            _, shape, dtype = specs[int(i)]
+            total += k.weight * int(np.prod(shape, dtype=np.int64)) * (tvm.runtime.DataType(dtype).bits // 8)
+    return total
+
+
+def cpu_trials(kernels, mode: str = "auto") -> tuple[str, str]:
+    """How a CPU run times its trials, ``cold`` or ``warm``, and why. ``auto``: cold where the model's weights
+    outgrow ``WARM_SHARE`` of the last-level cache (a model at batch 1 then streams them from DRAM every call:
+    ResNet-50's 100 MB), warm where they fit (SqueezeNet's 5 MB stay in a 32 MB L3 between calls). On the 2-core
+    AMD EPYC, SqueezeNet tuned with cold trials ran 7% slower end to end than its untuned build: the cold times
+    ranked its kernels by a DRAM stream the model never waits for."""
+    if mode in ("cold", "warm"):
+        return mode, "asked"
+    if mode != "auto":
+        raise TvmfuseError(f"--cpu-trials {mode!r}: expected auto, cold or warm")
+    weights, llc = weight_bytes(kernels), last_level_cache_bytes()
+    if llc is None:
+        return "cold", f"weights {weights / 1e6:.1f} MB; the last-level cache's size is not known here"
+    fits = weights <= WARM_SHARE * llc
+    return ("warm" if fits else "cold"), (f"weights {weights / 1e6:.1f} MB {'within' if fits else 'past'} "
+                                          f"{WARM_SHARE:g} of the {llc / 1e6:.0f} MB last-level cache")
+
+
+def local_runner(timeout_s, *, gpu: bool = True, cold: bool = True):
+    # A GPU trial: one sample of at least 20 ms of back-to-back calls. A CPU trial: CPU_SAMPLES single calls; ``cold``
+    # (see cpu_trials), each after the kernel's arguments but the first (its weights; the first is the activations a
+    # model hands it warm) are flushed from the caches, as a model whose weights outgrow the cache runs it: ResNet-50
+    # at batch 1 streams 100 MB a call from DRAM, and ranked by hot times a 26-minute search made it 2.5% faster than
+    # its untuned build while the kernels' hot sums said 40%. The shared machine stretches some samples:
+    # KeptSamplesRunner drops them before the record is stored
     evaluator = (ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20) if gpu else
-                 ms.runner.EvaluatorConfig(number=1, repeat=CPU_SAMPLES, min_repeat_ms=0, enable_cpu_cache_flush=True))
+                 ms.runner.EvaluatorConfig(number=1, repeat=CPU_SAMPLES, min_repeat_ms=0, enable_cpu_cache_flush=cold))
     runner = ms.runner.LocalRunner(timeout_sec=max(timeout_s, _WORKER_START_S), evaluator_config=evaluator,
                                    f_alloc_argument=alloc_arguments, initializer=worker_initializer())
     inst = getattr(runner, "_inst", runner)  # the Python object behind TVM's derived-object wrapper

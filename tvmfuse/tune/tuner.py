@@ -22,7 +22,7 @@ from tvmfuse.target import TargetInfo
 from tvmfuse import nvcc_cache
 from tvmfuse.tune.builder import close_builder, make_builder
 from tvmfuse.tune.retime import retime_result
-from tvmfuse.tune.samples import KeptSamplesRunner, local_runner
+from tvmfuse.tune.samples import KeptSamplesRunner, cpu_trials, local_runner
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -63,6 +63,7 @@ class TuneConfig:
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
     retime_finalists: int | None = None  # fastest schedules timed again side by side (tune.retime; None: by target)
+    cpu_trials: str = "auto"  # cold | warm | auto: CPU trials with the weights flushed or not (tune.samples.cpu_trials)
     nvcc_cache: str | None = None  # the CUDA compile cache's folder ("off": none; None: tvmfuse.nvcc_cache.default_dir)
     # evolutionary (MetaSchedule's, the cost model and mutators steering it) | random (random points of the space,
     # MetaSchedule's ReplayTrace: the baseline benchmarks/bench_convergence.py compares the search with)
@@ -280,7 +281,8 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     # a CUDA candidate measured here is compiled in the parallel build workers, the runner's load then a cache hit
     builder = make_builder(workers=workers, timeout_s=max(config.builder_timeout_s, spaces.builder_timeout_s),
                            precompile=target.is_gpu and runner is None and config.rpc is None)
-    runner = runner if runner is not None else local_runner(config.runner_timeout_s, gpu=target.is_gpu)
+    runner = runner if runner is not None else local_runner(
+        config.runner_timeout_s, gpu=target.is_gpu, cold=cpu_trials(kernels, config.cpu_trials)[0] == "cold")
     runner = KeptSamplesRunner(runner)   # a record keeps the samples no other process stretched
     if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
         user_stop = stop
