@@ -85,3 +85,12 @@ def test_the_local_runner_flushes_the_weights_only_for_cold_trials():
     for cold in (True, False):
         cfg = getattr(local_runner(30, gpu=False, cold=cold), "_inst").evaluator_config
         assert cfg.enable_cpu_cache_flush is cold and cfg.repeat == CPU_SAMPLES and cfg.number == 1
+
+
+def test_an_unknown_cpu_trial_mode_stops_before_anything_runs():
+    from tvmfuse.errors import TvmfuseError
+    from tvmfuse.tune import TuneConfig
+
+    with pytest.raises(TvmfuseError, match="auto, cold or warm"):
+        TuneConfig(cpu_trials="hot")
+    assert TuneConfig(cpu_trials="warm").cpu_trials == "warm"

@@ -73,6 +73,10 @@ class TuneConfig:
     # measure on RPC servers (tvmfuse.rpc.RPCOptions) instead of this machine; tvmfuse.api.tune makes the runner
     rpc: object = None
 
+    def __post_init__(self):
+        if self.cpu_trials != "auto":
+            cpu_trials([], self.cpu_trials)   # raises on an unknown mode: exit 2 before anything runs
+
 
 @dataclass
 class KernelResult:
@@ -282,7 +286,8 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     builder = make_builder(workers=workers, timeout_s=max(config.builder_timeout_s, spaces.builder_timeout_s),
                            precompile=target.is_gpu and runner is None and config.rpc is None)
     runner = runner if runner is not None else local_runner(
-        config.runner_timeout_s, gpu=target.is_gpu, cold=cpu_trials(kernels, config.cpu_trials)[0] == "cold")
+        config.runner_timeout_s, gpu=target.is_gpu,
+        cold=target.is_gpu or cpu_trials(kernels, config.cpu_trials)[0] == "cold")
     runner = KeptSamplesRunner(runner)   # a record keeps the samples no other process stretched
     if ledger is not None:  # no server left under the key: stop as after Ctrl-C (a later run resumes)
         user_stop = stop
