@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -86,12 +86,14 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
     target, device, servers = _resolve(cfg, rpc)
     target, loaded, fused, plan = _prepare(cfg, target)
     kernels = extract_kernels(fused, target=target)
+    # auto resolved once, for the runner and the report alike
+    trials = None if target.is_gpu or rpc is not None else cpu_trials(kernels, tune_cfg.cpu_trials)
+    if trials is not None:
+        tune_cfg = replace(tune_cfg, cpu_trials=trials[0])
     cost_model = make_cost_model(tune_cfg.cost_model)   # before the database: a model that cannot load is exit 2
     runner = ledger = None
     check_note = None
     if rpc is not None:
-        from dataclasses import replace
-
         from tvmfuse.rpc.runner import make_runner
 
         rpc = replace(rpc, workers=rpc.workers or len(servers))
@@ -122,8 +124,7 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         "trials_run": sum(r.trials_run for r in results),
         "default_schedules_measured": sum(r.baseline_s is not None for r in results),
         "retime_finalists": finalists_for(tune_cfg, target),
-        "cpu_trials": None if target.is_gpu or rpc is not None else dict(zip(("mode", "why"),
-                                                                            cpu_trials(kernels, tune_cfg.cpu_trials))),
+        "cpu_trials": None if trials is None else {"mode": trials[0], "why": trials[1]},
         "retimed": sum(bool(r.retimed and "best_ms" in r.retimed) for r in results),
         "retimed_best_changed": sum(bool(r.retimed and r.retimed.get("best_changed")) for r in results),
         "failed": [r.name for r in results if r.status == "failed"],

@@ -79,6 +79,7 @@ _WORKER_START_S = 60.0
 CPU_SAMPLES = 9   # single calls a CPU trial is timed with
 # "auto" times a CPU trial warm where the model's weights take at most this share of the last-level cache
 WARM_SHARE = 0.5
+CPU_TRIAL_MODES = ("auto", "cold", "warm")
 
 
 def last_level_cache_bytes() -> int | None:
@@ -110,16 +111,20 @@ def weight_bytes(kernels) -> int:
     return total
 
 
+def check_cpu_trial_mode(mode: str) -> None:
+    """Raise a one-line error (exit 2) for a mode not in ``CPU_TRIAL_MODES``."""
+    if mode not in CPU_TRIAL_MODES:
+        raise TvmfuseError(f"--cpu-trials {mode!r}: expected auto, cold or warm")
+
+
 def cpu_trials(kernels, mode: str = "auto") -> tuple[str, str]:
     """How a CPU run times its trials, ``cold`` or ``warm``, and why. ``auto``: cold where the model's weights
     outgrow ``WARM_SHARE`` of the last-level cache (a model at batch 1 then streams them from DRAM every call:
-    ResNet-50's 100 MB), warm where they fit (SqueezeNet's 5 MB stay in a 32 MB L3 between calls). On the 2-core
-    AMD EPYC, SqueezeNet tuned with cold trials ran 7% slower end to end than its untuned build: the cold times
-    ranked its kernels by a DRAM stream the model never waits for."""
-    if mode in ("cold", "warm"):
-        return mode, "asked"
+    ResNet-50's 100 MB), warm where they fit (SqueezeNet's 5 MB stay in a 32 MB L3 between calls: cold times
+    rank its kernels by a DRAM stream the model never waits for)."""
+    check_cpu_trial_mode(mode)
     if mode != "auto":
-        raise TvmfuseError(f"--cpu-trials {mode!r}: expected auto, cold or warm")
+        return mode, "asked"
     weights, llc = weight_bytes(kernels), last_level_cache_bytes()
     if llc is None:
         return "cold", f"weights {weights / 1e6:.1f} MB; the last-level cache's size is not known here"

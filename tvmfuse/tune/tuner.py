@@ -22,7 +22,7 @@ from tvmfuse.target import TargetInfo
 from tvmfuse import nvcc_cache
 from tvmfuse.tune.builder import close_builder, make_builder
 from tvmfuse.tune.retime import retime_result
-from tvmfuse.tune.samples import KeptSamplesRunner, cpu_trials, local_runner
+from tvmfuse.tune.samples import KeptSamplesRunner, check_cpu_trial_mode, cpu_trials, local_runner
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -74,8 +74,7 @@ class TuneConfig:
     rpc: object = None
 
     def __post_init__(self):
-        if self.cpu_trials != "auto":
-            cpu_trials([], self.cpu_trials)   # raises on an unknown mode: exit 2 before anything runs
+        check_cpu_trial_mode(self.cpu_trials)   # exit 2 before anything runs
 
 
 @dataclass
