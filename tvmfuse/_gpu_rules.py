@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import replace
 
 from tvmfuse._tvm import dlight, tvm
 
@@ -77,6 +78,69 @@ class UnpaddedMatmul(dlight.gpu.Matmul):
         except Exception:  # noqa: BLE001 - the schedule does not lower: the next rule takes the kernel
             return None
         return sch
+
+
+class NarrowMatmul(dlight.gpu.Matmul):
+    """dlight's Matmul rule with a tile of 16 or 32 columns, for the GEMMs :class:`UnpaddedMatmul` declines because
+    its 64-column tile pads them under a transposing epilogue: attention's ``P @ V`` with its heads merged back
+    (16-64 columns a head), in fp32, where no flash template takes attention.
+
+    Those went to dlight's GeneralReduction, a block a few outputs with K split over its threads: BERT fp32 at
+    8 x 512 tokens spent 806 of its 986 us in that one kernel on the H200. A tile that divides every axis pads
+    nothing, so the epilogue's guard is the output's own; a kernel that no candidate tile divides is left to the
+    rules after this one. Candidates keep dlight's 4 x 4 outputs a thread and 16-deep K steps."""
+
+    source = "narrow-matmul"   # the schedule's name in the reports
+    # (threads along rows, along columns): row tiles of 128, 64, 32 at 32 and 16 columns
+    THREADS = ((16, 8), (8, 8), (32, 4), (16, 4), (8, 4))
+    # the largest tile that still launches this many blocks (about two an SM of a 132-SM H200) is taken; a kernel
+    # too small for any gets the tile with the most blocks: at one attention of 128 tokens a 128-row tile was a
+    # block or two a head
+    MIN_BLOCKS = 256
+
+    def __init__(self):
+        super().__init__()
+        self._config = None
+
+    def get_configs(self, target):
+        return self._config or super().get_configs(target)
+
+    def apply(self, func, target, tunable):
+        base = super().get_configs(target)
+        fallback, most = None, 0
+        for rows, cols in self.THREADS:
+            self._config = replace(base, block_size_x=rows, block_size_y=cols, vthread_x=1, vthread_y=1,
+                                   micro_size_x=4, micro_size_y=4)
+            try:
+                sch = super().apply(func, target, tunable)
+            finally:
+                self._config = None
+            if isinstance(sch, list):
+                sch = sch[0] if sch else None
+            if sch is None:
+                return None
+            if _pads(sch.mod["main"]):
+                continue
+            try:
+                _lower(sch.mod, target)
+            except Exception:  # noqa: BLE001 - this tile does not lower: the next one
+                continue
+            blocks = _grid_blocks(sch.mod["main"])
+            if blocks >= self.MIN_BLOCKS:
+                return sch
+            if blocks > most:
+                fallback, most = sch, blocks
+        return fallback
+
+
+def _grid_blocks(func) -> int:
+    """The thread blocks a scheduled kernel launches: the product of its ``blockIdx`` extents, read from its
+    TVMScript (TVM 0.27 has no Python TIR visitor)."""
+    extents: dict = {}
+    for n, axis in re.findall(r'thread_binding\((?:0, )?(?:T\.int64\()?(\d+)\)?, thread="blockIdx\.(\w)"\)',
+                              func.script()):
+        extents[axis] = max(extents.get(axis, 1), int(n))
+    return functools.reduce(lambda a, b: a * b, extents.values(), 1)
 
 
 @functools.lru_cache(maxsize=64)   # (the three reduction rules ask it of one kernel in turn)
@@ -258,7 +322,7 @@ def default_gpu_rules() -> tuple:
     # pixels, which dlight's matmul tiles into 1-8 blocks), after the matmul rule where they are many (its tiles
     # reuse each operand across a block; one output a thread reads both operands K times an output)
     return (WholeReduction(), ShortReduction(max_outputs=ShortReduction.few_outputs), UnpaddedMatmul(),
-            ShortReduction(), _NoGuardedEpilogue(dlight.gpu.GEMV()), _NoGuardedEpilogue(dlight.gpu.Reduction()),
+            ShortReduction(), NarrowMatmul(), _NoGuardedEpilogue(dlight.gpu.GEMV()), _NoGuardedEpilogue(dlight.gpu.Reduction()),
             _NoGuardedEpilogue(dlight.gpu.GeneralReduction()), dlight.gpu.Fallback())
 
 

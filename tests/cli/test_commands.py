@@ -308,3 +308,16 @@ def test_a_usage_error_is_one_line_and_exit_2(args, message):
                           cwd=str(Path(__file__).resolve().parents[2]))
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")
+
+
+def test_an_internal_error_keeps_the_lines_that_name_the_failing_kernel():
+    """TVM's failed CUDA launch names the kernel and its grid after its first line, then the whole CUDA source: the
+    one-line error keeps the first paragraph and drops the source."""
+    from tvmfuse.cli.common import _headline
+
+    err = RuntimeError("CUDALaunch Error: CUDA_ERROR_INVALID_VALUE\n grid=(512,1,1),  block=(128,1,1)\n"
+                       "// func_name=fused_rotary_kernel\n// CUDA Source\n// -----------\n\n#ifdef __CUDACC_RTC__\n")
+    line = _headline(err)
+    assert line == ("CUDALaunch Error: CUDA_ERROR_INVALID_VALUE | grid=(512,1,1),  block=(128,1,1) | "
+                    "// func_name=fused_rotary_kernel")
+    assert "\n" not in _headline(RuntimeError("x" * 1000 + "\ny")) and len(_headline(RuntimeError("x" * 1000))) == 300

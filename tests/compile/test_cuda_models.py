@@ -87,6 +87,50 @@ def test_dlight_matmul_is_declined_where_it_would_pad(cuda_target):
     assert sch is not None and not _pads(sch.mod["main"])
 
 
+def _heads_merged_of(seq: int, head_dim: int, batch: int = 2):
+    """:func:`_heads_merged` at other sizes: [B,4,S,S] @ [B,4,S,D] -> [B,S,4*D]."""
+    from tvm import te
+
+    from tvmfuse._tvm import tvm
+
+    a = te.placeholder((batch, 4, seq, seq), "float32", name="a")
+    b = te.placeholder((batch, 4, seq, head_dim), "float32", name="b")
+    k = te.reduce_axis((0, seq), name="k")
+    c = te.compute((batch, 4, seq, head_dim), lambda n, h, i, j: te.sum(a[n, h, i, k] * b[n, h, k, j], axis=k),
+                   name="matmul")
+    d = te.compute((batch, seq, 4 * head_dim), lambda n, i, x: c[n, x // head_dim, i, x % head_dim], name="T_reshape")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, d])})
+
+
+@pytest.mark.parametrize("seq,head_dim,batch,tile_rows", [(128, 16, 2, 32), (512, 16, 8, 64), (512, 80, 8, 128),
+                                                          (256, 32, 8, 32)])
+def test_merged_heads_gemm_takes_a_tile_that_pads_nothing(cuda_target, seq, head_dim, batch, tile_rows):
+    """fp32 attention's P@V with merged heads: dlight's 64-column tile would pad it (and write the padding over the
+    next head), so its GeneralReduction took it (806 us of BERT fp32's 986 at 8 x 512 tokens on the H200). The
+    narrow tile divides rows and columns, so nothing is padded; it keeps at least 256 blocks where it can."""
+    from tvmfuse._gpu_rules import NarrowMatmul, _grid_blocks, _pads, default_gpu_schedule
+    from tvmfuse._tvm import tvm
+
+    mod = _heads_merged_of(seq, head_dim, batch)
+    sch, source = default_gpu_schedule(mod, cuda_target.target)
+    assert source == NarrowMatmul.source
+    func = sch.mod["main"]
+    assert not _pads(func)
+    threads = {int(n) for n in re.findall(r'thread_binding\((?:T\.int64\()?(\d+)\)?, thread="threadIdx\.x"', func.script())}
+    assert threads == {tile_rows // 4}, threads   # a thread 4 rows of the tile
+    assert _grid_blocks(func) >= min(NarrowMatmul.MIN_BLOCKS, batch * 4 * seq // 32)
+    tvm.compile(sch.mod, target=cuda_target.target)   # nvcc builds it
+
+
+def test_a_merged_heads_gemm_no_narrow_tile_divides_goes_to_the_next_rule(cuda_target):
+    from tvmfuse._gpu_rules import NarrowMatmul, default_gpu_schedule
+
+    mod = _heads_merged_of(17, 16)   # a ViT's 17 tokens: no row tile divides them
+    with cuda_target.target:
+        assert NarrowMatmul().apply(mod["main"], cuda_target.target, False) is None
+    assert default_gpu_schedule(mod, cuda_target.target)[1] != NarrowMatmul.source
+
+
 def _odd_gemm(epilogue: str):
     """relu(x @ w + b), fp16 in, fp32 accumulate, over M, N, K that no Matmul tile divides; ``epilogue``
     "elementwise", or "transposed" (the result stored as [N, M]: an epilogue that moves elements)."""

@@ -2,10 +2,27 @@
 blocks (one-shot or grid-stride); a transpose of the innermost axis also gets a tile through shared memory."""
 from __future__ import annotations
 
+from tvmfuse._tvm import structural_equal
 from tvmfuse.kernels.knobs import Knob, sample
 from tvmfuse.kernels.sketch import inline_all_but_outputs
 from tvmfuse.kernels.pointwise.transpose import transpose_sketch, transposed_input
 from tvmfuse.kernels.staging import dtype_bytes, flat_map, stage_through_registers, vector_knob
+
+
+def same_index_reads(sch, block) -> list[str]:
+    """The inputs ``block`` reads at exactly the element it writes: those go through registers as vectors.
+
+    Broadcast ones (a bias row) are read in place: a register cache of them is addressed modulo the row, which TVM
+    cannot compact to the thread's share. So are inputs read at shifted elements (a rotary embedding's rotate-half,
+    ``x[..., d + D/2]`` and ``x[..., d - D/2]`` of a tensor of the output's shape): their cache's region was the whole
+    tensor, a thread's local array of 262144 floats for LLaMA at 8 x 512 tokens, which the launch refused
+    (CUDA_ERROR_INVALID_VALUE) and which at smaller sizes spilled to local memory."""
+    stmt = sch.get(block)
+    write = stmt.writes[0].region
+    return [str(r.source.name) for r in stmt.reads
+            if len(r.region) == len(write)
+            and all(structural_equal(a.min, b.min) and structural_equal(a.extent, b.extent)
+                    for a, b in zip(r.region, write))]
 
 
 def template_pointwise(sch, space, info: dict) -> list:
@@ -25,6 +42,7 @@ def template_pointwise(sch, space, info: dict) -> list:
     vec_k = vector_knob(space.knobs["vector_lanes"], inner, ebytes)
     thr_k = space.knobs["threads"].filtered(lambda t: int(t) <= max(32, total))
     per_k = space.knobs["vectors_per_thread"]
+    staged = same_index_reads(sch, block)
     sketches = []
     transpose = transposed_input(sch, block, shape)
     modes = space.knobs.get("loop", Knob("loop", ("one-shot",), (1.0,))).values
@@ -60,10 +78,7 @@ def template_pointwise(sch, space, info: dict) -> list:
             s.bind(bx, "blockIdx.x")
             s.bind(tx, "threadIdx.x")
             it = p
-        # full-size operands go through registers as vectors; broadcast ones (a bias row) are read in place:
-        # a register cache of them is addressed modulo the row, which TVM cannot compact to the thread's share
-        full = [str(r.source.name) for r in s.get(blk).reads if [int(d) for d in r.source.shape] == shape]
-        stage_through_registers(s, blk, it, lanes, reads=full)
+        stage_through_registers(s, blk, it, lanes, reads=staged)
         if "unroll" in space.knobs:
             s.annotate(s.get_sblock("root"), "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
