@@ -221,6 +221,13 @@ def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_
     assert contraction_tiles([1, 28, 28, 96], 16) == {3: 32, 2: 4}   # a divisor where one fits
     # 1000 channels take half-width (8-lane) tiles, which leave registers for all 9 pixels of a 3x3 output
     assert contraction_tiles([1, 3, 3, 1000], 16) == {3: 8, 2: 3, 1: 3}
+    # a GEMV of 1000 classes: 40 lanes (2.5 AVX-512 vectors, three accumulator chains), not one 8-lane chain; a
+    # width two whole vectors divide keeps whole vectors
+    assert contraction_tiles([1, 1000], 16) == {1: 40}
+    assert contraction_tiles([1, 1, 1, 1000], 16) == {3: 40}
+    assert contraction_tiles([1, 1152], 16) == {1: 64}
+    assert contraction_tiles([1, 1280], 16) == {1: 80}
+    assert contraction_tiles([1, 1000], 8) == {1: 40}
     _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
     heavy = {}
     for gv, func in fused.functions.items():

@@ -190,6 +190,11 @@ def contraction_tiles(exts: list[int], lanes: int) -> dict[int, int]:
     # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
     # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
     vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
+    if row_axis is None and vt < 2 * lanes and lanes % 2 == 0:
+        # a GEMV whose width no two whole vectors divide (1000 classes: one 8-lane vector) ran one accumulator
+        # chain, an FMA's latency a step (MobileNetV2's classifier: 85 us hot, onnxruntime's 47); half-vector
+        # multiples give it several chains (40 lanes: 52-59 us on the 2-core EPYC)
+        vt = next((t for t in range(5 * lanes, 2 * lanes, -(lanes // 2)) if exts[-1] % t == 0), vt)
     # accumulators a tile may hold, in rows: half-width vectors (1000 channels: 8-lane tiles) leave registers for
     # more rows (SqueezeNet's 1000-channel 1x1 conv at 3x3 pixels: all 9 pixels, twice as fast as 3 rows)
     cap = 12 if vt * 2 <= lanes else 8 if vt <= lanes else 6
