@@ -45,12 +45,35 @@ def _index_preserving_epilogue(func) -> bool:
     return True
 
 
-def _lower(mod, target) -> None:
-    """Run TIR's default lowering on ``mod`` for ``target`` (no code generation): raises where a schedule does not
-    lower, which some rules find only there."""
+def _lower(mod, target):
+    """Run TIR's default lowering on ``mod`` for ``target`` (no code generation) and return the lowered module:
+    raises where a schedule does not lower, which some rules find only there."""
     lower = tvm.tirx.get_tir_pipeline("default")   # TVM 0.27: (lowering pass, host and device finalizers)
     with target:
-        (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(mod))
+        return (lower[0] if isinstance(lower, tuple) else lower)(tvm.tirx.transform.BindTarget(target)(mod))
+
+
+# a thread's largest local array an untuned schedule may ask for, in elements: the schedules that compute a
+# kernel right keep a few tiles of accumulators (at most 145 floats across the zoo at serving batches); a cache
+# whose region TVM could not bound to the thread's share is the whole tensor (a short reduction with ConvNeXt's
+# reshaping epilogue at batch 32: 8192 floats a thread), which spills or which the GPU refuses to launch
+MAX_LOCAL_ELEMENTS = 1024
+
+
+def local_elements(lowered) -> int:
+    """The largest local array of any thread of a lowered module, in elements. Read from its TVMScript
+    (``T.alloc_local``): TVM 0.27 has no Python TIR visitor."""
+    text, most = lowered.script(), 0
+    for m in re.finditer(r"T\.alloc_local\(\(", text):
+        depth, end = 1, m.end()
+        while depth and end < len(text):   # the shape tuple: up to its closing parenthesis
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        n = 1
+        for d in re.findall(r"\d+", re.sub(r"\b(?:T\.)?u?int(?:8|16|32|64)\b", "", text[m.end():end])):
+            n *= int(d)
+        most = max(most, n)
+    return most
 
 
 class UnpaddedMatmul(dlight.gpu.Matmul):
@@ -357,6 +380,12 @@ def default_gpu_schedule(mod, target):
                 continue
             if isinstance(sch, list):
                 sch = sch[0] if sch else None
-            if sch is not None:
-                return sch, getattr(rule, "source", "dlight")
+            if sch is None:
+                continue
+            try:
+                if local_elements(_lower(sch.mod, target)) > MAX_LOCAL_ELEMENTS:
+                    continue   # a per-thread cache of far more than the thread's share: the next rule
+            except Exception:  # noqa: BLE001 - a schedule that does not lower: the next rule
+                continue
+            return sch, getattr(rule, "source", "dlight")
     return None, "dlight"

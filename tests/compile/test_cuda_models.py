@@ -437,3 +437,44 @@ def test_a_short_gemm_takes_one_output_a_thread_only_where_its_outputs_are_few(c
     with cuda_target.target:
         assert ShortReduction(max_outputs=ShortReduction.few_outputs).apply(
             _fused(lambda bb: _gemm(bb, 64, 96, 64))["main"], cuda_target.target, False) is None
+
+
+def test_a_schedule_whose_thread_caches_the_whole_tensor_goes_to_the_next_rule(cuda_target):
+    """A short GEMM (K = 64) whose epilogue reshapes it (ConvNeXt's 4x4 patchify conv as im2col + GEMM, fp16, batch
+    32): the one-output-a-thread schedule could not bound the thread's accumulator region under the reshape's
+    index, so each thread asked for all 8192 x 96 sums' rows (8192 floats a thread). The default rules pass such a
+    schedule on; the next one keeps a tile a thread."""
+    from tvm import te, topi
+
+    from tvmfuse._gpu_rules import MAX_LOCAL_ELEMENTS, ShortReduction, _lower, default_gpu_schedule, local_elements
+    from tvmfuse._tvm import tvm
+
+    x = te.placeholder((8192, 64), "float16", name="x")
+    w = te.placeholder((64, 96), "float16", name="w")
+    k = te.reduce_axis((0, 64), name="k")
+    acc = te.compute((8192, 96), lambda i, j: te.sum(x[i, k].astype("float32") * w[k, j].astype("float32"), axis=k),
+                     name="matmul")
+    r = topi.reshape(acc, (32, 16, 16, 96))
+    out = te.compute(r.shape, lambda *i: r(*i).astype("float16"), name="cast")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, w, out])})
+    with cuda_target.target:
+        short = ShortReduction().apply(mod["main"], cuda_target.target, False)
+        assert short is not None and local_elements(_lower(short.mod, cuda_target.target)) > MAX_LOCAL_ELEMENTS
+        sch, source = default_gpu_schedule(mod, cuda_target.target)
+        assert source != ShortReduction.source
+        assert local_elements(_lower(sch.mod, cuda_target.target)) <= 64
+    tvm.compile(sch.mod, target=cuda_target.target)
+
+
+def test_the_launch_audit_reads_every_kernel_of_a_build():
+    """scripts/cuda_launch_audit.py on the tiny LLaMA: every kernel read, none past a launch limit; with a local
+    limit below the rows' few vectors it names the kernels past it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from cuda_launch_audit import audit
+
+    row, problems = audit(FIXTURES / "tiny_llama.float32.onnx", "fp32", 4096)
+    assert row["kernels"] >= 10 and row["max_threads"] > 0 and row["max_local_bytes"] > 0 and not problems
+    _, strict = audit(FIXTURES / "tiny_llama.float32.onnx", "fp32", 8)
+    assert strict and all("B of local arrays a thread" in p for p in strict)
