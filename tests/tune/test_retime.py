@@ -69,7 +69,11 @@ def test_a_lucky_record_is_timed_again_and_loses_its_luck(tmp_path, example_kern
         wid = db.workload_id(heavy.mod)
         groups = _schedules(db, wid)
         assert len(groups) >= 2, "the search measured one schedule only"
-        slowest = max(groups.values(), key=lambda rows: rows[0].mean_secs)
+        # the slowest schedule other than the first record's (the default, always a finalist): made lucky, it is
+        # a finalist of its own beside the default
+        first = min(r.id for rows in groups.values() for r in rows)
+        slowest = max((rows for rows in groups.values() if all(r.id != first for r in rows)),
+                      key=lambda rows: rows[0].mean_secs)
         fastest = min(r.mean_secs for rows in groups.values() for r in rows)
         lucky = fastest / 100
         db.retime_records([r.id for r in slowest], [lucky] * 3)
