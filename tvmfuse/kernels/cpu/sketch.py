@@ -44,7 +44,7 @@ def contraction_sketches(sch, space, info: dict) -> list:
     last = len(exts) - 1
     row_axis = row_axis_of(exts)
     knob = space.knobs.get("vectors")
-    # whole vectors that divide the axis, and the rules' tile (which may be half a vector: 1000 channels)
+    # whole vectors that divide the axis, and the rules' tile (1000 channels: half a vector a pixel row, 2.5 a GEMV)
     vectors = tuple(sorted({int(v) * lanes for v in (knob.values if knob else (1, 2, 4))
                             if exts[last] % (int(v) * lanes) == 0} | {default[last]}))
     rows = (_values(space.knobs.get("rows"), (1, 2, 4, 6, 8), lambda r: r <= exts[row_axis],
