@@ -4,10 +4,10 @@
 
 For each model and precision: partition for ``cuda`` (sm_90a), build untuned, and read every kernel's launch from
 its scheduled TIR (the ``blockIdx`` extents) and its CUDA source (each device function's block size, each
-thread's local arrays, static shared memory). A kernel breaks a limit when it asks for more than 1024 threads a block, a grid y or z
-over 65535, more than 48 KB of static shared memory, or local arrays past ``--max-local`` bytes a thread (the
-rotary kernel of LLaMA at 8 x 512 tokens asked for 1 MB a thread; the H200 refused the launch with
-CUDA_ERROR_INVALID_VALUE). Prints one row a model and precision, then the kernels that break a limit; exits 1 if
+thread's local arrays, static shared memory). A kernel breaks a limit when it asks for more than 1024 threads a
+block, a grid y or z over 65535, more than 48 KB of static shared memory, or local arrays past ``--max-local``
+bytes a thread (the rotary kernel of LLaMA at 8 x 512 tokens asked for 1 MB a thread; the H200 refused the launch
+with CUDA_ERROR_INVALID_VALUE). Prints one row a model and precision, then the kernels that break a limit; exits 1 if
 any does.
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ def _device_functions(src: str) -> dict:
     ``<name>_kernel_1``, ... (a kernel whose schedule launches twice, a split K then its sum, is two), each with
     its block size as ``__launch_bounds__``."""
     out: dict = {}
-    heads = list(re.finditer(r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+?)_kernel(?:_\d+)?\([^)]*\) \{',
-                             src))
+    head = r'extern "C" __global__ void (?:__launch_bounds__\((\d+)\) )?(\w+?)_kernel(?:_\d+)?\([^)]*\) \{'
+    heads = list(re.finditer(head, src))
     for i, m in enumerate(heads):
         body = src[m.end():heads[i + 1].start() if i + 1 < len(heads) else len(src)]
         out.setdefault(m.group(2), []).append((int(m.group(1) or 1), body))

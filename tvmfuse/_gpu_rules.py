@@ -345,8 +345,9 @@ def default_gpu_rules() -> tuple:
     # pixels, which dlight's matmul tiles into 1-8 blocks), after the matmul rule where they are many (its tiles
     # reuse each operand across a block; one output a thread reads both operands K times an output)
     return (WholeReduction(), ShortReduction(max_outputs=ShortReduction.few_outputs), UnpaddedMatmul(),
-            ShortReduction(), NarrowMatmul(), _NoGuardedEpilogue(dlight.gpu.GEMV()), _NoGuardedEpilogue(dlight.gpu.Reduction()),
-            _NoGuardedEpilogue(dlight.gpu.GeneralReduction()), dlight.gpu.Fallback())
+            ShortReduction(), NarrowMatmul(), _NoGuardedEpilogue(dlight.gpu.GEMV()),
+            _NoGuardedEpilogue(dlight.gpu.Reduction()), _NoGuardedEpilogue(dlight.gpu.GeneralReduction()),
+            dlight.gpu.Fallback())
 
 
 def reference_schedule(mod, target, *, is_gpu: bool):

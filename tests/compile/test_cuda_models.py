@@ -121,7 +121,8 @@ def test_merged_heads_gemm_takes_a_tile_that_pads_nothing(cuda_target, seq, head
     assert source == NarrowMatmul.source
     func = sch.mod["main"]
     assert not _pads(func)
-    threads = {int(n) for n in re.findall(r'thread_binding\((?:T\.int64\()?(\d+)\)?, thread="threadIdx\.x"', func.script())}
+    bound = r'thread_binding\((?:T\.int64\()?(\d+)\)?, thread="threadIdx\.x"'
+    threads = {int(n) for n in re.findall(bound, func.script())}
     assert threads == {tile_rows // 4}, threads   # a thread 4 rows of the tile
     assert _grid_blocks(func) >= min(NarrowMatmul.MIN_BLOCKS, batch * 4 * seq // 32)
     tvm.compile(sch.mod, target=cuda_target.target)   # nvcc builds it
