@@ -92,6 +92,9 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
         row["error"] = f"bench: {err}"
         return row
     row["bench"] = rep
+    ours = next((r for r in rep.get("results", []) if r["backend"] == "tvmfuse"), {})
+    if ours.get("available") is False:   # the baselines ran; tvmfuse's build did not (its reason names the kernel)
+        row["error"] = f"tvmfuse: {ours.get('reason', '')}"
     return row
 
 

@@ -46,3 +46,17 @@ class VerificationError(TvmfuseError):
     """Outputs disagree with the reference beyond tolerance."""
 
     exit_code = 1
+
+
+def headline(err: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line: its first paragraph, lines joined, up to the kernel source or traceback
+    TVM appends. A failed CUDA launch says which kernel and grid on the lines after its first ("CUDALaunch Error:
+    CUDA_ERROR_INVALID_VALUE | grid=(512,1,1), block=(128,1,1) | // func_name=..."): the first line alone named
+    no kernel."""
+    lines: list[str] = []
+    for line in str(err).strip().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("// CUDA Source", "Traceback", "File ")):
+            break
+        lines.append(line)
+    return " | ".join(lines)[:limit] or type(err).__name__

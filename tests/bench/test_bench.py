@@ -91,6 +91,33 @@ def test_bench_samples_the_backends_in_turn(example_model, monkeypatch):
     assert all(r["samples"] == 3 and r["ok"] for r in report["results"]), report["results"]
 
 
+def test_a_build_that_does_not_run_is_its_row_and_the_commands_failure(example_model, tmp_path, monkeypatch):
+    """A tvmfuse build whose first call fails (a kernel the GPU refused to launch) is reported in its row with the
+    lines that name the kernel, the baselines are still timed and checked, and the command exits 3 after printing
+    the report. (The failure is injected: no kernel fails to launch on this CPU.)"""
+    import tvmfuse.bench as bench
+    from tvmfuse.cli.main import app
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("CUDALaunch Error: CUDA_ERROR_INVALID_VALUE\n grid=(512,1,1),  block=(128,1,1)\n"
+                           "// func_name=fused_rotary_kernel\n// CUDA Source\n#include <cuda_fp16.h>\n")
+
+    monkeypatch.setattr(bench, "_tvm_run", refused)
+    res = CliRunner().invoke(app, ["bench", str(example_model), "--target", "llvm", "--db", str(tmp_path / "none.db"),
+                                   "--against", "onnxruntime", "--repeat", "2", "--number", "1", "--json"])
+    assert res.exit_code == 3, res.output
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    ours, ort = doc["results"]
+    assert ours["backend"] == "tvmfuse" and ours["available"] is False and "func_name=fused_rotary_kernel" in ours[
+        "reason"] and "CUDA Source" not in ours["reason"]
+    assert ort["backend"] == "onnxruntime" and ort["samples"] == 2 and ort["ok"]
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert "did not run" in line and "grid=(512,1,1)" in line
+    table = CliRunner().invoke(app, ["bench", str(example_model), "--target", "llvm", "--db", str(tmp_path / "x.db"),
+                                     "--against", "onnxruntime", "--repeat", "2", "--number", "1"])
+    assert table.exit_code == 3 and "onnxruntime" in table.stdout and "did not run" in table.stderr
+
+
 def test_bench_cli_refuses_an_unknown_backend(example_model):
     from tvmfuse.cli.main import app
 

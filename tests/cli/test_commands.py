@@ -313,7 +313,7 @@ def test_a_usage_error_is_one_line_and_exit_2(args, message):
 def test_an_internal_error_keeps_the_lines_that_name_the_failing_kernel():
     """TVM's failed CUDA launch names the kernel and its grid after its first line, then the whole CUDA source: the
     one-line error keeps the first paragraph and drops the source."""
-    from tvmfuse.cli.common import _headline
+    from tvmfuse.errors import headline as _headline
 
     err = RuntimeError("CUDALaunch Error: CUDA_ERROR_INVALID_VALUE\n grid=(512,1,1),  block=(128,1,1)\n"
                        "// func_name=fused_rotary_kernel\n// CUDA Source\n// -----------\n\n#ifdef __CUDACC_RTC__\n")

@@ -1,6 +1,7 @@
 """``tvmfuse bench MODEL.onnx``: the tuned build side by side with onnxruntime, stock TVM and PyTorch."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -45,21 +46,31 @@ def bench_command(
         report = run_bench(cfg)
         if as_json:
             emit_json(report)
-            return
-        fast = min((r["median_ms"] for r in report["results"] if r.get("median_ms")), default=None)
-        rows = []
-        for r in report["results"]:
-            if r.get("median_ms") is None:
-                rows.append([r["backend"], "-", "-", "-", "-", "not available: " + r.get("reason", "")])
-                continue
-            check = "-" if "ok" not in r else ("ok" if r["ok"] else "WRONG") + f" ({r['rel_error']:.1e})"
-            if r.get("floor"):   # past the dtype's tolerance, within the plain same-precision run's own error
-                floor = report["verification"]["floor"]
-                check += f", {floor['backend']}'s {precision} error {floor['rel_error']:.1e}"
-            note = r.get("provider", "")
-            if r["backend"] == "tvmfuse":
-                note = f"{r['untuned_kernels']} untuned kernel(s)" + (", CUDA graph" if r.get("cuda_graph") else "")
-            rows.append([r["backend"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
-                         f"{r['median_ms'] / fast:.2f}x" if fast else "-", check, note])
-        out.print(table(f"{model.name} on {report['device']}, {report['threads']} thread(s)",
-                        ["backend", "median ms", "p90 ms", "vs fastest", "vs onnxruntime", "note"], rows))
+        else:
+            _print_table(model, report, precision)
+        # the report says which backends ran; a tvmfuse build that did not run is the command's failure
+        ours = next((r for r in report["results"] if r["backend"] == "tvmfuse"), {})
+        if ours.get("available") is False:
+            print(f"error: tvmfuse's build did not run: {ours.get('reason', '')}", file=sys.stderr)
+            raise typer.Exit(3)
+
+
+def _print_table(model: Path, report: dict, precision: str) -> None:
+    """The bench report as a table: each backend's times, its ratio to the fastest and its check."""
+    fast = min((r["median_ms"] for r in report["results"] if r.get("median_ms")), default=None)
+    rows = []
+    for r in report["results"]:
+        if r.get("median_ms") is None:
+            rows.append([r["backend"], "-", "-", "-", "-", "not available: " + r.get("reason", "")])
+            continue
+        check = "-" if "ok" not in r else ("ok" if r["ok"] else "WRONG") + f" ({r['rel_error']:.1e})"
+        if r.get("floor"):   # past the dtype's tolerance, within the plain same-precision run's own error
+            floor = report["verification"]["floor"]
+            check += f", {floor['backend']}'s {precision} error {floor['rel_error']:.1e}"
+        note = r.get("provider", "")
+        if r["backend"] == "tvmfuse":
+            note = f"{r['untuned_kernels']} untuned kernel(s)" + (", CUDA graph" if r.get("cuda_graph") else "")
+        rows.append([r["backend"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
+                     f"{r['median_ms'] / fast:.2f}x" if fast else "-", check, note])
+    out.print(table(f"{model.name} on {report['device']}, {report['threads']} thread(s)",
+                    ["backend", "median ms", "p90 ms", "vs fastest", "vs onnxruntime", "note"], rows))

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
-from tvmfuse.errors import TvmfuseError
+from tvmfuse.errors import TvmfuseError, headline
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -81,23 +81,9 @@ def handle_errors(verbose: bool) -> Iterator[None]:
         except Exception as e:  # noqa: BLE001 - the last line of defence: one line, no traceback
             if verbose:
                 traceback.print_exc()
-            print(f"error: internal error: {type(e).__name__}: {_headline(e)} (rerun with --verbose for the traceback)",
+            print(f"error: internal error: {type(e).__name__}: {headline(e)} (rerun with --verbose for the traceback)",
                   file=sys.stderr)
             raise typer.Exit(3) from None
-
-
-def _headline(err: Exception, limit: int = 300) -> str:
-    """An exception's message on one line: its first paragraph, lines joined, up to the kernel source or traceback
-    TVM appends. A failed CUDA launch says which kernel and grid on the lines after its first ("CUDALaunch Error:
-    CUDA_ERROR_INVALID_VALUE | grid=(512,1,1), block=(128,1,1) | // func_name=..."): the first line alone named
-    no kernel."""
-    lines: list[str] = []
-    for line in str(err).strip().splitlines():
-        line = line.strip()
-        if not line or line.startswith(("// CUDA Source", "Traceback", "File ")):
-            break
-        lines.append(line)
-    return " | ".join(lines)[:limit]
 
 
 def emit_json(obj: Any) -> None:
