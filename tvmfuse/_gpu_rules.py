@@ -110,15 +110,16 @@ class NarrowMatmul(dlight.gpu.Matmul):
 
     Those went to dlight's GeneralReduction, a block a few outputs with K split over its threads: BERT fp32 at
     8 x 512 tokens spent 806 of its 986 us in that one kernel on the H200. A tile that divides every axis pads
-    nothing, so the epilogue's guard is the output's own; a kernel that no candidate tile divides is left to the
-    rules after this one. Candidates keep dlight's 4 x 4 outputs a thread and 16-deep K steps."""
+    nothing, so the epilogue's guard is the output's own; a kernel that no candidate tile divides, or that none
+    spreads over MIN_BLOCKS blocks, is left to the rules after this one. Candidates keep dlight's 4 x 4 outputs a
+    thread and 16-deep K steps."""
 
     source = "narrow-matmul"   # the schedule's name in the reports
     # (threads along rows, along columns): row tiles of 128, 64, 32 at 32 and 16 columns
     THREADS = ((16, 8), (8, 8), (32, 4), (16, 4), (8, 4))
     # the largest tile that still launches this many blocks (about two an SM of a 132-SM H200) is taken; a kernel
-    # too small for any gets the tile with the most blocks: at one attention of 128 tokens a 128-row tile was a
-    # block or two a head
+    # that no tile spreads that wide (one attention of 128 tokens: a few blocks a head) stays with the rules after
+    # this one, whose blocks of one output each keep the SMs busy there (the batch-1 zoo rows were measured so)
     MIN_BLOCKS = 256
 
     def __init__(self):
@@ -130,7 +131,6 @@ class NarrowMatmul(dlight.gpu.Matmul):
 
     def apply(self, func, target, tunable):
         base = super().get_configs(target)
-        fallback, most = None, 0
         for rows, cols in self.THREADS:
             self._config = replace(base, block_size_x=rows, block_size_y=cols, vthread_x=1, vthread_y=1,
                                    micro_size_x=4, micro_size_y=4)
@@ -148,12 +148,9 @@ class NarrowMatmul(dlight.gpu.Matmul):
                 _lower(sch.mod, target)
             except Exception:  # noqa: BLE001 - this tile does not lower: the next one
                 continue
-            blocks = _grid_blocks(sch.mod["main"])
-            if blocks >= self.MIN_BLOCKS:
+            if _grid_blocks(sch.mod["main"]) >= self.MIN_BLOCKS:
                 return sch
-            if blocks > most:
-                fallback, most = sch, blocks
-        return fallback
+        return None
 
 
 def _grid_blocks(func) -> int:
