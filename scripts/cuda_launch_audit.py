@@ -22,17 +22,6 @@ WIDTH = {"float": 4, "half": 2, "float2": 8, "float4": 16, "half2": 4, "uint4": 
          "nv_bfloat16": 2}
 LOCAL = re.compile(r"(?<!__shared__ )alignas\(\d+\) ([\w ]+?) (\w+)\[(\d+)\];")
 SHARED = re.compile(r"__shared__ alignas\(\d+\) ([\w ]+?) (\w+)\[(\d+)\];")
-BINDING = re.compile(r'thread_binding\((?:0, )?(?:T\.int64\()?(\d+)\)?, thread="(\w+)\.(\w)"\)')
-LAUNCH = re.compile(r'launch_thread\("(\w+)\.(\w)", (?:T\.int64\()?(\d+)')
-
-
-def _extents(script: str) -> dict:
-    ext: dict = {}
-    for n, kind, axis in BINDING.findall(script):
-        ext[f"{kind}.{axis}"] = max(ext.get(f"{kind}.{axis}", 0), int(n))
-    for kind, axis, n in LAUNCH.findall(script):
-        ext[f"{kind}.{axis}"] = max(ext.get(f"{kind}.{axis}", 0), int(n))
-    return ext
 
 
 def _device_functions(src: str) -> dict:
@@ -52,6 +41,7 @@ def audit(path: Path, precision: str, max_local: int) -> tuple[dict, list[str]]:
     from tvmfuse.compile.build import apply_records, build
     from tvmfuse.frontend import import_model, load_model
     from tvmfuse.plan import partition
+    from tvmfuse._gpu_rules import launch_extents
     from tvmfuse._tvm import PrimFunc
     from tvmfuse.target import resolve_target
 
@@ -73,7 +63,7 @@ def audit(path: Path, precision: str, max_local: int) -> tuple[dict, list[str]]:
         if not isinstance(func, PrimFunc):
             continue
         name = gv.name_hint
-        ext = _extents(func.script())
+        ext = launch_extents(func)
         parts = devices.get(name, [])
         threads = max((t for t, _ in parts), default=0)
         local = max((sum(WIDTH.get(t, 4) * int(n) for t, _, n in LOCAL.findall(b)) for _, b in parts), default=0)

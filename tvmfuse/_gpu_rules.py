@@ -153,14 +153,22 @@ class NarrowMatmul(dlight.gpu.Matmul):
         return None
 
 
+def launch_extents(func) -> dict:
+    """A scheduled kernel's thread tags and their largest extents (``{"blockIdx.x": 512, "threadIdx.x": 128}``),
+    from its TVMScript's ``thread_binding`` loops and ``launch_thread`` statements (TVM 0.27 has no Python TIR
+    visitor). A kernel launched twice (a split K, then its sum) gives each tag's largest."""
+    text, extents = func.script(), {}
+    found = re.findall(r'thread_binding\((?:0, )?(?:T\.int64\()?(\d+)\)?, thread="(\w+\.\w)"\)', text)
+    found += [(n, tag) for tag, n in re.findall(r'launch_thread\("(\w+\.\w)", (?:T\.int64\()?(\d+)', text)]
+    for n, tag in found:
+        extents[tag] = max(extents.get(tag, 1), int(n))
+    return extents
+
+
 def _grid_blocks(func) -> int:
-    """The thread blocks a scheduled kernel launches: the product of its ``blockIdx`` extents, read from its
-    TVMScript (TVM 0.27 has no Python TIR visitor)."""
-    extents: dict = {}
-    for n, axis in re.findall(r'thread_binding\((?:0, )?(?:T\.int64\()?(\d+)\)?, thread="blockIdx\.(\w)"\)',
-                              func.script()):
-        extents[axis] = max(extents.get(axis, 1), int(n))
-    return functools.reduce(lambda a, b: a * b, extents.values(), 1)
+    """The thread blocks a scheduled kernel launches: the product of its ``blockIdx`` extents."""
+    return functools.reduce(lambda a, b: a * b,
+                            (n for tag, n in launch_extents(func).items() if tag.startswith("blockIdx")), 1)
 
 
 @functools.lru_cache(maxsize=64)   # (the three reduction rules ask it of one kernel in turn)

@@ -112,7 +112,7 @@ def test_merged_heads_gemm_takes_a_tile_that_pads_nothing(cuda_target, seq, head
     """fp32 attention's P@V with merged heads: dlight's 64-column tile would pad it (and write the padding over the
     next head), so its GeneralReduction took it (806 us of BERT fp32's 986 at 8 x 512 tokens on the H200). The
     narrow tile divides rows and columns, so nothing is padded: the largest that launches at least 256 blocks."""
-    from tvmfuse._gpu_rules import NarrowMatmul, _grid_blocks, _pads, default_gpu_schedule
+    from tvmfuse._gpu_rules import NarrowMatmul, _grid_blocks, _pads, default_gpu_schedule, launch_extents
     from tvmfuse._tvm import tvm
 
     mod = _heads_merged_of(seq, head_dim, batch)
@@ -120,9 +120,7 @@ def test_merged_heads_gemm_takes_a_tile_that_pads_nothing(cuda_target, seq, head
     assert source == NarrowMatmul.source
     func = sch.mod["main"]
     assert not _pads(func)
-    bound = r'thread_binding\((?:T\.int64\()?(\d+)\)?, thread="threadIdx\.x"'
-    threads = {int(n) for n in re.findall(bound, func.script())}
-    assert threads == {tile_rows // 4}, threads   # a thread 4 rows of the tile
+    assert launch_extents(func)["threadIdx.x"] == tile_rows // 4   # a thread 4 rows of the tile
     assert _grid_blocks(func) >= NarrowMatmul.MIN_BLOCKS
     tvm.compile(sch.mod, target=cuda_target.target)   # nvcc builds it
 
