@@ -307,3 +307,33 @@ def device_figures(target) -> DeviceFigures:
         figures = DeviceFigures(figures.sm_count, int(l2), figures.shared_per_sm, figures.shared_per_block,
                                 figures.source + "+target:l2")
     return figures
+
+
+def vector_lanes(target, dtype_bits: int = 32) -> int:
+    """The target's vector width in elements of ``dtype_bits`` (AVX-512: 16 floats, AVX2: 8), from its mcpu."""
+    from tvm.target import codegen
+
+    try:
+        # on x86 from the mcpu's features: LLVM's own vector-width answer gave the host's 512 bits for haswell too
+        if codegen.target_has_features("avx512f", target):
+            bits = 512
+        elif codegen.target_has_features("avx", target):
+            bits = 256
+        elif codegen.target_has_features("sse2", target):
+            bits = 128
+        else:
+            bits = int(codegen.llvm_get_vector_width(target))
+    except Exception:  # noqa: BLE001 - no answer from LLVM: 128 bits (SSE, NEON), which every such CPU has
+        bits = 128
+    return max(1, max(bits, 128) // dtype_bits)
+
+
+def vector_registers(target) -> int:
+    """The target's vector registers: 32 with AVX-512 (zmm0-31), else 16 (AVX2's ymm; the figure the CPU
+    default's register blocks were first measured with, kept for every other CPU)."""
+    from tvm.target import codegen
+
+    try:
+        return 32 if codegen.target_has_features("avx512f", target) else 16
+    except Exception:  # noqa: BLE001 - no answer from LLVM: the smaller register file
+        return 16

@@ -30,11 +30,12 @@ def test_every_rewrite_is_a_module_pass():
     log = RewriteLog()
     passes = [rewrites.DropInferenceIdentities(), rewrites.FoldBatchNorm(log=log), rewrites.ChannelsLast(log=log),
               rewrites.ComposeTransposes(), rewrites.Im2colNarrowConvs(log=log), rewrites.FuseAttention(log=log),
-              rewrites.HorizontalGemm(log=log), rewrites.PairwiseExtrema(log=log), rewrites.PointwiseConvsAsGemms(log=log)]
+              rewrites.HorizontalGemm(log=log), rewrites.PairwiseExtrema(log=log), rewrites.PointwiseConvsAsGemms(log=log),
+              rewrites.PadOutputChannels(log=log, lanes=16)]
     assert all(isinstance(p, tvm.transform.Pass) for p in passes)
     assert [p.info.name for p in passes] == ["DropInferenceIdentities", "FoldBatchNorm", "ChannelsLast",
                                              "ComposeTransposes", "Im2colNarrowConvs", "FuseAttention", "HorizontalGemm",
-                                             "PairwiseExtrema", "PointwiseConvsAsGemms"]
+                                             "PairwiseExtrema", "PointwiseConvsAsGemms", "PadOutputChannels"]
 
 
 # ---------------------------------------------------------------------------------------------- pairwise extrema
@@ -508,6 +509,59 @@ def test_pointwise_convs_that_no_conv_template_takes_become_gemms(dtype, hw, str
     assert log.notes == [f"1 1x1 convs run as GEMMs ({hw * hw} pixels): no conv template takes them"]
     x = np.random.default_rng(2).integers(-2, 3, (1, hw, hw, 32)).astype(dtype)
     np.testing.assert_array_equal(_run_llvm(after, x), _run_llvm(before, x))
+
+
+# ---------------------------------------------------------------------------------------------- padded channels
+def _gemm_and_conv(n_gemm: int, n_conv: int):
+    """relu(x @ W + b) and relu(conv(y, F) + c) (NHWC, HWIO), their weights parameters to bind."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 32), "float32"))
+    y = relax.Var("y", relax.TensorType((1, 3, 3, 16), "float32"))
+    w = relax.Var("w", relax.TensorType((32, n_gemm), "float32"))
+    b = relax.Var("b", relax.TensorType((n_gemm,), "float32"))
+    f = relax.Var("f", relax.TensorType((3, 3, 16, n_conv), "float32"))
+    c = relax.Var("c", relax.TensorType((1, 1, 1, n_conv), "float32"))
+    with bb.function("main", [x, y, w, b, f, c]):
+        with bb.dataflow():
+            g = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.matmul(x, w), b)))
+            v = bb.emit(relax.op.nn.conv2d(y, f, padding=[1] * 4, data_layout="NHWC", kernel_layout="HWIO"))
+            out = bb.emit_output(relax.Tuple([g, relax.op.nn.relu(relax.op.add(v, c))]))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(3)
+    params = {"w": rng.integers(-2, 3, (32, n_gemm)), "b": rng.integers(-2, 3, (n_gemm,)),
+              "f": rng.integers(-2, 3, (3, 3, 16, n_conv)), "c": rng.integers(-2, 3, (1, 1, 1, n_conv))}
+    return _bind(bb.finalize(), **{k: v.astype("float32") for k, v in params.items()})
+
+
+def test_gemms_and_convs_whose_channels_no_vector_divides_run_on_padded_weights():
+    """1000 GEMM columns and 120 conv channels are no multiple of 16 lanes: the weights are zero-padded to 1008
+    and 128 columns, a slice keeps the real channels, and the results are the unpadded ones."""
+    before = _gemm_and_conv(1000, 120)
+    log = RewriteLog()
+    after = rewrites.PadOutputChannels(log=log, lanes=16)(before)
+    from tvmfuse.plan.rewrites._common import main_bindings, op_name
+
+    weights = {op_name(b.value): const_numpy(b.value.args[1]).shape for b in main_bindings(after)
+               if op_name(b.value) in ("relax.matmul", "relax.nn.conv2d")}
+    assert weights == {"relax.matmul": (32, 1008), "relax.nn.conv2d": (3, 3, 16, 128)}
+    assert "relax.strided_slice" in _calls(after)
+    assert log.notes == ["2 GEMMs / convs of 120, 1000 output channels run on weights padded to whole 16-lane "
+                         "vectors, their extra channels sliced off in the kernel"]
+    rng = np.random.default_rng(4)
+    x, y = rng.integers(-2, 3, (4, 32)).astype("float32"), rng.integers(-2, 3, (1, 3, 3, 16)).astype("float32")
+    ex_a, ex_b = (relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu()) for m in (after, before))
+    got, want = ex_a["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)), ex_b["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(y))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_channels_a_vector_divides_or_that_padding_would_inflate_are_left_as_they_are():
+    """1024 and 128 channels need no padding; 24 channels would compute 32 (a third more work)."""
+    log = RewriteLog()
+    for n_gemm, n_conv in ((1024, 128), (24, 8)):
+        _unchanged(_gemm_and_conv(n_gemm, n_conv), rewrites.PadOutputChannels(log=log, lanes=16))
+    assert not log.notes
 
 
 # ---------------------------------------------------------------------------------------------- attention

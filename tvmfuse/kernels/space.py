@@ -16,9 +16,10 @@ def sketch_info(space, target) -> dict:
 
     info = {"target_kind": target.kind.name, "target_arch": str(target.attrs.get("arch", ""))}
     if target.kind.name == "llvm":   # the CPU sketch's vector width, from the mcpu's features
-        from tvmfuse.kernels.cpu.schedule import vector_lanes
+        from tvmfuse.target import vector_lanes, vector_registers
 
         info["vector_bits"] = 32 * vector_lanes(target, 32)
+        info["vector_registers"] = vector_registers(target)
     if target.kind.name == "cuda":
         fig = device_figures(target)
         info.update(sm_count=int(space.extra.get("sm_count", fig.sm_count)), shared_per_sm=fig.shared_per_sm,

@@ -13,7 +13,7 @@ import numpy as np
 
 from tvmfuse.plan.cluster import bytes_fused, external_inputs
 from tvmfuse.plan.graph import NORM, REDUCE, Graph, Node
-from tvmfuse.target import TargetInfo
+from tvmfuse.target import TargetInfo, vector_lanes
 
 
 def _gpu_attention_decline(spec) -> str | None:
@@ -72,6 +72,8 @@ class CostModel:
         (the gemv template takes small fp32 GEMMs of up to 256 rows)
     gemm_conv_rows : 1x1 channels-last convs run as GEMMs where they have at most this many output pixels, or
         inputs of a type the tensor-core conv template does not take (fp32); 0: never
+    pad_channels_to : GEMMs and channels-last convs with a constant weight whose output channels this many lanes
+        do not divide run on the weight zero-padded to a multiple of them (the CPU's vector width); 0: never
     reduction_results : the most results a kernel holding a reduction may store (0: no limit). The GPU's row
         templates store one; a second (an embedding's sum kept as the residual beside its RMSNorm) left the
         kernel to dlight's Fallback, one thread an output
@@ -89,6 +91,7 @@ class CostModel:
     im2col_pixels: int = 0
     im2col_untemplated_pixels: int = 0
     gemm_conv_rows: int = 0
+    pad_channels_to: int = 0
     reduction_results: int = 0
 
     @classmethod
@@ -117,7 +120,7 @@ class CostModel:
             # attention unfused: its GEMMs and softmax take the CPU default; the fused online-softmax kernel has no
             # CPU schedule and ran scalar (BERT-style 2x128, hidden 256: 14 ms a layer against 2 ms unfused)
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1),
-                       conv_layout="NHWC", conv_kernel_layout="HWIO",
+                       conv_layout="NHWC", conv_kernel_layout="HWIO", pad_channels_to=vector_lanes(target.target),
                        attention_decline="on CPUs the unfused GEMMs and softmax run the CPU default schedules, "
                                          "the fused attention kernel has none")
         return base if not overrides else cls(**{**base.__dict__, **overrides})

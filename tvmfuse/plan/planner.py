@@ -213,6 +213,9 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
     if config.horizontal:
         mod = rewrites.HorizontalGemm(log=log, cost_model=cost_model)(mod)
         dump("horizontal", mod)
+    if getattr(cost_model, "pad_channels_to", 0):
+        mod = rewrites.pad_output_channels(mod, log=log, lanes=cost_model.pad_channels_to)
+        dump("pad_channels", mod)
     return mod
 
 

@@ -23,30 +23,11 @@ from __future__ import annotations
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.knobs import names_in
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
-
+from tvmfuse.target import vector_lanes, vector_registers
 
 # below this many multiply-adds (or elements of a pointwise kernel) a kernel runs on one thread: waking the pool's
 # threads costs a few microseconds, more than such a kernel takes
 MIN_PARALLEL_WORK = 1 << 15
-
-
-def vector_lanes(target, dtype_bits: int = 32) -> int:
-    """The target's vector width in elements of ``dtype_bits`` (AVX-512: 16 floats, AVX2: 8), from its mcpu."""
-    from tvm.target import codegen
-
-    try:
-        # on x86 from the mcpu's features: LLVM's own vector-width answer gave the host's 512 bits for haswell too
-        if codegen.target_has_features("avx512f", target):
-            bits = 512
-        elif codegen.target_has_features("avx", target):
-            bits = 256
-        elif codegen.target_has_features("sse2", target):
-            bits = 128
-        else:
-            bits = int(codegen.llvm_get_vector_width(target))
-    except Exception:  # noqa: BLE001 - no answer from LLVM: 128 bits (SSE, NEON), which every such CPU has
-        bits = 128
-    return max(1, max(bits, 128) // dtype_bits)
 
 
 def _extent(sch, loop) -> int | None:
@@ -66,7 +47,7 @@ def _vector_tile(extent: int, lanes: int, vectors: int = 2) -> int:
 
 
 def _row_tile(extent: int, most: int) -> int:
-    return next(t for t in (8, 7, 6, 5, 4, 3, 2, 1) if t <= most and extent % t == 0)
+    return next(t for t in range(most, 0, -1) if extent % t == 0)
 
 
 def _vectorize_last(sch, block, lanes: int) -> None:
@@ -183,9 +164,11 @@ def row_axis_of(exts: list[int]) -> int | None:
     return next((i for i in range(len(exts) - 2, -1, -1) if exts[i] > 1), None)
 
 
-def contraction_tiles(exts: list[int], lanes: int) -> dict[int, int]:
-    """The register block of a contraction whose spatial extents are ``exts`` (the output's innermost axis last):
-    spatial axis index -> tile (absent: 1)."""
+def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: bool = True) -> dict[int, int]:
+    """The register block of a contraction whose spatial extents are ``exts`` (the output's innermost axis last), on
+    a target with ``registers`` vector registers: spatial axis index -> tile (absent: 1). ``ragged``: whether a row
+    tile may leave the last tile partial (not where the outputs keep part of the result:
+    :func:`result_kept_whole`)."""
     row_axis = row_axis_of(exts)
     # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
     # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
@@ -195,30 +178,49 @@ def contraction_tiles(exts: list[int], lanes: int) -> dict[int, int]:
         # chain, an FMA's latency a step (MobileNetV2's classifier: 85 us hot, onnxruntime's 47); half-vector
         # multiples give it several chains (40 lanes: 52-59 us on the 2-core EPYC)
         vt = next((t for t in range(5 * lanes, 2 * lanes, -(lanes // 2)) if exts[-1] % t == 0), vt)
-    # accumulators a tile may hold, in rows: half-width vectors (1000 channels: 8-lane tiles) leave registers for
-    # more rows (SqueezeNet's 1000-channel 1x1 conv at 3x3 pixels: all 9 pixels, twice as fast as 3 rows)
-    cap = 12 if vt * 2 <= lanes else 8 if vt <= lanes else 6
+    # accumulators a tile may hold, in rows. With 16 vector registers (AVX2), 12 accumulators leave room for the
+    # weight's vectors and the broadcast input; half-width vectors leave registers for more rows (SqueezeNet's
+    # 1000-channel 1x1 conv at 3x3 pixels: all 9 pixels, twice as fast as 3 rows). AVX-512's 32 registers take
+    # 14: two vectors of 7 pixels or one of 14 (SqueezeNet's 3x3 convs at 14x14 and 7x7 pixels, 2-core EPYC:
+    # 10-14% faster than 12 or 7). A longer or ragged block fell off a cliff there (16 accumulators, a ragged
+    # 8-row tile of the 29-pixel stem: 3x slower), so ragged tiles keep the 16-register caps.
+    wide = registers >= 32
+    cap = 12 if vt * 2 <= lanes else (14 if wide else 8) if vt <= lanes else (7 if wide else 6)
+    ragged_cap = 12 if vt * 2 <= lanes else 8 if vt <= lanes else 6
+    longest = 14 if wide else 8
     tiles = {len(exts) - 1: vt}
     if row_axis is not None:
-        tiles[row_axis] = _row_tile(exts[row_axis], cap)
+        tiles[row_axis] = _row_tile(exts[row_axis], min(cap, longest))
         # one vector and more rows where two vectors leave few: a 7- or 14-pixel conv row takes 7 rows of one
         # vector (7 accumulators) rather than 1 or 2 rows of two (2 or 4); a two-vector tile can hold 6 rows
-        one = _row_tile(exts[row_axis], 8)
+        one = _row_tile(exts[row_axis], longest)
         if vt == 2 * lanes and one > 2 * tiles[row_axis]:
-            vt, cap = lanes, 8
+            vt, cap = lanes, longest
             tiles = {len(exts) - 1: vt, row_axis: one}
-        elif tiles[row_axis] == 1:
+        elif tiles[row_axis] == 1 and ragged:
             # no row tile divides the axis (29 pixels, a prime): a ragged tile, the last one guarded, with the least
             # padding (29: 6 rows, one wasted); one row of a single vector chain ran SqueezeNet's first conv
             # (29x29x96, 7x7 over 3 channels) at a quarter of this speed: 3 accumulators cannot hide the FMA latency
-            tiles[row_axis] = min(range(cap, 3, -1), key=lambda t: (-(-exts[row_axis] // t) * t - exts[row_axis], -t))
+            tiles[row_axis] = min(range(ragged_cap, 3, -1),
+                                  key=lambda t: (-(-exts[row_axis] // t) * t - exts[row_axis], -t))
         # an axis taken whole (a 1x1 conv's width at 2x2 pixels) leaves accumulators free: the next outer axis
         # fills them, so each weight vector loaded serves every pixel of the block (else each row of pixels
         # streams the whole weight again)
         outer = next((i for i in range(row_axis - 1, -1, -1) if exts[i] > 1), None)
         if tiles[row_axis] == exts[row_axis] and outer is not None and cap // tiles[row_axis] >= 2:
-            tiles[outer] = _row_tile(exts[outer], cap // tiles[row_axis])
+            if (t := _row_tile(exts[outer], min(cap // tiles[row_axis], longest))) > 1:
+                tiles[outer] = t
     return tiles
+
+
+def result_kept_whole(sch, block) -> bool:
+    """Whether the kernel's outputs hold every element the contraction ``block`` computes. Where they keep part of
+    it (a slice of the channels a padded weight added: ``plan/rewrites/pad_channels.py``), TVM's inlining of the
+    epilogue into a tile's write-back replaced the ragged tile's row guard by the slice's channel guard, and the last
+    tile wrote rows past the output's end (heap corruption): such kernels take only tiles that divide their axes."""
+    computed = _buffer_bytes(sch.get(block).writes[0].source)
+    root = sch.get_sblock("root")
+    return all(_buffer_bytes(w.source) == computed for out in sch.get_output_blocks(root) for w in sch.get(out).writes)
 
 
 def contraction_loops(sch, block) -> tuple[list, list, list[int]]:
@@ -234,18 +236,19 @@ def contraction_loops(sch, block) -> tuple[list, list, list[int]]:
 
 
 def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weight_first: bool | None = None,
-                         unroll=None) -> None:
+                         unroll=None, registers: int = 16) -> bool:
     """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
     tile accumulators (the vector along the output's innermost axis). ``tiles`` (spatial axis -> tile, a number or
     a sampled decision), ``weight_first`` and ``unroll`` (the innermost reduction loop split by it, the inner part
     unrolled: a sampled decision or None) are the sketch's knobs (``kernels/cpu/sketch.py``); by default the rules
-    above choose."""
+    above choose. Whether every epilogue folded into the tile's write-back."""
     spatial, reduce, exts = contraction_loops(sch, block)
     work = 1
     for e in exts + [_extent(sch, lp) for lp in reduce]:
         work *= e
     heavy = weight_heavy(sch, block) if weight_first is None else weight_first
-    tiles = contraction_tiles(exts, lanes) if tiles is None else tiles
+    if tiles is None:
+        tiles = contraction_tiles(exts, lanes, registers, ragged=result_kept_whole(sch, block))
     outers, inners = [], []
     for i, lp in enumerate(spatial):
         tile = tiles.get(i, 1)
@@ -267,12 +270,14 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
         sch.parallel(tile_loop)
     acc = sch.cache_write(block, 0, "global")
     sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
+    folded = True
     for consumer in sch.get_consumers(acc):
         try:
             sch.reverse_compute_inline(consumer)
         except Exception:  # noqa: BLE001 - an epilogue that cannot fold into the write-back: computed per tile
             sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
             _vectorize_last(sch, consumer, lanes)
+            folded = False
     _vectorize_last(sch, acc, lanes)
     # vectorised before the init is split off: the update alone is no longer a reduction block to the check
     inner_loops = sch.get_loops(block)[-len(inners):] if inners else []
@@ -287,6 +292,7 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
         # the init's loops copy the update's kinds; vectorise its last where that did not carry over
         if int(sch.get(sch.get_loops(init)[-1]).kind) != int(tvm.tirx.ForKind.VECTORIZED):
             _vectorize_last(sch, init, lanes)
+    return folded
 
 
 def _single_output(sch):
@@ -429,7 +435,7 @@ def cpu_schedule(mod, target, cores: int):
         (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
         if not _loops_are_iters(sch, block):
             return None
-        schedule_contraction(sch, block, lanes_of(dtype_bits(sch, block)))
+        schedule_contraction(sch, block, lanes_of(dtype_bits(sch, block)), registers=vector_registers(target))
         return sch, "contraction"
     if contractions:
         return None

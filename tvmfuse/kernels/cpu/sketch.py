@@ -4,6 +4,8 @@ register-blocked GEMM / conv (``schedule.schedule_contraction``) with its choice
 * ``vectors``: the vector tile along the output's innermost axis, in vectors of the target's width (the width the
   weight is packed at: ``[O / tile, ..., tile]``), kept where it divides the axis;
 * ``rows``: the register block's rows along the nearest outer axis (a ragged last tile where it does not divide);
+* ``outer``: where the default's block takes the whole row axis and fills its accumulators from the next outer
+  axis (a 3x3-pixel conv: 3 x 3 pixels), that outer tile or 1;
 * ``unroll``: the innermost reduction loop split by it and the inner part unrolled (a longer straight line of
   loads and FMAs), kept where it divides that loop;
 * ``order``: ``weight-first`` (each thread streams its share of the weight once: few pixels, a big weight) or
@@ -16,7 +18,7 @@ the space falls back to MetaSchedule's stock CPU space (reported per kernel).
 from __future__ import annotations
 
 from tvmfuse.kernels.cpu.schedule import (contraction_loops, contraction_tiles, dtype_bits, is_contraction,
-                                          row_axis_of, schedule_contraction)
+                                          result_kept_whole, row_axis_of, schedule_contraction)
 from tvmfuse.kernels.knobs import Knob, sample
 from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
 
@@ -40,15 +42,20 @@ def contraction_sketches(sch, space, info: dict) -> list:
     name = sch.get(reductions[0]).name_hint
     lanes = max(1, int(info["vector_bits"]) // dtype_bits(sch, reductions[0]))
     _, reduce, exts = contraction_loops(sch, reductions[0])
-    default = contraction_tiles(exts, lanes)
+    registers = int(info.get("vector_registers", 16))
+    whole = result_kept_whole(sch, reductions[0])
+    default = contraction_tiles(exts, lanes, registers, ragged=whole)
     last = len(exts) - 1
     row_axis = row_axis_of(exts)
     knob = space.knobs.get("vectors")
     # whole vectors that divide the axis, and the rules' tile (1000 channels: half a vector a pixel row, 2.5 a GEMV)
     vectors = tuple(sorted({int(v) * lanes for v in (knob.values if knob else (1, 2, 4))
                             if exts[last] % (int(v) * lanes) == 0} | {default[last]}))
-    rows = (_values(space.knobs.get("rows"), (1, 2, 4, 6, 8), lambda r: r <= exts[row_axis],
+    # a ragged row tile only where the outputs keep the whole result (``result_kept_whole``)
+    rows = (_values(space.knobs.get("rows"), (1, 2, 4, 6, 8),
+                    lambda r: r <= exts[row_axis] and (whole or exts[row_axis] % r == 0),
                     default.get(row_axis, 1)) if row_axis is not None else ())
+    outer = next((i for i in default if i not in (last, row_axis)), None)
     inner_r = int(sch.get(reduce[-1]).extent) if reduce else 1
     unrolls = _values(space.knobs.get("unroll"), (1, 2, 4), lambda u: inner_r % u == 0, 1) if reduce else ()
     orders = space.knobs["order"].values if "order" in space.knobs else ORDERS
@@ -61,7 +68,10 @@ def contraction_sketches(sch, space, info: dict) -> list:
         tiles = {last: sample(s, Knob.uniform("vectors", vectors))}
         if rows:
             tiles[row_axis] = sample(s, Knob.uniform("rows", rows))
+        if outer is not None:
+            tiles[outer] = sample(s, Knob.uniform("outer", (1, default[outer])))
         unroll = sample(s, Knob.uniform("unroll", unrolls)) if len(unrolls) > 1 else None
-        schedule_contraction(s, block, lanes, tiles=tiles, weight_first=order == "weight-first", unroll=unroll)
+        schedule_contraction(s, block, lanes, tiles=tiles, weight_first=order == "weight-first", unroll=unroll,
+                             registers=registers)
         sketches.append(s)
     return sketches

@@ -17,6 +17,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   channels as an im2col kernel and a GEMM.
 - :func:`pointwise_convs_as_gemms` / :func:`PointwiseConvsAsGemms` (``pointwise_convs``): 1x1 NHWC convs that no
   conv template takes (fp32, or a few output pixels) as GEMMs.
+- :func:`pad_output_channels` / :func:`PadOutputChannels` (``pad_channels``): GEMMs and convs whose output
+  channels no vector divides run on a zero-padded weight, the extra channels sliced off (CPUs).
 - :class:`FuseAttention` (``fuse_attention``): MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V)
   becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores;
   a constant causal mask becomes the spec's ``causal`` flag and K/V heads repeated for GQA are read in place
@@ -36,12 +38,13 @@ from tvmfuse.plan.rewrites.fuse_attention import FuseAttention
 from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
 from tvmfuse.plan.rewrites.identities import DropInferenceIdentities, drop_inference_identities
 from tvmfuse.plan.rewrites.im2col import Im2colNarrowConvs, im2col_narrow_convs
+from tvmfuse.plan.rewrites.pad_channels import PadOutputChannels, pad_output_channels
 from tvmfuse.plan.rewrites.pairwise_extrema import PairwiseExtrema, pairwise_extrema
 from tvmfuse.plan.rewrites.pointwise_convs import PointwiseConvsAsGemms, pointwise_convs_as_gemms
 
 __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
     "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
-    "im2col_narrow_convs", "module_pass", "PairwiseExtrema", "pairwise_extrema", "PointwiseConvsAsGemms",
+    "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema", "pairwise_extrema", "PointwiseConvsAsGemms",
     "pointwise_convs_as_gemms", "rebuild_main",
 ]
