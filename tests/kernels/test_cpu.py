@@ -93,6 +93,18 @@ def ragged_cnn():   # a prime output width (29: no row tile divides it) and a we
     return _model(nodes, [("x", [1, 3, 64, 64])], ("y", [1, 10]), inits)
 
 
+def odd_depthwise():   # ShuffleNet-v2's channel counts: 58 (2 x 29) and 116 no vector divides, a depthwise conv each
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "wd", "bd"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=58),
+             helper.make_node("Conv", ["c2", "w2"], ["c3"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["c3", "wd2"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                              group=116)]
+    inits = [_w("w1", [58, 24, 1, 1], 0.2), _w("wd", [58, 1, 3, 3], 0.3), _w("bd", [58]),
+             _w("w2", [116, 58, 1, 1], 0.2), _w("wd2", [116, 1, 3, 3], 0.3)]
+    return _model(nodes, [("x", [1, 24, 14, 14])], ("y", [1, 116, 7, 7]), inits)
+
+
 def ragged_gemm():   # 29 rows (a prime: the ragged row tile) by a weight-heavy 40x512 weight, bias and ReLU
     return _model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
                    helper.make_node("Relu", ["a"], ["y"])], [("x", [29, 40])], ("y", [29, 512]),
@@ -100,7 +112,7 @@ def ragged_gemm():   # 29 rows (a prime: the ragged row tile) by a weight-heavy 
 
 
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
-          "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm}
+          "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}
@@ -236,6 +248,10 @@ def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_
     assert contraction_tiles([1, 3, 3, 1008], 16, 32) == {3: 16, 2: 3, 1: 3}
     assert contraction_tiles([1, 3, 3, 1008], 16) == {3: 16, 2: 3}
     assert contraction_tiles([1, 29, 29, 96], 16, 32) == {3: 32, 2: 6}
+    # a depthwise conv's 58 or 232 channels: one tile over them all, the last lanes guarded
+    assert contraction_tiles([1, 28, 28, 58], 16, 32, depthwise=True) == {3: 64}
+    assert contraction_tiles([1, 7, 7, 232], 16, 32, depthwise=True) == {3: 240}
+    assert contraction_tiles([1, 7, 7, 256], 16, 32, depthwise=True) == {3: 32, 2: 7}
     _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
     heavy = {}
     for gv, func in fused.functions.items():
