@@ -17,8 +17,8 @@ the space falls back to MetaSchedule's stock CPU space (reported per kernel).
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.cpu.schedule import (contraction_loops, contraction_tiles, dtype_bits, is_contraction,
-                                          result_kept_whole, row_axis_of, schedule_contraction)
+from tvmfuse.kernels.cpu.schedule import (channelwise, contraction_loops, contraction_tiles, dtype_bits,
+                                          is_contraction, result_kept_whole, row_axis_of, schedule_contraction)
 from tvmfuse.kernels.knobs import Knob, sample
 from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
 
@@ -44,7 +44,8 @@ def contraction_sketches(sch, space, info: dict) -> list:
     _, reduce, exts = contraction_loops(sch, reductions[0])
     registers = int(info.get("vector_registers", 16))
     whole = result_kept_whole(sch, reductions[0])
-    default = contraction_tiles(exts, lanes, registers, ragged=whole)
+    default = contraction_tiles(exts, lanes, registers, ragged=whole,
+                                depthwise=channelwise(sch, reductions[0]))
     last = len(exts) - 1
     row_axis = row_axis_of(exts)
     knob = space.knobs.get("vectors")
