@@ -25,6 +25,9 @@ from tvmfuse.kernels.knobs import names_in
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
 from tvmfuse.target import vector_lanes, vector_registers
 
+# the most channels a depthwise conv's one tile takes (MobileNetV2's 960 at 2x2 pixels)
+MAX_DEPTHWISE_TILE = 1024
+
 # below this many multiply-adds (or elements of a pointwise kernel) a kernel runs on one thread: waking the pool's
 # threads costs a few microseconds, more than such a kernel takes
 MIN_PARALLEL_WORK = 1 << 15
@@ -159,8 +162,9 @@ def weight_heavy(sch, block) -> bool:
 
 
 def channelwise(sch, block) -> bool:
-    """Whether every tensor the contraction ``block`` reduces over reads the output's innermost axis too: a depthwise
-    conv (each channel its own window), where that axis is no GEMM column that a weight row broadcasts over."""
+    """Whether the contraction ``block`` reads both tensors it reduces over along the output's innermost axis too: a
+    depthwise conv (each channel its own window), where that axis is no GEMM column that a weight row broadcasts
+    over (a pooling, one tensor, is not)."""
     b = sch.get(block)
     ivs = list(b.iter_vars)
     spatial = [iv for iv in ivs if int(iv.iter_type) == DATA_PAR]
@@ -170,7 +174,7 @@ def channelwise(sch, block) -> bool:
     inner = str(spatial[-1].var.name)
     used = [set().union(*(names_in(rg.min) for rg in r.region)) for r in b.reads if r.region]
     reduced = [u for u in used if u & rvars]
-    return bool(reduced) and all(inner in u for u in reduced)
+    return len(reduced) >= 2 and all(inner in u for u in reduced)
 
 
 def row_axis_of(exts: list[int]) -> int | None:
@@ -187,13 +191,14 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
     :func:`result_kept_whole`). ``depthwise``: the innermost axis is a depthwise conv's channels
     (:func:`channelwise`)."""
     row_axis = row_axis_of(exts)
-    if depthwise and exts[-1] % lanes and exts[-1] <= 16 * lanes:
-        # channels no vector divides (ShuffleNet's 58, 116, 232: 2 x 29, 4 x 29, 8 x 29) took a 29-lane vector, which
-        # LLVM legalises through the stack, or 4-lane ones: one tile over all of them, rounded up to whole vectors,
-        # its last lanes guarded, ran ShuffleNet-v2's depthwise convs 2.5-3x faster on the 2-core EPYC (28x28x58:
-        # 81 -> 25 us; 14x14x116: 19 -> 7; 7x7x232: 8.6 -> 3.1). Several guarded tiles fell off the vectoriser
-        # (the guard then depends on the tile: 91-250 us), and so did one tile over a GEMM's columns (10x slower)
-        return {len(exts) - 1: -(-exts[-1] // lanes) * lanes}
+    if depthwise and exts[-1] <= MAX_DEPTHWISE_TILE:
+        # a depthwise conv: one tile over all its channels, one pixel, the channel loop left to LLVM's loop
+        # vectoriser (:func:`schedule_contraction`). On the 2-core EPYC, hot: MobileNetV3's 5x5 depthwise convs at
+        # 14x14x240 and 7x7x576 48 -> 23 and 37 -> 18 us, its 3x3 at 28x28x72 31 -> 12 us, MobileNetV2's at
+        # 16x16x144 9.5 -> 8.4 us. Rows of 16-lane vectors ran load-bound; channels no vector divides (ShuffleNet's
+        # 58, 116, 232) took 29- or 4-lane vectors; TVM's own vectors over many lanes (240) went through the stack,
+        # and several guarded tiles fell off the vectoriser (10-30x slower)
+        return {len(exts) - 1: exts[-1]}
     # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
     # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
     vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
@@ -267,13 +272,14 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
     unrolled: a sampled decision or None) are the sketch's knobs (``kernels/cpu/sketch.py``); by default the rules
     above choose. Whether every epilogue folded into the tile's write-back."""
     spatial, reduce, exts = contraction_loops(sch, block)
+    depthwise = channelwise(sch, block)
     work = 1
     for e in exts + [_extent(sch, lp) for lp in reduce]:
         work *= e
     heavy = weight_heavy(sch, block) if weight_first is None else weight_first
     if tiles is None:
         tiles = contraction_tiles(exts, lanes, registers, ragged=result_kept_whole(sch, block),
-                                  depthwise=channelwise(sch, block))
+                                  depthwise=depthwise)
     outers, inners = [], []
     for i, lp in enumerate(spatial):
         tile = tiles.get(i, 1)
@@ -306,7 +312,10 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
     _vectorize_last(sch, acc, lanes)
     # vectorised before the init is split off: the update alone is no longer a reduction block to the check
     inner_loops = sch.get_loops(block)[-len(inners):] if inners else []
-    if inner_loops and (_extent(sch, inner_loops[-1]) or 0) > 1:
+    # a depthwise conv's tile over all its channels is left to LLVM's loop vectoriser (see contraction_tiles)
+    llvm_vectorises = depthwise and isinstance(tiles.get(len(exts) - 1), int) and \
+        tiles[len(exts) - 1] == exts[-1] > 2 * lanes
+    if inner_loops and (_extent(sch, inner_loops[-1]) or 0) > 1 and not llvm_vectorises:
         sch.vectorize(inner_loops[-1])
         for lp in inner_loops[:-1]:
             sch.unroll(lp)

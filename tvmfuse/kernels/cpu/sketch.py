@@ -11,9 +11,10 @@ register-blocked GEMM / conv (``schedule.schedule_contraction``) with its choice
 * ``order``: ``weight-first`` (each thread streams its share of the weight once: few pixels, a big weight) or
   ``pixel-first`` (the pixel tiles outermost): a structural choice, so one sketch each.
 
-The rules' own choice for the kernel (the untuned default) is always among the values, so every sketch holds it;
-the tuner measures the default first as a record. Where the kernel is not one contraction the sketch raises and
-the space falls back to MetaSchedule's stock CPU space (reported per kernel).
+The rules' own choice for the kernel (the untuned default) is among the values, so every sketch holds it (but a
+depthwise conv's tile over all its channels, which the rules leave to LLVM's vectoriser: the tuner's record of the
+default is its own trace); the tuner measures the default first as a record. Where the kernel is not one
+contraction the sketch raises and the space falls back to MetaSchedule's stock CPU space (reported per kernel).
 """
 from __future__ import annotations
 
@@ -44,14 +45,18 @@ def contraction_sketches(sch, space, info: dict) -> list:
     _, reduce, exts = contraction_loops(sch, reductions[0])
     registers = int(info.get("vector_registers", 16))
     whole = result_kept_whole(sch, reductions[0])
-    default = contraction_tiles(exts, lanes, registers, ragged=whole,
-                                depthwise=channelwise(sch, reductions[0]))
+    depthwise = channelwise(sch, reductions[0])
+    default = contraction_tiles(exts, lanes, registers, ragged=whole, depthwise=depthwise)
     last = len(exts) - 1
     row_axis = row_axis_of(exts)
     knob = space.knobs.get("vectors")
-    # whole vectors that divide the axis, and the rules' tile (1000 channels: half a vector a pixel row, 2.5 a GEMV)
-    vectors = tuple(sorted({int(v) * lanes for v in (knob.values if knob else (1, 2, 4))
-                            if exts[last] % (int(v) * lanes) == 0} | {default[last]}))
+    # whole vectors that divide the axis, and the rules' tile (1000 channels: half a vector a pixel row, 2.5 a GEMV);
+    # a depthwise conv's tile over all its channels only where nothing else fits: the rules leave that loop to LLVM's
+    # vectoriser, a sampled tile is vectorised by TVM (through the stack past two vectors)
+    vectors = {int(v) * lanes for v in (knob.values if knob else (1, 2, 4)) if exts[last] % (int(v) * lanes) == 0}
+    if not (depthwise and vectors and default[last] > 2 * lanes):
+        vectors.add(default[last])
+    vectors = tuple(sorted(vectors))
     # a ragged row tile only where the outputs keep the whole result (``result_kept_whole``)
     rows = (_values(space.knobs.get("rows"), (1, 2, 4, 6, 8),
                     lambda r: r <= exts[row_axis] and (whole or exts[row_axis] % r == 0),
