@@ -9,7 +9,9 @@ the default as a record, and a tuned build is never slower than it).
   between the tile loops and the register block, the accumulators kept in a tile-sized buffer that the epilogue
   (bias, activation, residual) reads once the tile is done, the tile loops fused and parallel (weight-block first
   where the weight outweighs the other input, so each thread streams its share of the weight once; a ragged row
-  tile, the last one guarded, where no tile divides the row);
+  tile, the last one guarded, where no tile divides the row); up to 14 accumulators with AVX-512's 32 registers,
+  12 with 16; a depthwise conv one pixel at a time over all its channels, that loop left to LLVM's vectoriser
+  (output channels no vector divides are padded by the planner: ``plan/rewrites/pad_channels.py``);
 * a single reduction over the innermost axes (a mean, a global pooling): the output's row loops fused and
   parallel, every other block computed at the row, the row's elementwise loops vectorised;
 * several reductions of a row along the output's innermost axis (softmax, LayerNorm, RMSNorm): the same, with the
@@ -265,12 +267,12 @@ def contraction_loops(sch, block) -> tuple[list, list, list[int]]:
 
 
 def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weight_first: bool | None = None,
-                         unroll=None, registers: int = 16) -> bool:
+                         unroll=None, registers: int = 16) -> None:
     """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
     tile accumulators (the vector along the output's innermost axis). ``tiles`` (spatial axis -> tile, a number or
     a sampled decision), ``weight_first`` and ``unroll`` (the innermost reduction loop split by it, the inner part
     unrolled: a sampled decision or None) are the sketch's knobs (``kernels/cpu/sketch.py``); by default the rules
-    above choose. Whether every epilogue folded into the tile's write-back."""
+    above choose; ``registers``: the target's vector registers (:func:`contraction_tiles`)."""
     spatial, reduce, exts = contraction_loops(sch, block)
     depthwise = channelwise(sch, block)
     work = 1
@@ -301,14 +303,12 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
         sch.parallel(tile_loop)
     acc = sch.cache_write(block, 0, "global")
     sch.reverse_compute_at(acc, tile_loop, preserve_unit_loops=True)
-    folded = True
     for consumer in sch.get_consumers(acc):
         try:
             sch.reverse_compute_inline(consumer)
         except Exception:  # noqa: BLE001 - an epilogue that cannot fold into the write-back: computed per tile
             sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
             _vectorize_last(sch, consumer, lanes)
-            folded = False
     _vectorize_last(sch, acc, lanes)
     # vectorised before the init is split off: the update alone is no longer a reduction block to the check
     inner_loops = sch.get_loops(block)[-len(inners):] if inners else []
@@ -326,7 +326,6 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
         # the init's loops copy the update's kinds; vectorise its last where that did not carry over
         if int(sch.get(sch.get_loops(init)[-1]).kind) != int(tvm.tirx.ForKind.VECTORIZED):
             _vectorize_last(sch, init, lanes)
-    return folded
 
 
 def _single_output(sch):
