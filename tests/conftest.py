@@ -60,8 +60,10 @@ def tuned_example(tmp_path_factory, example_model):
 
     def tune(work):
         cfg = api.ModelConfig(model=example_model, target="llvm", db=work / "tvmfuse.db")
+        # no end-to-end check: on a model this small the tuned and untuned builds time within its tolerance, and
+        # the build that ships would be a coin toss (tests/compile/test_model_check.py checks it on its own)
         return api.tune(cfg, TuneConfig(trials=14, trials_per_kernel=2, trials_per_round=2, population=16,
-                                        cost_model="random"))
+                                        cost_model="random", end_to_end_check=False))
 
     work, report = _once(tmp_path_factory, "tuned", tune)
     return api.ModelConfig(model=example_model, target="llvm", db=work / "tvmfuse.db"), report

@@ -112,6 +112,14 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         warm = warm_start(cost_model, db, target) if tune_cfg.cost_model == "xgb" else 0
         results = tune_kernels(kernels, target=target, database=db, config=tune_cfg, progress=progress,
                                model=loaded.name, stop=stop, cost_model=cost_model, runner=runner, ledger=ledger)
+        end_to_end = None
+        if (tune_cfg.end_to_end_check and not target.is_gpu and rpc is None and target.runs_here()
+                and not (stop is not None and stop()) and any(r.trials_run for r in results)):
+            from tvmfuse.compile.model_check import check_model
+
+            if hasattr(progress, "on_end_to_end"):
+                progress.on_end_to_end()
+            end_to_end = check_model(fused, target=target, database=db)
     finally:
         db.close()
         if runner is not None:
@@ -130,6 +138,7 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
         "failed": [r.name for r in results if r.status == "failed"],
         "interrupted": bool(stop is not None and stop()),
         "left": [r.name for r in results if r.status in ("interrupted", "skipped-interrupt", "lost")],
+        "end_to_end": end_to_end,
         "seconds": round(time.perf_counter() - t0, 2),
     }
     if check_note:
@@ -162,8 +171,9 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
     A target for another machine (``aarch64``, or a JSON with another ``mtriple``) is linked with zig
     (``tvmfuse.compile.cross``); the manifest's ``machine`` names the machine it runs on. ``rpc``: take the target
     and the records' device from the RPC servers under ``rpc.key``, as ``tune`` with the same options did."""
-    from tvmfuse.compile import build, export_artifact
+    from tvmfuse.compile import export_artifact
     from tvmfuse.compile.cross import export_options
+    from tvmfuse.compile.model_check import build_checked
 
     t0 = time.perf_counter()
     threads = apply_threads(cfg.threads)
@@ -175,7 +185,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
     use_db = not untuned and Path(cfg.db).exists()
     db = open_database(cfg.db, target=target, create=False) if use_db else None
     try:
-        result = build(fused, target=target, database=db, cuda_graph=cuda_graph)
+        result, end_to_end = build_checked(fused, target=target, database=db, cuda_graph=cuda_graph)
     finally:
         if db is not None:
             db.close()
@@ -183,7 +193,8 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         export_artifact(result, out, target=target, inputs=loaded.inputs, outputs=loaded.outputs,
                         model_path=cfg.model, planner=plan.planner,
                         extra={"cuda_graph": result.cuda_graph, "precision": cfg.precision,
-                               "threads": threads, "tir_pipeline": result.tir_pipeline})
+                               "threads": threads, "tir_pipeline": result.tir_pipeline,
+                               "end_to_end_check": end_to_end})
     except OSError as e:  # a full disk, a folder made read-only since the check
         raise ArtifactError(f"cannot write the artifact folder {out}: {e.strerror or e}") from None
     return {
@@ -191,6 +202,7 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         "precision": cfg.precision, "threads": threads,
         "kernels": [k.to_json() for k in result.kernels],
         "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
+        "end_to_end_check": end_to_end,
         "tir_pipeline": result.tir_pipeline, "machine": target.machine(),
         "manifest_digest": manifest_digest(out), "seconds": round(time.perf_counter() - t0, 2),
     }

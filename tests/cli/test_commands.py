@@ -101,6 +101,7 @@ def test_cli_subprocess_tune_json_resumes(tuned_example):
     report = json.loads(proc.stdout)  # stdout is exactly one JSON object
     assert report["trials_run"] == 0
     assert all(k["status"] in ("skipped-spent", "exhausted") for k in report["kernels"])
+    assert report["end_to_end"] is None   # nothing tuned this run: nothing to check end to end
 
 
 def test_cli_subprocess_bad_input_exit_code(tmp_path):

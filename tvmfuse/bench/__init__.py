@@ -206,7 +206,7 @@ def run_bench(cfg: BenchConfig) -> dict:
     from tvmfuse import verify
     from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
     from tvmfuse._tvm import tvm
-    from tvmfuse.compile import build
+    from tvmfuse.compile.model_check import build_checked
     from tvmfuse.db import open_database
     from tvmfuse.frontend import import_model, load_model
     from tvmfuse.plan import partition
@@ -246,13 +246,14 @@ def run_bench(cfg: BenchConfig) -> dict:
     if cfg.db is not None and Path(cfg.db).exists():
         db = open_database(cfg.db, target=target, create=False)
     try:
-        built = build(fused, target=target, database=db, cuda_graph=cfg.cuda_graph)
+        built, end_to_end = build_checked(fused, target=target, database=db, cuda_graph=cfg.cuda_graph)
     finally:
         if db is not None:
             db.close()
     report["tvmfuse_build"] = {"seconds": round(time.perf_counter() - t0, 2), "planner": plan.planner,
                                "kernels": [k.to_json() for k in built.kernels], "untuned": built.untuned,
-                               "db": str(cfg.db) if db is not None else None, "cuda_graph": built.cuda_graph}
+                               "db": str(cfg.db) if db is not None else None, "cuda_graph": built.cuda_graph,
+                               "end_to_end_check": end_to_end}
     samplers: dict = {}   # backend -> one timed sample a call; the rounds below take them in turn
     try:
         outs, samplers["tvmfuse"] = _tvm_run(built.executable, target, feeds, list(built.lifted_params), cfg)

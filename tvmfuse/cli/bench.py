@@ -70,6 +70,9 @@ def _print_table(model: Path, report: dict, precision: str) -> None:
         note = r.get("provider", "")
         if r["backend"] == "tvmfuse":
             note = f"{r['untuned_kernels']} untuned kernel(s)" + (", CUDA graph" if r.get("cuda_graph") else "")
+            e2e = (report.get("tvmfuse_build") or {}).get("end_to_end_check")
+            if e2e and e2e["ships"] == "untuned":
+                note += " (the end-to-end check found the tuned build slower)"
         rows.append([r["backend"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
                      f"{r['median_ms'] / fast:.2f}x" if fast else "-", check, note])
     out.print(table(f"{model.name} on {report['device']}, {report['threads']} thread(s)",

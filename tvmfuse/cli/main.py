@@ -155,6 +155,9 @@ def tune_command(
     retime: Optional[int] = typer.Option(None, "--retime", min=0, help="After each kernel's search, its N fastest "
                                          "schedules and its default are timed again in interleaved rounds and "
                                          "ranked by those times (default: 4 on CPUs, 0 on GPUs; 0: off)."),
+    end_to_end: bool = typer.Option(True, "--e2e-check/--no-e2e-check", help="On a CPU, after tuning: time the "
+                                    "whole model's tuned build against its untuned one side by side; compile and "
+                                    "bench ship the untuned one where the tuned one was slower."),
     cpu_trials: str = typer.Option("auto", "--cpu-trials", help="cold (each trial's weights flushed from the "
                                    "caches), warm, or auto: cold where the model's weights outgrow half the "
                                    "last-level cache, as a model at batch 1 then reads them from DRAM."),
@@ -196,7 +199,7 @@ def tune_command(
             rpc = rpc_options(rpc_tracker, rpc_key, workers=rpc_workers, session_timeout_s=rpc_timeout)
             tcfg = TuneConfig(trials=trials, trials_per_kernel=trials_per_kernel, retune=retune,
                               time_budget_s=time_budget, cost_model=cost_model, rpc=rpc, retime_finalists=retime,
-                              cpu_trials=cpu_trials)
+                              cpu_trials=cpu_trials, end_to_end_check=end_to_end)
             with RichProgress(enabled=not json_out, time_budget_s=time_budget) as progress:
                 report = api.tune(cfg, tcfg, progress=progress, stop=stop)
         interrupted = stop()
@@ -230,6 +233,10 @@ def tune_command(
             if report["retime_finalists"]:
                 out.print(f"retimed: {report['retimed']} kernels' {report['retime_finalists']} fastest schedules and "
                           f"default, side by side; another schedule came first for {report['retimed_best_changed']}")
+            if report.get("end_to_end"):
+                e2e = report["end_to_end"]
+                out.print(f"end to end ({e2e['rounds']} interleaved rounds): tuned {e2e['tuned_ms']:.3f} ms, untuned "
+                          f"{e2e['untuned_ms']:.3f} ms; compile ships the {e2e['ships']} build")
             chosen = [f"{k['name'][:32]}: {k['default']}" for k in kernels
                       if (k.get("default") or "").startswith("model")]
             if chosen:   # a template default the cost model picked, not the hand rule
@@ -340,12 +347,27 @@ def compile_command(
         if report["db"] is None and not untuned:
             err.print(f"note: no tuning database at {db}: every kernel runs its untuned default, named in the schedule column (run `tvmfuse tune` first)")
         n_untuned = len(report["untuned"])
+        _print_end_to_end(report.get("end_to_end_check"))
         machine = report.get("machine") or {}
         if machine.get("arch") and machine["arch"] != _host_arch():
             out.print(f"built for {machine['triple']} (another machine: `tvmfuse run` it there)", highlight=False)
         out.print(f"manifest digest: {report['manifest_digest']} (pin it: tvmfuse run --expect-digest)")
         out.print(f"{len(rows) - n_untuned}/{len(rows)} kernels run a tuned schedule"
                   + (f"; untuned: {', '.join(report['untuned'][:5])}{' ...' if n_untuned > 5 else ''}" if n_untuned else ""))
+
+
+def _print_end_to_end(check: dict | None) -> None:
+    """The database's end-to-end check of the model, where there is one, and which build it made ship."""
+    if not check:
+        return
+    times = f"tuned {check['tuned_ms']:.3f} ms, untuned {check['untuned_ms']:.3f} ms"
+    if check["ships"] == "untuned":
+        err.print(f"note: every kernel runs its untuned default: tune's end-to-end check timed the tuned build "
+                  f"slower ({times}); `tvmfuse tune --no-e2e-check` keeps the records' schedules", highlight=False)
+    elif not check["current"]:
+        out.print(f"end-to-end check ({times}) predates the newest records: not applied", highlight=False)
+    else:
+        out.print(f"end-to-end check: {times}", highlight=False)
 
 
 @app.command("run")
@@ -478,6 +500,7 @@ def example_command(
         out.print(f"tuned {n} fused kernels ({tuned['trials_run']} new trials, "
                   f"{tuned['default_schedules_measured']} of them default schedules, {tuned['seconds']} s); "
                   f"{n - len(built['untuned'])}/{n} run a tuned schedule; artifact: {built['artifact']}")
+        _print_end_to_end(built.get("end_to_end_check"))
         _print_run(ran)
 
 

@@ -135,6 +135,11 @@ class RichProgress:
             self._progress.update(self._t, detail=f"{self.kernels[index].name[:40]}  default {fmt_ms(default_s)}  "
                                                   f"{self._defaults_note()}")
 
+    def on_end_to_end(self):
+        """The end-to-end check begins: two builds of the whole model, then interleaved timing."""
+        if self.enabled:
+            self._line("end-to-end check: building the model tuned and untuned, then timing both side by side")
+
     def on_remote(self, index, servers, lost):
         """Remote runs: which servers measured the kernel so far; each lost trial gets a line at once."""
         self.servers[index] = dict(servers)

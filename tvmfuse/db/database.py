@@ -252,6 +252,34 @@ class TuningDatabase(ms.database.PyDatabase):
             return {}
         return {(k, m): int(n) for k, m, n in rows}
 
+    def last_record_id(self) -> int:
+        """The id of the newest record of the bound target (0: none)."""
+        rows = self.store.query("SELECT MAX(id) FROM records WHERE target=? AND device=?", self._key)
+        return int(rows[0][0] or 0) if rows else 0
+
+    def record_model_check(self, model: str, *, tuned_ms: float, untuned_ms: float) -> None:
+        """Keep a whole model's tuned and untuned times, timed side by side (``model``: the fused module's key,
+        :func:`tvmfuse.compile.model_check.model_key`), as of the newest record now."""
+        with self.store.transaction() as c:
+            c.execute("INSERT INTO model_checks(model, target, device, tuned_ms, untuned_ms, last_record, created) "
+                      "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                      (model, *self._key, float(tuned_ms), float(untuned_ms), self.last_record_id(), time.time()))
+
+    def model_check(self, model: str) -> dict | None:
+        """The newest end-to-end check of ``model`` under the bound target, with ``current``: no record came
+        after it; None where there is none (or the file predates the table)."""
+        try:
+            rows = self.store.query("SELECT tuned_ms, untuned_ms, last_record, created FROM model_checks WHERE "
+                                    "model=? AND target=? AND device=? ORDER BY created DESC LIMIT 1",
+                                    (model, *self._key))
+        except DatabaseError:
+            return None
+        if not rows:
+            return None
+        tuned, untuned, last, created = rows[0]
+        return {"tuned_ms": float(tuned), "untuned_ms": float(untuned), "created": float(created),
+                "current": int(last) == self.last_record_id()}
+
     def set_task_name(self, mod, name: str, *, model: str | None = None) -> None:
         """Record the MetaSchedule task name (and a model label) of ``mod`` for the bound target."""
         wid = self._commit(mod)

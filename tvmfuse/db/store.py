@@ -86,6 +86,17 @@ SCHEMA = [
         message TEXT NOT NULL,
         created REAL NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS trial_errors_lookup ON trial_errors(workload_id, target, device)",
+    # A whole model's tuned build timed against its untuned one, side by side, after tuning (tune's end-to-end
+    # check); ``last_record`` is the newest record of the target then, so a check that later records outdate is
+    # not applied. Added after schema 1 shipped, like trial_errors.
+    """CREATE TABLE IF NOT EXISTS model_checks (
+        model TEXT NOT NULL,
+        target TEXT NOT NULL,
+        device TEXT NOT NULL,
+        tuned_ms REAL NOT NULL,
+        untuned_ms REAL NOT NULL,
+        last_record INTEGER NOT NULL,
+        created REAL NOT NULL)""",
 ]
 TABLES = ("meta", "workloads", "workload_targets", "records", "pruned_trials")
 

@@ -62,6 +62,9 @@ class TuneConfig:
     cost_model: str = "xgb"  # xgb | random: one model per run, shared by every kernel (see make_cost_model)
     baseline: bool = True  # measure the default schedule first and keep it as a record (see _measure_baseline)
     check: bool = True  # run each tuned kernel's best schedule against its reference (see check_best)
+    # on a CPU, time the whole model's tuned build against its untuned one after tuning; compile ships the faster
+    # (tvmfuse.compile.model_check)
+    end_to_end_check: bool = True
     retime_finalists: int | None = None  # fastest schedules timed again side by side (tune.retime; None: by target)
     cpu_trials: str = "auto"  # cold | warm | auto: CPU trials with the weights flushed or not (tune.samples.cpu_trials)
     nvcc_cache: str | None = None  # the CUDA compile cache's folder ("off": none; None: tvmfuse.nvcc_cache.default_dir)
@@ -128,6 +131,7 @@ class TuneProgress(Protocol):
     # optional, remote runs: def on_remote(self, index: int, servers: dict[str, int], lost: list[tuple[str, str]])
     #   after each batch: the trials each server measured for the kernel so far, and the trials of this batch
     #   lost with their server, as (server, reason)
+    # optional: def on_end_to_end(self) -> None  the whole model's tuned and untuned builds are timed next
 
 
 def _report(progress, hook: str, *args) -> None:
