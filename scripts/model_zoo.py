@@ -31,6 +31,8 @@ import numpy as np
 IMG = 64
 SEQ = 16
 VISION = ["resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "squeezenet1_0"]
+# torchvision CNNs outside the default zoo, exported by name (--models): shapes no default or prior was fitted to
+OTHER_VISION = ["squeezenet1_1", "mobilenet_v3_small", "resnet18", "shufflenet_v2_x1_0", "regnet_y_400mf"]
 TEXT = ["bert", "gpt2", "vit", "t5_encoder", "llama", "whisper_encoder"]
 # --size: "tiny" the test fixtures; "small" hidden 64, 2 layers (minutes on 2 CPU cores); "full" the published
 # architectures (bert-base, gpt2, vit-base/16 at 224, t5-small's encoder, a TinyLlama-1.1B-shaped decoder with
@@ -64,7 +66,7 @@ def _build(name: str, size: str, seq: int | None = None, batch: int = 1, layers:
                 return self.head(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1)).softmax(-1)
 
         return TinyCNN(), (torch.randn(1, 3, 16, 16),), ["image"]
-    if name in VISION:
+    if name in VISION + OTHER_VISION:
         import torchvision
 
         model = getattr(torchvision.models, name)(weights=None)
@@ -189,7 +191,7 @@ def export(out: Path, names: list[str], size: str = "small", seq: int | None = N
         stem = f"tiny_{name}" if tiny else name
         if size == "full":
             stem += "_full" + (f"_l{layers}" if layers else "")
-        if name in VISION and batch != 1:
+        if name in VISION + OTHER_VISION and batch != 1:
             stem += f"_b{batch}"
         elif seq or batch != 1:
             stem += f"_b{batch}s{seq or SEQ}"
