@@ -19,6 +19,22 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def packed_kernel(scheduled_mod, target):
+    """(function, random arguments, module) of a scheduled CPU kernel built alone, its weight taken packed, as the
+    build passes it, rather than rewritten inside each call."""
+    from tvmfuse._tvm import tvm
+    from tvmfuse.kernels.cpu.prefetch import tir_pipeline
+    from tvmfuse.tune.check import param_specs
+
+    built_mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(scheduled_mod)
+    with target.target:
+        f = tvm.compile(built_mod, target=target.target, tir_pipeline=tir_pipeline(target.target))["main"]
+    rng = np.random.default_rng(0)
+    f_args = [tvm.runtime.tensor(rng.standard_normal(shape).astype(dtype))
+              for _, shape, dtype in param_specs(built_mod["main"])]
+    return f, f_args, built_mod
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", type=Path)
@@ -35,10 +51,8 @@ def main() -> None:
 
     from tvmfuse._tvm import tvm
     from tvmfuse.kernels.cpu import CpuTemplate
-    from tvmfuse.kernels.cpu.prefetch import tir_pipeline
     from tvmfuse.plan.partition import plan_model
     from tvmfuse.target import resolve_target
-    from tvmfuse.tune.check import param_specs
 
     target = resolve_target("llvm")
     fused, _ = plan_model(args.model, target="llvm")
@@ -74,13 +88,7 @@ def main() -> None:
         if scheduled is None:
             print(f"{name}: no CPU default")
             continue
-        # the weight taken packed, as the build passes it, rather than rewritten inside each call
-        built_mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(scheduled.mod)
-        with target.target:
-            f = tvm.compile(built_mod, target=target.target, tir_pipeline=tir_pipeline(target.target))["main"]
-        rng = np.random.default_rng(0)
-        f_args = [tvm.runtime.tensor(rng.standard_normal(shape).astype(dtype))
-                  for _, shape, dtype in param_specs(built_mod["main"])]
+        f, f_args, built_mod = packed_kernel(scheduled.mod, target)
         hot, cold = [], []
         for _ in range(args.rounds):
             hot.append(sample(f, f_args, False))

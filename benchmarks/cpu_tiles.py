@@ -51,11 +51,10 @@ def main() -> None:
     from tvmfuse._tvm import tvm
     from tvmfuse.kernels.cpu import CpuTemplate
     from tvmfuse.kernels.cpu import schedule as rules
-    from tvmfuse.kernels.cpu.prefetch import tir_pipeline
+    from benchmarks.cpu_kernel_cold import packed_kernel
     from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
     from tvmfuse.plan.partition import plan_model
     from tvmfuse.target import resolve_target, vector_lanes, vector_registers
-    from tvmfuse.tune.check import param_specs
 
     target = resolve_target("llvm")
     fused, _ = plan_model(args.model, target="llvm")
@@ -77,13 +76,7 @@ def main() -> None:
             rules.schedule_contraction(sch, found[0], vector_lanes(target.target), tiles=tiles,
                                        weight_first=weight_first, registers=vector_registers(target.target))
             rules.pack_weights(sch)
-        # the weight taken packed, as the build passes it, rather than rewritten inside each call
-        built = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
-        with target.target:
-            f = tvm.compile(built, target=target.target, tir_pipeline=tir_pipeline(target.target))["main"]
-        rng = np.random.default_rng(0)
-        f_args = [tvm.runtime.tensor(rng.standard_normal(shape).astype(dtype))
-                  for _, shape, dtype in param_specs(built["main"])]
+        f, f_args, _ = packed_kernel(sch.mod, target)
         return f, f_args
 
     variants = args.variants.split(";")

@@ -139,27 +139,31 @@ def _buffer_bytes(buf) -> int:
     return n
 
 
+def _reduced_reads(sch, block) -> tuple[str | None, list]:
+    """The output's innermost spatial variable (None: no spatial axis) and, for each tensor ``block`` reads with
+    its reduction variables, (the variables its indices use, the tensor)."""
+    b = sch.get(block)
+    ivs = list(b.iter_vars)
+    spatial = [iv for iv in ivs if int(iv.iter_type) == DATA_PAR]
+    rvars = {str(iv.var.name) for iv in ivs if int(iv.iter_type) == REDUCE}
+    reads = []
+    for r in b.reads:
+        used = set().union(*(names_in(rg.min) for rg in r.region)) if r.region else set()
+        if used & rvars:
+            reads.append((used, r.source))
+    return (str(spatial[-1].var.name) if spatial else None), reads
+
+
 def weight_heavy(sch, block) -> bool:
     """The contraction's weight (the tensor read along the output's innermost axis and the reduction) is larger
     than its other input: a late conv of a CNN at few pixels, a GEMV. Its tiles then run weight-block first, each
     thread streaming its own share of the weight once (a block re-read from L1/L2 for every pixel tile), where the
     pixel tiles outermost stream the whole weight from memory again for each of them, on every thread."""
-    b = sch.get(block)
-    ivs = list(b.iter_vars)
-    spatial = [iv for iv in ivs if int(iv.iter_type) == DATA_PAR]
-    rvars = {str(iv.var.name) for iv in ivs if int(iv.iter_type) == REDUCE}
-    if not spatial:
+    inner, reads = _reduced_reads(sch, block)
+    if inner is None:
         return False
-    inner = str(spatial[-1].var.name)
-    weight, other = 0, 0
-    for r in b.reads:
-        used = set().union(*(names_in(rg.min) for rg in r.region)) if r.region else set()
-        if not used & rvars:
-            continue
-        if inner in used:
-            weight = max(weight, _buffer_bytes(r.source))
-        else:
-            other = max(other, _buffer_bytes(r.source))
+    weight = max((_buffer_bytes(buf) for used, buf in reads if inner in used), default=0)
+    other = max((_buffer_bytes(buf) for used, buf in reads if inner not in used), default=0)
     return weight > other > 0
 
 
@@ -167,16 +171,8 @@ def channelwise(sch, block) -> bool:
     """Whether the contraction ``block`` reads both tensors it reduces over along the output's innermost axis too: a
     depthwise conv (each channel its own window), where that axis is no GEMM column that a weight row broadcasts
     over (a pooling, one tensor, is not)."""
-    b = sch.get(block)
-    ivs = list(b.iter_vars)
-    spatial = [iv for iv in ivs if int(iv.iter_type) == DATA_PAR]
-    rvars = {str(iv.var.name) for iv in ivs if int(iv.iter_type) == REDUCE}
-    if not spatial:
-        return False
-    inner = str(spatial[-1].var.name)
-    used = [set().union(*(names_in(rg.min) for rg in r.region)) for r in b.reads if r.region]
-    reduced = [u for u in used if u & rvars]
-    return len(reduced) >= 2 and all(inner in u for u in reduced)
+    inner, reads = _reduced_reads(sch, block)
+    return inner is not None and len(reads) >= 2 and all(inner in used for used, _ in reads)
 
 
 def row_axis_of(exts: list[int]) -> int | None:
