@@ -106,6 +106,14 @@ def odd_depthwise():   # ShuffleNet-v2's channel counts: 58 (2 x 29) and 116 no 
     return _model(nodes, [("x", [1, 24, 14, 14])], ("y", [1, 116, 7, 7]), inits)
 
 
+def grouped():   # ResNeXt-style grouped 3x3 convs: 4 and 32 output channels a group
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=8),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2)]
+    inits = [_w("w1", [32, 4, 3, 3], 0.3), _w("w2", [64, 16, 3, 3], 0.1), _w("b2", [64])]
+    return _model(nodes, [("x", [1, 32, 14, 14])], ("y", [1, 64, 14, 14]), inits)
+
+
 def ragged_gemm():   # 29 rows (a prime: the ragged row tile) by a weight-heavy 40x512 weight, bias and ReLU
     return _model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
                    helper.make_node("Relu", ["a"], ["y"])], [("x", [29, 40])], ("y", [29, 512]),
@@ -113,7 +121,8 @@ def ragged_gemm():   # 29 rows (a prime: the ragged row tile) by a weight-heavy 
 
 
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
-          "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise}
+          "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise,
+          "grouped": grouped}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}
@@ -256,6 +265,10 @@ def test_contraction_tiles_take_a_ragged_row_tile_where_none_divides_and_weight_
     assert contraction_tiles([1, 28, 28, 58], 16, 32, depthwise=True) == {3: 58}
     assert contraction_tiles([1, 7, 7, 576], 16, 32, depthwise=True) == {3: 576}
     assert contraction_tiles([1, 7, 7, 256], 16, 32) == {3: 32, 2: 7}
+    # a grouped conv's vector tile stays within one group (4, 8 or 32 output channels a group)
+    assert contraction_tiles([1, 56, 56, 128], 16, 32, group=4) == {3: 4, 2: 8}
+    assert contraction_tiles([1, 28, 28, 256], 16, 32, group=8) == {3: 8, 2: 7}
+    assert contraction_tiles([1, 7, 7, 1024], 16, 32, group=32) == {3: 32, 2: 7}
     _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
     heavy = {}
     for gv, func in fused.functions.items():

@@ -22,6 +22,8 @@ the default as a record, and a tuned build is never slower than it).
 """
 from __future__ import annotations
 
+import re
+
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.knobs import names_in
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
@@ -141,7 +143,7 @@ def _buffer_bytes(buf) -> int:
 
 def _reduced_reads(sch, block) -> tuple[str | None, list]:
     """The output's innermost spatial variable (None: no spatial axis) and, for each tensor ``block`` reads with
-    its reduction variables, (the variables its indices use, the tensor)."""
+    its reduction variables, (the variables its indices use, the tensor, its indices' text)."""
     b = sch.get(block)
     ivs = list(b.iter_vars)
     spatial = [iv for iv in ivs if int(iv.iter_type) == DATA_PAR]
@@ -150,7 +152,7 @@ def _reduced_reads(sch, block) -> tuple[str | None, list]:
     for r in b.reads:
         used = set().union(*(names_in(rg.min) for rg in r.region)) if r.region else set()
         if used & rvars:
-            reads.append((used, r.source))
+            reads.append((used, r.source, " ".join(str(rg.min) for rg in r.region)))
     return (str(spatial[-1].var.name) if spatial else None), reads
 
 
@@ -162,17 +164,29 @@ def weight_heavy(sch, block) -> bool:
     inner, reads = _reduced_reads(sch, block)
     if inner is None:
         return False
-    weight = max((_buffer_bytes(buf) for used, buf in reads if inner in used), default=0)
-    other = max((_buffer_bytes(buf) for used, buf in reads if inner not in used), default=0)
+    weight = max((_buffer_bytes(buf) for used, buf, _ in reads if inner in used), default=0)
+    other = max((_buffer_bytes(buf) for used, buf, _ in reads if inner not in used), default=0)
     return weight > other > 0
 
 
-def channelwise(sch, block) -> bool:
-    """Whether the contraction ``block`` reads both tensors it reduces over along the output's innermost axis too: a
-    depthwise conv (each channel its own window), where that axis is no GEMM column that a weight row broadcasts
-    over (a pooling, one tensor, is not)."""
+def group_width(sch, block) -> int | None:
+    """The output channels of one group of a grouped conv (``K`` in its input's channel index
+    ``ff // K * C + rc``), or None: no grouped conv (a depthwise conv reads its input at ``ff`` itself)."""
     inner, reads = _reduced_reads(sch, block)
-    return inner is not None and len(reads) >= 2 and all(inner in used for used, _ in reads)
+    if inner is None:
+        return None
+    pattern = re.compile(rf"\b{re.escape(inner)} // (?:T\.int(?:32|64)\()?(\d+)")
+    widths = [int(m.group(1)) for used, _, text in reads if inner in used for m in pattern.finditer(text)]
+    return max(widths) if widths and max(widths) > 1 else None
+
+
+def channelwise(sch, block) -> bool:
+    """Whether the contraction ``block`` reads both tensors it reduces over along the output's innermost axis too,
+    each channel its own window: a depthwise conv, where that axis is no GEMM column that a weight row broadcasts
+    over (a pooling, one tensor, is not; nor a grouped conv, whose groups are GEMMs: :func:`group_width`)."""
+    inner, reads = _reduced_reads(sch, block)
+    return inner is not None and len(reads) >= 2 and all(inner in used for used, _, _ in reads) \
+        and group_width(sch, block) is None
 
 
 def row_axis_of(exts: list[int]) -> int | None:
@@ -182,12 +196,12 @@ def row_axis_of(exts: list[int]) -> int | None:
 
 
 def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: bool = True,
-                      depthwise: bool = False) -> dict[int, int]:
+                      depthwise: bool = False, group: int | None = None) -> dict[int, int]:
     """The register block of a contraction whose spatial extents are ``exts`` (the output's innermost axis last), on
     a target with ``registers`` vector registers: spatial axis index -> tile (absent: 1). ``ragged``: whether a row
     tile may leave the last tile partial (not where the outputs keep part of the result:
     :func:`result_kept_whole`). ``depthwise``: the innermost axis is a depthwise conv's channels
-    (:func:`channelwise`)."""
+    (:func:`channelwise`); ``group``: a grouped conv's output channels a group (:func:`group_width`)."""
     row_axis = row_axis_of(exts)
     if depthwise and exts[-1] <= MAX_DEPTHWISE_TILE:
         # a depthwise conv: one tile over all its channels, one pixel, the channel loop left to LLVM's loop
@@ -200,7 +214,12 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
     # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
     # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
     vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
-    if row_axis is None and vt < 2 * lanes and lanes % 2 == 0:
+    if group:
+        # a grouped conv: the vector tile within one group, so its lanes read one input channel (a broadcast); a
+        # tile across groups gathers. ResNeXt-50's 3x3 convs of 4, 8, 16 and 32 channels a group, 2-core EPYC:
+        # 1.65 ms -> 244 us (4 lanes), 1.7 ms -> 122 us (8), 1.74 ms -> 60 us (16), 62 us at 32 lanes
+        vt = next(t for t in (2 * lanes, lanes, lanes // 2, lanes // 4, 2, 1) if t >= 1 and group % t == 0)
+    if row_axis is None and vt < 2 * lanes and lanes % 2 == 0 and not group:
         # a GEMV whose width no two whole vectors divide (1000 classes: one 8-lane vector) ran one accumulator
         # chain, an FMA's latency a step (MobileNetV2's classifier: 85 us hot, onnxruntime's 47); half-vector
         # multiples give it several chains (40 lanes: 52-59 us on the 2-core EPYC)
@@ -277,7 +296,7 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
     heavy = weight_heavy(sch, block) if weight_first is None else weight_first
     if tiles is None:
         tiles = contraction_tiles(exts, lanes, registers, ragged=result_kept_whole(sch, block),
-                                  depthwise=depthwise)
+                                  depthwise=depthwise, group=group_width(sch, block))
     outers, inners = [], []
     for i, lp in enumerate(spatial):
         tile = tiles.get(i, 1)

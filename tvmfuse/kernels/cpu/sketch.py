@@ -19,7 +19,8 @@ contraction the sketch raises and the space falls back to MetaSchedule's stock C
 from __future__ import annotations
 
 from tvmfuse.kernels.cpu.schedule import (channelwise, contraction_loops, contraction_tiles, dtype_bits,
-                                          is_contraction, result_kept_whole, row_axis_of, schedule_contraction)
+                                          group_width, is_contraction, result_kept_whole, row_axis_of,
+                                          schedule_contraction)
 from tvmfuse.kernels.knobs import Knob, sample
 from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
 
@@ -46,14 +47,17 @@ def contraction_sketches(sch, space, info: dict) -> list:
     registers = int(info.get("vector_registers", 16))
     whole = result_kept_whole(sch, reductions[0])
     depthwise = channelwise(sch, reductions[0])
-    default = contraction_tiles(exts, lanes, registers, ragged=whole, depthwise=depthwise)
+    group = group_width(sch, reductions[0])
+    default = contraction_tiles(exts, lanes, registers, ragged=whole, depthwise=depthwise, group=group)
     last = len(exts) - 1
     row_axis = row_axis_of(exts)
     knob = space.knobs.get("vectors")
     # whole vectors that divide the axis, and the rules' tile (1000 channels: half a vector a pixel row, 2.5 a GEMV);
     # a depthwise conv's tile over all its channels only where nothing else fits: the rules leave that loop to LLVM's
     # vectoriser, a sampled tile is vectorised by TVM (through the stack past two vectors)
-    vectors = {int(v) * lanes for v in (knob.values if knob else (1, 2, 4)) if exts[last] % (int(v) * lanes) == 0}
+    # (a grouped conv's within one group: a tile across groups gathers its input)
+    vectors = {int(v) * lanes for v in (knob.values if knob else (1, 2, 4))
+               if (group or exts[last]) % (int(v) * lanes) == 0}
     if not (depthwise and vectors and default[last] > 2 * lanes):
         vectors.add(default[last])
     vectors = tuple(sorted(vectors))
