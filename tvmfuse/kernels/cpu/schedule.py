@@ -203,13 +203,14 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
     :func:`result_kept_whole`). ``depthwise``: the innermost axis is a depthwise conv's channels
     (:func:`channelwise`); ``group``: a grouped conv's output channels a group (:func:`group_width`)."""
     row_axis = row_axis_of(exts)
-    if depthwise and exts[-1] <= MAX_DEPTHWISE_TILE:
+    if depthwise and 2 * lanes < exts[-1] <= MAX_DEPTHWISE_TILE:
         # a depthwise conv: one tile over all its channels, one pixel, the channel loop left to LLVM's loop
         # vectoriser (:func:`schedule_contraction`). On the 2-core EPYC, hot: MobileNetV3's 5x5 depthwise convs at
         # 14x14x240 and 7x7x576 48 -> 23 and 37 -> 18 us, its 3x3 at 28x28x72 31 -> 12 us, MobileNetV2's at
         # 16x16x144 9.5 -> 8.4 us. Rows of 16-lane vectors ran load-bound; channels no vector divides (ShuffleNet's
         # 58, 116, 232) took 29- or 4-lane vectors; TVM's own vectors over many lanes (240) went through the stack,
-        # and several guarded tiles fell off the vectoriser (10-30x slower)
+        # and several guarded tiles fell off the vectoriser (10-30x slower). Up to two vectors of channels keep the
+        # rows below: MnasNet's 24 at 56x56 pixels, 8 lanes by 14 pixels 13 us, all 24 channels a pixel 28 us
         return {len(exts) - 1: exts[-1]}
     # a GEMV (one row) has registers to spare: up to 5 vectors a tile, so each step of the reduction reads whole
     # cache lines of the weight's row (a MobileNetV2 classifier, 1x1280 by 1280x1000: 8-wide tiles read half lines)
