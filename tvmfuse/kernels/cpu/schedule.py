@@ -10,8 +10,9 @@ the default as a record, and a tuned build is never slower than it).
   (bias, activation, residual) reads once the tile is done, the tile loops fused and parallel (weight-block first
   where the weight outweighs the other input, so each thread streams its share of the weight once; a ragged row
   tile, the last one guarded, where no tile divides the row); up to 14 accumulators with AVX-512's 32 registers,
-  12 with 16; a depthwise conv one pixel at a time over all its channels, that loop left to LLVM's vectoriser
-  (output channels no vector divides are padded by the planner: ``plan/rewrites/pad_channels.py``);
+  12 with 16; a depthwise conv of more than two vectors of channels one pixel at a time over all of them, that
+  loop left to LLVM's vectoriser; a grouped conv's vector tile within one group (output channels no vector divides
+  are padded by the planner: ``plan/rewrites/pad_channels.py``);
 * a single reduction over the innermost axes (a mean, a global pooling): the output's row loops fused and
   parallel, every other block computed at the row, the row's elementwise loops vectorised;
 * several reductions of a row along the output's innermost axis (softmax, LayerNorm, RMSNorm): the same, with the
