@@ -339,7 +339,8 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
     """``template: cpu_contraction`` (llvm.yaml): one sketch per loop order, sampling the vector tile (whole vectors
     that divide the channels, and the rules' own tile), the rows and the reduction unroll; the rules' choice is
     among the values; points drawn at random post-process and match the kernel's plain lowering."""
-    from tvmfuse.kernels.cpu.schedule import contraction_loops, contraction_tiles, vector_lanes
+    from tvmfuse.kernels.cpu.schedule import contraction_facts, contraction_loops, default_tiles, vector_lanes
+    from tvmfuse.target import vector_registers
     from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
     from tvmfuse.kernels.space import postprocessor, tune_context
     from tvmfuse.tune.check import check_kernel
@@ -360,7 +361,8 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
         inline_all_but_outputs(probe)
         (block,) = [b for b in probe.get_child_blocks(probe.get_sblock("root")) if REDUCE in iter_types(probe, b)]
         exts = contraction_loops(probe, block)[2]
-        rules = contraction_tiles(exts, vector_lanes(llvm_target.target))
+        rules = default_tiles(exts, vector_lanes(llvm_target.target), vector_registers(llvm_target.target),
+                              contraction_facts(probe, block))
         for sketch in sketches:
             cats = [i for i in sketch.trace.insts if i.kind.name == "SampleCategorical"]
             vectors = [int(c) for c in cats[0].attrs[0]]

@@ -127,12 +127,12 @@ def _sampler(call, cfg: BenchConfig, cuda: bool = False):
 
 def _tvm_run(exe, target, feeds: list[np.ndarray], params: list, cfg: BenchConfig):
     """(outputs, sampler) of a Relax executable."""
-    from tvmfuse._tvm import relax, tvm
+    from tvmfuse._tvm import relax
+    from tvmfuse.compile.build import on_device
 
     dev = target.tvm_device()
     vm = relax.VirtualMachine(exe, dev)
-    args = [tvm.runtime.tensor(a, dev) for a in feeds] + [p.copyto(dev) if hasattr(p, "copyto") else
-                                                         tvm.runtime.tensor(np.asarray(p), dev) for p in params]
+    args = on_device(feeds, dev) + on_device(params, dev)
     out = vm["main"](*args)
     from tvmfuse.runtime.loaded import _flatten
 

@@ -50,6 +50,12 @@ class BuildResult:
         return [k.name for k in self.kernels if k.schedule not in ("tuned", "prescheduled")]
 
 
+def on_device(values, dev) -> list:
+    """``values`` (numpy arrays, or tensors such as a build's ``lifted_params``) as tensors on ``dev``, in order: the
+    arguments a built ``main`` takes after its inputs, or the inputs themselves."""
+    return [v.copyto(dev) if hasattr(v, "copyto") else tvm.runtime.tensor(np.asarray(v), dev) for v in values]
+
+
 def _normalized(func: PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from tvmfuse._tvm import PrimFunc, relax, structural_hash, tvm
-from tvmfuse.compile.build import BuildResult, build
+from tvmfuse.compile.build import BuildResult, build, on_device
 from tvmfuse.target import TargetInfo
 
 # the tuned build ships unless the untuned one ran faster by more than this share (the check's own spread: two
@@ -37,13 +37,11 @@ def model_key(fused: tvm.IRModule) -> str:
 def _inputs(fused: tvm.IRModule, dev, seed: int = 0) -> list:
     """Random inputs for ``main``'s parameters: normal floats, zero integers (token ids, shapes), False flags."""
     rng = np.random.default_rng(seed)
-    out = []
+    arrays = []
     for p in fused["main"].params:
-        shape = [int(d) for d in p.ty.shape.values]
-        dtype = str(p.ty.dtype)
-        arr = rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype)
-        out.append(tvm.runtime.tensor(arr, dev))
-    return out
+        shape, dtype = [int(d) for d in p.ty.shape.values], str(p.ty.dtype)
+        arrays.append(rng.standard_normal(shape).astype(dtype) if "float" in dtype else np.zeros(shape, dtype))
+    return on_device(arrays, dev)
 
 
 def time_builds(builds: dict[str, BuildResult], fused: tvm.IRModule, target: TargetInfo, *, rounds: int = ROUNDS,
@@ -55,9 +53,7 @@ def time_builds(builds: dict[str, BuildResult], fused: tvm.IRModule, target: Tar
     runs = {}
     for name, built in builds.items():
         vm = relax.VirtualMachine(built.executable, dev)
-        params = [p.copyto(dev) if hasattr(p, "copyto") else tvm.runtime.tensor(np.asarray(p), dev)
-                  for p in built.lifted_params]
-        args = inputs + params
+        args = inputs + on_device(built.lifted_params, dev)
         runs[name] = (lambda vm=vm, args=args: vm["main"](*args))
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):

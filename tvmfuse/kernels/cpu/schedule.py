@@ -24,6 +24,7 @@ the default as a record, and a tuned build is never slower than it).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.knobs import names_in
@@ -173,7 +174,10 @@ def weight_heavy(sch, block) -> bool:
 def group_width(sch, block) -> int | None:
     """The output channels of one group of a grouped conv (``K`` in its input's channel index
     ``ff // K * C + rc``), or None: no grouped conv (a depthwise conv reads its input at ``ff`` itself)."""
-    inner, reads = _reduced_reads(sch, block)
+    return _group_width(*_reduced_reads(sch, block))
+
+
+def _group_width(inner: str | None, reads: list) -> int | None:
     if inner is None:
         return None
     pattern = re.compile(rf"\b{re.escape(inner)} // (?:T\.int(?:32|64)\()?(\d+)")
@@ -187,7 +191,32 @@ def channelwise(sch, block) -> bool:
     over (a pooling, one tensor, is not; nor a grouped conv, whose groups are GEMMs: :func:`group_width`)."""
     inner, reads = _reduced_reads(sch, block)
     return inner is not None and len(reads) >= 2 and all(inner in used for used, _, _ in reads) \
-        and group_width(sch, block) is None
+        and _group_width(inner, reads) is None
+
+
+@dataclass(frozen=True)
+class ContractionFacts:
+    """What the register block's rules read of a contraction besides its extents (:func:`contraction_tiles`)."""
+
+    whole: bool              # the outputs keep every element it computes (:func:`result_kept_whole`)
+    depthwise: bool          # :func:`channelwise`
+    group: int | None        # :func:`group_width`
+
+
+def contraction_facts(sch, block) -> ContractionFacts:
+    return ContractionFacts(result_kept_whole(sch, block), channelwise(sch, block), group_width(sch, block))
+
+
+def default_tiles(exts: list[int], lanes: int, registers: int, facts: ContractionFacts) -> dict[int, int]:
+    """The rules' register block (:func:`contraction_tiles`) for a contraction of these ``facts``."""
+    return contraction_tiles(exts, lanes, registers, ragged=facts.whole, depthwise=facts.depthwise,
+                             group=facts.group)
+
+
+def left_to_llvm(tile, extent: int, lanes: int, depthwise: bool) -> bool:
+    """Whether the innermost tile is a depthwise conv's tile over all its channels past two vectors, whose loop the
+    rules leave to LLVM's loop vectoriser (TVM's own vectors over that many lanes went through the stack)."""
+    return depthwise and isinstance(tile, int) and tile == extent > 2 * lanes
 
 
 def row_axis_of(exts: list[int]) -> int | None:
@@ -206,8 +235,8 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
     row_axis = row_axis_of(exts)
     if depthwise and 2 * lanes < exts[-1] <= MAX_DEPTHWISE_TILE:
         # a depthwise conv: one tile over all its channels, one pixel, the channel loop left to LLVM's loop
-        # vectoriser (:func:`schedule_contraction`). On the 2-core EPYC, hot: MobileNetV3's 5x5 depthwise convs at
-        # 14x14x240 and 7x7x576 48 -> 23 and 37 -> 18 us, its 3x3 at 28x28x72 31 -> 12 us, MobileNetV2's at
+        # vectoriser (:func:`left_to_llvm`). On the 2-core EPYC, hot: MobileNetV3's 5x5 depthwise convs at
+        # 14x14x240 and 7x7x576 48 -> 26 and 37 -> 16 us, its 3x3 at 28x28x72 31 -> 10 us, MobileNetV2's at
         # 16x16x144 9.5 -> 8.4 us. Rows of 16-lane vectors ran load-bound; channels no vector divides (ShuffleNet's
         # 58, 116, 232) took 29- or 4-lane vectors; TVM's own vectors over many lanes (240) went through the stack,
         # and several guarded tiles fell off the vectoriser (10-30x slower). Up to two vectors of channels keep the
@@ -218,8 +247,9 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
     vt = _vector_tile(exts[-1], lanes, 5 if row_axis is None else 2)
     if group:
         # a grouped conv: the vector tile within one group, so its lanes read one input channel (a broadcast); a
-        # tile across groups gathers. ResNeXt-50's 3x3 convs of 4, 8, 16 and 32 channels a group, 2-core EPYC:
-        # 1.65 ms -> 244 us (4 lanes), 1.7 ms -> 122 us (8), 1.74 ms -> 60 us (16), 62 us at 32 lanes
+        # tile across groups gathers. ResNeXt-50's 3x3 convs on the 2-core EPYC: 4 channels a group 1.65 ms ->
+        # 0.26 ms (4 lanes), 16 a group 1.74 ms -> 59 us (16 lanes); at 8 a group 1.48-1.79 ms across groups,
+        # 122-135 us at 8 lanes
         vt = next(t for t in (2 * lanes, lanes, lanes // 2, lanes // 4, 2, 1) if t >= 1 and group % t == 0)
     if row_axis is None and vt < 2 * lanes and lanes % 2 == 0 and not group:
         # a GEMV whose width no two whole vectors divide (1000 classes: one 8-lane vector) ran one accumulator
@@ -297,8 +327,7 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
         work *= e
     heavy = weight_heavy(sch, block) if weight_first is None else weight_first
     if tiles is None:
-        tiles = contraction_tiles(exts, lanes, registers, ragged=result_kept_whole(sch, block),
-                                  depthwise=depthwise, group=group_width(sch, block))
+        tiles = default_tiles(exts, lanes, registers, contraction_facts(sch, block))
     outers, inners = [], []
     for i, lp in enumerate(spatial):
         tile = tiles.get(i, 1)
@@ -329,10 +358,8 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
     _vectorize_last(sch, acc, lanes)
     # vectorised before the init is split off: the update alone is no longer a reduction block to the check
     inner_loops = sch.get_loops(block)[-len(inners):] if inners else []
-    # a depthwise conv's tile over all its channels is left to LLVM's loop vectoriser (see contraction_tiles)
-    llvm_vectorises = depthwise and isinstance(tiles.get(len(exts) - 1), int) and \
-        tiles[len(exts) - 1] == exts[-1] > 2 * lanes
-    if inner_loops and (_extent(sch, inner_loops[-1]) or 0) > 1 and not llvm_vectorises:
+    if inner_loops and (_extent(sch, inner_loops[-1]) or 0) > 1 and \
+            not left_to_llvm(tiles.get(len(exts) - 1), exts[-1], lanes, depthwise):
         sch.vectorize(inner_loops[-1])
         for lp in inner_loops[:-1]:
             sch.unroll(lp)

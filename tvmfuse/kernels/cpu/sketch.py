@@ -18,9 +18,8 @@ contraction the sketch raises and the space falls back to MetaSchedule's stock C
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.cpu.schedule import (channelwise, contraction_loops, contraction_tiles, dtype_bits,
-                                          group_width, is_contraction, result_kept_whole, row_axis_of,
-                                          schedule_contraction)
+from tvmfuse.kernels.cpu.schedule import (contraction_facts, contraction_loops, default_tiles, dtype_bits,
+                                          is_contraction, left_to_llvm, row_axis_of, schedule_contraction)
 from tvmfuse.kernels.knobs import Knob, sample
 from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
 
@@ -45,25 +44,22 @@ def contraction_sketches(sch, space, info: dict) -> list:
     lanes = max(1, int(info["vector_bits"]) // dtype_bits(sch, reductions[0]))
     _, reduce, exts = contraction_loops(sch, reductions[0])
     registers = int(info.get("vector_registers", 16))
-    whole = result_kept_whole(sch, reductions[0])
-    depthwise = channelwise(sch, reductions[0])
-    group = group_width(sch, reductions[0])
-    default = contraction_tiles(exts, lanes, registers, ragged=whole, depthwise=depthwise, group=group)
+    facts = contraction_facts(sch, reductions[0])
+    default = default_tiles(exts, lanes, registers, facts)
     last = len(exts) - 1
     row_axis = row_axis_of(exts)
     knob = space.knobs.get("vectors")
-    # whole vectors that divide the axis, and the rules' tile (1000 channels: half a vector a pixel row, 2.5 a GEMV);
-    # a depthwise conv's tile over all its channels only where nothing else fits: the rules leave that loop to LLVM's
-    # vectoriser, a sampled tile is vectorised by TVM (through the stack past two vectors)
-    # (a grouped conv's within one group: a tile across groups gathers its input)
+    # whole vectors that divide the axis (a grouped conv's group: a tile across groups gathers its input), and the
+    # rules' tile (1000 channels: half a vector a pixel row, 2.5 a GEMV); a depthwise conv's tile over all its
+    # channels only where nothing else fits: the rules leave its loop to LLVM, a sampled tile is vectorised by TVM
     vectors = {int(v) * lanes for v in (knob.values if knob else (1, 2, 4))
-               if (group or exts[last]) % (int(v) * lanes) == 0}
-    if not (depthwise and vectors and default[last] > 2 * lanes):
+               if (facts.group or exts[last]) % (int(v) * lanes) == 0}
+    if not (vectors and left_to_llvm(default[last], exts[last], lanes, facts.depthwise)):
         vectors.add(default[last])
     vectors = tuple(sorted(vectors))
     # a ragged row tile only where the outputs keep the whole result (``result_kept_whole``)
     rows = (_values(space.knobs.get("rows"), (1, 2, 4, 6, 8),
-                    lambda r: r <= exts[row_axis] and (whole or exts[row_axis] % r == 0),
+                    lambda r: r <= exts[row_axis] and (facts.whole or exts[row_axis] % r == 0),
                     default.get(row_axis, 1)) if row_axis is not None else ())
     outer = next((i for i in default if i not in (last, row_axis)), None)
     inner_r = int(sch.get(reduce[-1]).extent) if reduce else 1
