@@ -61,9 +61,13 @@ def test_gpu_plans_fuse_attention_where_the_flash_template_fits(tmp_path, cuda):
     assert spec.mask_shape == (2, 1, 1, 64)
 
 
-@pytest.mark.parametrize("seq,fp16,why", [(48, True, "sequence lengths 48x48"), (64, False, "float32 inputs")])
-def test_gpu_plans_leave_attention_unfused_where_it_does_not_fit(tmp_path, cuda, seq, fp16, why):
-    fused, plan = partition(_fp16_attention(tmp_path, seq=seq, fp16=fp16), target=cuda)
+@pytest.mark.parametrize("seq,dim,fp16,why", [(48, 16, True, "sequence lengths 48x48"),
+                                              (64, 18, False, "float32 inputs (the tensor-core template takes fp16); "
+                                                              "head dims 18/18 (the CUDA-core flash kernel takes "
+                                                              "multiples of 4)")])
+def test_gpu_plans_leave_attention_unfused_where_it_does_not_fit(tmp_path, cuda, seq, dim, fp16, why):
+    """(fp32 attention the CUDA-core kernel takes is fused: tests/kernels/test_flash_simt.py)"""
+    fused, plan = partition(_fp16_attention(tmp_path, seq=seq, dim=dim, fp16=fp16), target=cuda)
     assert not plan.by_pattern("attention")
     assert any(r.reason.startswith("attention not fused: ") and why in r.reason and r.ops[-2:] == ("softmax", "matmul")
                for r in plan.rejected), [r.reason for r in plan.rejected]

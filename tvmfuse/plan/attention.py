@@ -77,6 +77,32 @@ def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
     return None
 
 
+def simt_gpu_misfit(spec: AttentionSpec) -> str | None:
+    """Why the CUDA-core flash kernel (``tvmfuse.kernels.flash.simt``) cannot compute ``spec`` (None: it can).
+
+    It takes fp32 (where no tensor-core kernel is exact to fp32), any sequence lengths (ragged tiles are guarded)
+    and head dims in multiples of 4 (K and V are read 4 floats at a time) whose query row and output fit one
+    thread's registers, at most 160 floats together.
+    """
+    if spec.dtype != "float32":
+        return f"{spec.dtype} inputs (the CUDA-core flash kernel takes fp32)"
+    if spec.head_dim % 4 or spec.head_dim_v % 4:
+        return f"head dims {spec.head_dim}/{spec.head_dim_v} (the CUDA-core flash kernel takes multiples of 4)"
+    if spec.head_dim + spec.head_dim_v > 160:
+        return (f"head dims {spec.head_dim}/{spec.head_dim_v} (a query row and its output must fit 160 of a "
+                f"thread's registers)")
+    return None
+
+
+def gpu_misfit(spec: AttentionSpec) -> str | None:
+    """Why no flash kernel on CUDA computes ``spec`` (None: the tensor-core one or the CUDA-core one does)."""
+    tiled = tiled_gpu_misfit(spec)
+    if tiled is None:
+        return None
+    simt = simt_gpu_misfit(spec)
+    return None if simt is None else f"{tiled}; {simt}"
+
+
 def _idx(names: list[str]) -> str:
     return ", ".join(names)
 

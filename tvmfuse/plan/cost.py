@@ -17,10 +17,10 @@ from tvmfuse.target import TargetInfo, vector_lanes
 
 
 def _gpu_attention_decline(spec) -> str | None:
-    from tvmfuse.plan.attention import tiled_gpu_misfit
+    from tvmfuse.plan.attention import gpu_misfit
 
-    why = tiled_gpu_misfit(spec)
-    return None if why is None else (f"{why}; without the tensor-core flash template the fused kernel is scalar, "
+    why = gpu_misfit(spec)
+    return None if why is None else (f"{why}; without a flash kernel the fused kernel is scalar, "
                                      f"60x slower than the unfused tensor-core GEMMs on the H200")
 
 

@@ -28,8 +28,9 @@ max, and the tiles launch heaviest first (``blockIdx.y`` reversed). GQA (``kv_gr
 ``h // kv_group``, never repeated.
 
 The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. Rows and keys must
-be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`); the planner keeps other attention
-unfused on GPUs. Tuning picks a config among
+be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`). fp32 attention, which no tensor-core kernel computes
+to fp32's precision, runs a CUDA-core flash kernel instead (:mod:`tvmfuse.kernels.flash.simt`, ragged tiles
+allowed); the planner keeps attention neither fits unfused on GPUs. Tuning picks a config among
 :func:`configs` (MetaSchedule samples its index; the builder expands it, see :func:`expand`).
 
 The package: ``config`` (the tile configs, which fit, the default), ``softmax`` (what every flash kernel shares),
@@ -39,12 +40,13 @@ their overlapped variant) and ``sketch`` (the attention class's MetaSchedule ske
 from __future__ import annotations
 
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.flash.config import (ANNOTATION, CANDIDATES, FlashConfig, annotated_config, config_at, configs,
-                                          default_config, parse_config, spec_of)
+from tvmfuse.kernels.flash.config import (ANNOTATION, CANDIDATES, FlashConfig, all_configs, annotated_config, config_at,
+                                          configs, default_config, parse_config, spec_of)
+from tvmfuse.kernels.flash.simt import SimtConfig
 from tvmfuse.kernels.flash.sketch import template_attention
 from tvmfuse.kernels.flash.source import expand, flash_kernel, flash_primfunc, flash_source
 
-__all__ = ["ANNOTATION", "CANDIDATES", "FlashConfig", "FlashTemplate", "annotated_config", "config_at", "configs",
+__all__ = ["ANNOTATION", "CANDIDATES", "FlashConfig", "FlashTemplate", "SimtConfig", "all_configs", "annotated_config", "config_at", "configs",
            "default_config", "expand", "flash_kernel", "flash_primfunc", "flash_source", "parse_config", "spec_of",
            "template_attention"]
 
@@ -67,24 +69,23 @@ class FlashTemplate(KernelTemplate):
     candidates_key, index_key = CANDIDATES, ANNOTATION
     config_field = "flash_config"
     config_words = ("the flash template with tiles {config} (warps, 16-row query tiles per warp, keys per step, K/V "
-                    "stages)")
+                    "stages; or on CUDA cores: threads, rows a thread, lanes a row, keys per step)")
     knobs = ("threads", "unroll", *(f"flash_{k}" for k in ("warps", "m_tiles", "block_n", "stages", "wgmma",
                                                            "overlap")))
 
     def fits(self, func, target) -> str | None:
-        from tvmfuse.plan.attention import tiled_gpu_misfit
+        from tvmfuse.plan.attention import gpu_misfit
 
         if target.kind.name not in self.targets:
             return super().fits(func, target)
-        # the planner forms attention on CUDA only where the template fits; a module planned elsewhere may not
+        # the planner forms attention on CUDA only where a flash kernel fits; a module planned elsewhere may not
         spec = spec_of(func)
-        return "not the planner's attention kernel" if spec is None else tiled_gpu_misfit(spec)
+        return "not the planner's attention kernel" if spec is None else gpu_misfit(spec)
 
     def configs(self, func, target, space=None) -> list:
         if self.fits(func, target) is not None:
             return []
-        return configs(spec_of(func), wgmma=(False, True) if _wgmma(target) else (False,),
-                       overlap=(False, True) if _wgmma(target) else (False,))
+        return all_configs(spec_of(func), wgmma=_wgmma(target))
 
     def default_config(self, func, target):
         return None if self.fits(func, target) is not None else default_config(spec_of(func), wgmma=_wgmma(target))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvmfuse.kernels.annotations import chosen, root_annotations
-from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
+from tvmfuse.kernels.flash.simt import SimtConfig, parse_simt, simt_configs, simt_default
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit
 
 # On the planner's attention PrimFunc's root block: the candidate configs (names, ";"-joined: a constant of the
 # trace, so a record keeps the list it was sampled from) and the sampled index into them.
@@ -85,21 +86,34 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
     return out
 
 
-def parse_config(name: str) -> FlashConfig:
-    """The config :attr:`FlashConfig.name` names (``"w4 m2 n32 s1"``)."""
+def parse_config(name: str) -> FlashConfig | SimtConfig:
+    """The config :attr:`FlashConfig.name` or :attr:`SimtConfig.name` names (``"w4 m2 n32 s1"``,
+    ``"c t128 r1 l4 n32"``)."""
     parts = name.split()
+    if "c" in parts:
+        return parse_simt(name)
     fields = dict((part[0], int(part[1:])) for part in parts if part not in ("h", "hp"))
     return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"],
                        wgmma="h" in parts or "hp" in parts, overlap="hp" in parts)
 
 
-def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
+def all_configs(spec: AttentionSpec, wgmma: bool = False) -> list:
+    """Every config of ``spec`` on CUDA: the tensor-core ones where they fit (``wgmma``: Hopper's too), else the
+    CUDA-core kernel's."""
+    if tiled_gpu_misfit(spec) is None:
+        return configs(spec, wgmma=(False, True) if wgmma else (False,), overlap=(False, True) if wgmma else (False,))
+    return simt_configs(spec)
+
+
+def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig | SimtConfig:
     """The config an untuned build uses: the fastest measured at the anchor size, where it fits (``wgmma``: on
-    Hopper, ``sm_90a``, the wgmma configs first).
+    Hopper, ``sm_90a``, the wgmma configs first); the CUDA-core kernel's default where no tensor-core config fits.
 
     H200, B4 H32 S4096 D128 (BENCHMARKS.md): wgmma w4 m1 n64 s1 2236 us, w8 m1 n64 s2 2295 us;
     mma.sync w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
     """
+    if tiled_gpu_misfit(spec) is not None:
+        return simt_default(spec)
     if wgmma:
         options = configs(spec, wgmma=(True,))
         for want in (FlashConfig(4, 64, 1, 1, True), FlashConfig(8, 64, 2, 1, True)):
@@ -112,13 +126,13 @@ def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig:
     return options[0]
 
 
-def annotated_config(func) -> FlashConfig | None:
+def annotated_config(func) -> FlashConfig | SimtConfig | None:
     """The config a tuned schedule annotated on ``func``'s root block (None: not a flash schedule)."""
     notes = root_annotations(func, ANNOTATION, CANDIDATES)
     return None if notes is None else config_at(str(notes[CANDIDATES]), int(notes[ANNOTATION]))
 
 
-def config_at(candidates: str, index: int) -> FlashConfig:
+def config_at(candidates: str, index: int) -> FlashConfig | SimtConfig:
     """Config ``index`` of the ``;``-joined candidate names a record carries."""
     return parse_config(chosen(candidates, index, "flash"))
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tvmfuse.kernels.flash.config import ANNOTATION, CANDIDATES, configs, spec_of
 from tvmfuse.kernels.knobs import sample, sample_option
-from tvmfuse.plan.attention import tiled_gpu_misfit
+from tvmfuse.kernels.flash.simt import simt_configs
+from tvmfuse.plan.attention import simt_gpu_misfit, tiled_gpu_misfit
 
 
 def template_attention(sch, space, info: dict) -> list:
@@ -12,7 +13,8 @@ def template_attention(sch, space, info: dict) -> list:
 
     On CUDA, where its shape fits the tensor-core flash template (:mod:`tvmfuse.kernels.flash`), the sketch samples
     one of the template's tile configs (the ``flash_*`` knobs, as an index into the configs that fit) and
-    annotates it on the root block; the builder swaps the kernel for that flash kernel. The PrimFunc itself
+    annotates it on the root block; the builder swaps the kernel for that flash kernel. fp32 attention samples the
+    CUDA-core flash kernel's configs (:mod:`tvmfuse.kernels.flash.simt`) the same way. The PrimFunc itself
     keeps the scalar schedule below (one query row per thread, its accumulator in registers), which is what
     every other target and shape runs.
     """
@@ -32,6 +34,11 @@ def template_attention(sch, space, info: dict) -> list:
             index = sample_option(sch, options, knobs)
             sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
             sch.annotate(root, ANNOTATION, index)
+    elif info.get("target_kind") == "cuda" and spec is not None and simt_gpu_misfit(spec) is None:
+        # fp32: the CUDA-core flash kernel's configs, uniformly (no knob of the space names them)
+        options = simt_configs(spec)
+        sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
+        sch.annotate(root, ANNOTATION, sample_option(sch, options, {}))
     blocks = sch.get_child_blocks(root)
     if len(blocks) != 1:
         raise ValueError("attention template: needs the planner's single attention block")

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
+from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, full_steps,
                                            key_steps, kv_index)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
@@ -22,9 +23,9 @@ def expand(mod):
     return swap_kernels(mod, flash)
 
 
-def flash_kernel(func, cfg: FlashConfig | None = None, wgmma: bool = False):
+def flash_kernel(func, cfg: FlashConfig | SimtConfig | None = None, wgmma: bool = False):
     """The flash kernel for the planner's attention PrimFunc ``func`` (its global symbol kept); without ``cfg``,
-    the default tiles (``wgmma``: Hopper's where they fit)."""
+    the default tiles (``wgmma``: Hopper's where they fit; the CUDA-core kernel where no tensor-core one does)."""
     spec = spec_of(func)
     kernel = flash_primfunc(spec, cfg or default_config(spec, wgmma))
     symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
@@ -193,7 +194,7 @@ for h in T.unroll({2 * M}):
 
 
 def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str) -> str:
-    tiles, heads = spec.seq_q // cfg.block_m, math.prod(spec.batch)
+    tiles, heads = -(-spec.seq_q // cfg.block_m), math.prod(spec.batch)   # (a CUDA-core kernel's last tile may be ragged)
     if spec.causal:
         # a causal tile's work grows with its index: the heaviest launch first (blockIdx.y is the slower launch
         # order) so the last wave holds the light ones; blockIdx.x walks the heads, so the heads sharing a K/V head
@@ -213,9 +214,10 @@ def flash_attention({', '.join(params)}):
 {_indent(grid, 4)}{_indent(body, 16)}"""
 
 
-def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig):
+def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig | SimtConfig):
     from tvm.script import tirx as T  # noqa: F401  (the template's T)
 
     from tvmfuse.plan.attention import _parse
 
-    return _parse(flash_source(spec, cfg), {"T": T})
+    src = simt_source(spec, cfg, _kernel) if isinstance(cfg, SimtConfig) else flash_source(spec, cfg)
+    return _parse(src, {"T": T})
