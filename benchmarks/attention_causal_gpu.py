@@ -34,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
 def attention_onnx(*, batch=1, heads=4, kv_heads=None, seq_q=16, seq_k=None, dim=16, mask="const", repeat="expand",
-                   dtype="float32", mask_value=None, scale=None) -> onnx.ModelProto:
+                   dtype="float32", mask_value=None, scale=None, padding=False) -> onnx.ModelProto:
     """softmax(Q Kᵀ * scale + mask) V as an ONNX graph with inputs q [B, H, Sq, D], k and v [B, Hkv, Sk, D].
 
     ``mask``: ``none``; ``const`` (a [1, 1, Sq, Sk] constant, 0 where key j <= i + Sk - Sq, ``mask_value``
@@ -43,7 +43,8 @@ def attention_onnx(*, batch=1, heads=4, kv_heads=None, seq_q=16, seq_k=None, dim
     set to 0: not causal); ``input`` (a runtime mask input of that shape).
     ``repeat`` (when Hkv < H): ``expand`` (Unsqueeze -> Expand -> Reshape, transformers' repeat_kv), ``tile``
     (Unsqueeze -> Tile -> Reshape, the same order), ``tile_heads`` (Tile of the head axis: the other head order,
-    h % Hkv), ``broadcast`` (Hkv 1 only: the matmuls broadcast K and V)."""
+    h % Hkv), ``broadcast`` (Hkv 1 only: the matmuls broadcast K and V). ``padding``: a second addition after the
+    mask, a runtime [B, 1, 1, Sk] input ``pad`` (a padding mask beside the causal one, or T5's bias beside its mask)."""
     seq_k = seq_k or seq_q
     kv_heads = kv_heads or heads
     np_dt = np.float16 if dtype == "float16" else np.float32
@@ -94,6 +95,9 @@ def attention_onnx(*, batch=1, heads=4, kv_heads=None, seq_q=16, seq_k=None, dim
     elif mask == "input":
         ins["mask"] = [1, 1, seq_q, seq_k]
         s = op("Add", [s, "mask"])
+    if padding:
+        ins["pad"] = [batch, 1, 1, seq_k]
+        s = op("Add", [s, "pad"])
     y = op("MatMul", [op("Softmax", [s], axis=-1), rep("v")])
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(n, et, sh) for n, sh in ins.items()],

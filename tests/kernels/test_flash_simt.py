@@ -39,6 +39,9 @@ SPECS = {
     # a decoder: causal, two query heads a K/V head, ragged
     "causal-gqa": AttentionSpec(batch=(2, 8), seq_q=100, seq_k=100, head_dim=32, head_dim_v=32, dtype="float32",
                                 scale=None, mask_shape=None, causal=True, kv_group=2),
+    # T5: a relative-position bias per head and a padding mask, unscaled
+    "t5": AttentionSpec(batch=(8, 4), seq_q=512, seq_k=512, head_dim=16, head_dim_v=16, dtype="float32", scale=None,
+                        mask_shape=(1, 4, 512, 512), bias_shape=(8, 1, 1, 512)),
     "mask-first": AttentionSpec(batch=(4,), seq_q=64, seq_k=80, head_dim=80, head_dim_v=80, dtype="float32",
                                 scale=0.1, mask_shape=(64, 80), scale_first=False),
 }
@@ -100,7 +103,7 @@ def test_every_config_generates_and_fits_a_threads_registers(case):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("case,name", [("bert", None), ("bert", "c t256 r2 l4 n32"), ("ragged", None),
                                        ("ragged", "c t64 r1 l1 n16"), ("causal-gqa", None),
-                                       ("causal-gqa", "c t128 r2 l4 n32"), ("mask-first", None)])
+                                       ("causal-gqa", "c t128 r2 l4 n32"), ("mask-first", None), ("t5", None)])
 def test_cuda_core_kernels_build_for_sm90a_without_register_spills(tmp_path, case, name):
     """The register budget keeps every config's rows, outputs and scores in registers: a sweep of all configs at
     head dims 16-80 (ptxas, sm_90a) spilled none within it; these cover each spec's default and a corner."""
@@ -121,3 +124,18 @@ def test_what_neither_flash_kernel_takes_is_named():
     assert "multiples of 4" in gpu_misfit(odd) and simt_configs(odd) == []
     fp16 = AttentionSpec(**{**SPECS["bert"].__dict__, "dtype": "float16"})
     assert gpu_misfit(fp16) is None and "takes fp32" in simt_gpu_misfit(fp16)   # the tensor-core kernel's
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("cfg", ["w4 m2 n32 s1", "w4 m1 n64 s1 h"])
+def test_the_tensor_core_kernels_read_a_bias_beside_the_mask(tmp_path, cfg):
+    """T5 in fp16: both additions are read where the tensor-core kernels form the score."""
+    spec = AttentionSpec(batch=(2, 4), seq_q=512, seq_k=512, head_dim=64, head_dim_v=64, dtype="float16", scale=None,
+                         mask_shape=(1, 4, 512, 512), mask_dtype="float16", bias_shape=(2, 1, 1, 512),
+                         bias_dtype="float16")
+    func = flash.flash_primfunc(spec, flash.parse_config(cfg))
+    assert [p.name for p in func.params] == ["q", "k", "v", "mask", "bias", "out"]
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A)
+    src = lib.mod.imports[0].inspect_source()
+    assert "bias_ptr[" in src and "mask_ptr[" in src
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")

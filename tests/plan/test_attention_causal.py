@@ -153,3 +153,31 @@ def test_the_causal_gqa_scalar_kernel_has_candidates_in_the_llvm_space(llvm):
     (kernel,) = [k for k in extract_kernels(fused, target=llvm) if SPEC_ATTR in k.mod["main"].attrs]
     mods = sample_schedules(kernel.mod, llvm.target, select_space(kernel.mod, llvm.target), n=4, seed=1)
     assert len(mods) >= 2
+
+
+@pytest.mark.parametrize("mask", ["const", "input"])
+def test_a_second_addition_to_the_scores_is_read_beside_the_mask(llvm, mask):
+    """A padding mask added after a causal one: the causal one becomes the flag and the padding is the mask; after a
+    runtime mask, the two are the kernel's mask and bias, both read where the score is formed."""
+    spec, _, kernel = _planned(attention_onnx(batch=2, mask=mask, padding=True), llvm)
+    if mask == "const":
+        assert spec.causal and spec.mask_shape == (2, 1, 1, 16) and spec.bias_shape is None
+        assert len(kernel.params) == 5   # q, k, v, the padding, out
+    else:
+        assert not spec.causal and (spec.mask_shape, spec.bias_shape) == ((1, 1, 16, 16), (2, 1, 1, 16))
+        assert len(kernel.params) == 6
+
+
+def test_t5s_position_bias_and_mask_fuse_and_compute_what_onnxruntime_does(llvm):
+    """T5 adds its relative-position bias and its mask to the scores, unscaled: both are additions of the kernel."""
+    import onnx
+
+    loaded = load_model(FIXTURES / "tiny_t5_encoder.float32.onnx")
+    fused, plan = partition(import_model(loaded), target=llvm)
+    specs = _specs(fused)
+    assert specs and all(s.scale is None and s.mask_shape is not None and s.bias_shape is not None for s in specs)
+    feeds = dict(np.load(FIXTURES / "tiny_t5_encoder.inputs.npz"))
+    args = [feeds[x.name].astype(x.dtype) for x in loaded.inputs]
+    (got,) = build_and_run(fused, llvm, args)[:1]
+    (ref,) = ort_run(onnx.load(str(FIXTURES / "tiny_t5_encoder.float32.onnx")), args)[:1]
+    assert rel_err(got, ref) < 1e-4

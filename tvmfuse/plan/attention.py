@@ -32,8 +32,14 @@ class AttentionSpec:
     # query heads per K/V head (GQA / MQA): K and V have batch[-1] // kv_group heads and query head h reads
     # K/V head h // kv_group (the repeat_kv head order), so K/V are never repeated in memory
     kv_group: int = 1
+    # a second tensor added to the scores where the mask is (T5's relative-position bias beside its padding mask),
+    # broadcast the same way; only with a mask
+    bias_shape: tuple[int, ...] | None = None
+    bias_dtype: str = "float32"
 
     def __post_init__(self):
+        if self.bias_shape is not None and self.mask_shape is None:
+            raise ValueError("a bias without a mask: the first additive term is the mask")
         if self.kv_group < 1 or (self.kv_group > 1 and (not self.batch or self.batch[-1] % self.kv_group)):
             raise ValueError(f"kv_group {self.kv_group} does not divide the {self.batch[-1:]} query heads")
         if self.causal and self.causal_offset < 0:
@@ -44,6 +50,18 @@ class AttentionSpec:
         """K's and V's leading dims: ``batch`` with the last (head) axis divided by ``kv_group``."""
         return self.batch if self.kv_group == 1 else (*self.batch[:-1], self.batch[-1] // self.kv_group)
 
+    def additive(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """The tensors added to the scores, as (parameter name, shape, dtype): the mask, then the bias."""
+        terms = [("mask", self.mask_shape, self.mask_dtype), ("bias", self.bias_shape, self.bias_dtype)]
+        return [t for t in terms if t[1] is not None]
+
+    def term_index(self, shape: tuple[int, ...], names: list[str]) -> list[str]:
+        """The index into an additive term of ``shape`` at score ``names`` (batch dims, query row, key), its
+        broadcast dims read at 0."""
+        full = [*self.batch, self.seq_q, self.seq_k]
+        off = len(full) - len(shape)
+        return ["0" if d == 1 and full[off + k] != 1 else names[off + k] for k, d in enumerate(shape)]
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
@@ -51,14 +69,15 @@ class AttentionSpec:
     def from_json(cls, text: str) -> "AttentionSpec":
         d = json.loads(text)
         d["batch"] = tuple(d["batch"])
-        if d.get("mask_shape") is not None:
-            d["mask_shape"] = tuple(d["mask_shape"])
+        for k in ("mask_shape", "bias_shape"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
         return cls(**d)
 
     def key(self) -> tuple:
         return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
                 self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows, self.causal, self.causal_offset,
-                self.kv_group)
+                self.kv_group, self.bias_shape, self.bias_dtype)
 
 
 def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
@@ -108,7 +127,7 @@ def _idx(names: list[str]) -> str:
 
 
 def attention_primfunc(spec: AttentionSpec):
-    """A TIR PrimFunc ``(q, kt, v[, mask], out)`` computing softmax(scale·q@kt + mask) @ v; with ``causal`` row i
+    """A TIR PrimFunc ``(q, kt, v[, mask[, bias]], out)`` computing softmax(scale·q@kt + mask + bias) @ v; with ``causal`` row i
     walks keys 0 .. i + causal_offset only (there is no mask argument), and with ``kv_group`` > 1 K and V have
     ``kv_batch`` heads and query head h reads head h // kv_group."""
     nb = len(spec.batch)
@@ -124,16 +143,14 @@ def attention_primfunc(spec: AttentionSpec):
               (f"kt: T.Buffer({kv_shape(spec.seq_k, spec.head_dim)}, '{spec.dtype}')" if spec.k_rows else
                f"kt: T.Buffer({kv_shape(spec.head_dim, spec.seq_k)}, '{spec.dtype}')"),
               f"v: T.Buffer({kv_shape(spec.seq_k, spec.head_dim_v)}, '{spec.dtype}')"]
-    mask_expr = ""
-    if spec.mask_shape is not None:
-        full = list(spec.batch) + [spec.seq_q, spec.seq_k]
-        ms = list(spec.mask_shape)
-        names_full = vb + ["v_i", "j"]
-        off = len(full) - len(ms)
-        idx = [("0" if d == 1 and full[off + k] != 1 else names_full[off + k]) for k, d in enumerate(ms)]
-        params.append(f"mask: T.Buffer(({', '.join(str(d) for d in ms)},), '{spec.mask_dtype}')")
-        mask_expr = (f"mask[{_idx(idx)}]" if spec.mask_dtype == acc_t
-                     else f"T.Cast('{acc_t}', mask[{_idx(idx)}])")
+    terms = []
+    for name, ms, mdt in spec.additive():
+        params.append(f"{name}: T.Buffer(({', '.join(str(d) for d in ms)},), '{mdt}')")
+        at = f"{name}[{_idx(spec.term_index(ms, vb + ['v_i', 'j']))}]"
+        terms.append(at if mdt == acc_t else f"T.Cast('{acc_t}', {at})")
+    mask_expr = " + ".join(terms)
+    if len(terms) > 1:
+        mask_expr = f"({mask_expr})"
     params.append(f"out: T.Buffer({shape(spec.seq_q, spec.head_dim_v)}, '{spec.dtype}')")
     score = f"s[0] * T.float32({spec.scale!r})" if spec.scale is not None else "s[0]"
     if mask_expr:

@@ -119,8 +119,7 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
     dt = spec.dtype
     buf = lambda name, shp, t=dt: f"{name}: T.Buffer({tuple(shp)!r}, '{t}')"  # noqa: E731
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
-    if spec.mask_shape is not None:
-        params.append(buf("mask", spec.mask_shape, spec.mask_dtype))
+    params += [buf(name, shape, t) for name, shape, t in spec.additive()]
     params.append(buf("out", o_shape))
     f32 = (lambda e: e) if dt == "float32" else (lambda e: f"T.Cast('float32', {e})")
 

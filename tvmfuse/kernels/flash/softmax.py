@@ -100,15 +100,11 @@ def _score(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -
 
 
 def _scaled_masked(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -> str:
-    mask = None
-    if spec.mask_shape is not None:
-        nb = len(spec.batch)
-        full, full_ext = [*bidx, row, col], [*spec.batch, spec.seq_q, spec.seq_k]
-        off = nb + 2 - len(spec.mask_shape)
-        mask = "mask[" + ", ".join("0" if d == 1 and full_ext[off + i] != 1 else full[off + i]
-                                   for i, d in enumerate(spec.mask_shape)) + "]"
-        if spec.mask_dtype != "float32":
-            mask = f"T.Cast('float32', {mask})"
+    terms = []
+    for name, shape, dtype in spec.additive():   # the mask, and a bias added with it
+        at = f"{name}[{', '.join(spec.term_index(shape, [*bidx, row, col]))}]"
+        terms.append(at if dtype == "float32" else f"T.Cast('float32', {at})")
+    mask = None if not terms else terms[0] if len(terms) == 1 else f"({' + '.join(terms)})"
     scale = 1.0 if spec.scale is None else float(spec.scale)
     if mask is None:
         return f"{acc} * T.float32({scale * _LOG2E!r})"

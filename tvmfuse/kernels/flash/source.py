@@ -54,8 +54,7 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
     M, SB, OB = cfg.m_tiles, BN // 2, DV // 2   # per m-tile: score and output accumulator elements per thread
     row = f"bx * {BM} + {warp} * {16 * M} + mt * 16 + {g} + i % 4 // 2 * 8"   # query row of element i of tile mt
-    if spec.mask_shape is not None:
-        params.append(buf("mask", spec.mask_shape, spec.mask_dtype))
+    params += [buf(name, shape, dtype) for name, shape, dtype in spec.additive()]
     params.append(buf("out", o_shape))
     score = _score(spec, bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[mt * {SB} + i]")
 

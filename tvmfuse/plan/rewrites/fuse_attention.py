@@ -17,7 +17,7 @@ def _scalar(const) -> float | None:
 
 
 class FuseAttention:
-    """matmul(Q, Kᵀ) -> [·scale | /scale] -> [+mask] -> softmax(-1) -> matmul(·, V) => one attention kernel."""
+    """matmul(Q, Kᵀ) -> [·scale | /scale] -> [+mask [+bias]] -> softmax(-1) -> matmul(·, V) => one attention kernel."""
 
     def __new__(cls, *, log: RewriteLog, decline=None):
         """``decline``: a reason not to form the kernel on this target, or a function of the
@@ -56,7 +56,7 @@ class FuseAttention:
             return None
         dropped.append(pb.var)
         cur = pb.value.args[0]
-        scale, mask, order = None, None, []
+        scale, masks, order = None, [], []
         while True:
             cb = defs.get(cur)
             if cb is None or not single(cur):
@@ -79,13 +79,15 @@ class FuseAttention:
                     return None
                 scale = val if op == "relax.multiply" else 1.0 / val
                 order.append("scale")
-            elif op == "relax.add" and mask is None:
+            elif op == "relax.add" and len(masks) < 2:   # a mask, and a bias added beside it (T5)
                 lhs, rhs = cb.value.args
                 out_shape = tensor_shape(cb.var.ty)
                 if _chain_var(lhs, defs) and tensor_shape(lhs.ty) == out_shape:
-                    prev, mask = lhs, rhs
+                    prev = lhs
+                    masks.insert(0, rhs)
                 elif _chain_var(rhs, defs) and tensor_shape(rhs.ty) == out_shape:
-                    prev, mask = rhs, lhs
+                    prev = rhs
+                    masks.insert(0, lhs)
                 else:
                     return None
                 order.append("mask")
@@ -130,27 +132,31 @@ class FuseAttention:
         dtype = str(q.ty.dtype)
         if str(kt.ty.dtype) != dtype or str(v.ty.dtype) != dtype:
             return None
-        mshape = tensor_shape(mask.ty) if mask is not None else None
         full = batch + (qs[-2], ks[-1])
-        if mask is not None:
+        for mask in masks:
+            mshape = tensor_shape(mask.ty)
             if mshape is None or len(mshape) > len(full) or any(
                     d not in (1, f) for d, f in zip(mshape[::-1], full[::-1])):
                 return None
-        scale_first = (order[::-1].index("scale") < order[::-1].index("mask")) if len(order) == 2 else True
+        steps = order[::-1]   # the score's ops in the order they run
+        if "scale" in steps and len(masks) == 2 and steps[1] == "scale":
+            return None   # scale between the two additions: not one place for both
+        scale_first = steps.index("scale") < steps.index("mask") if ("scale" in steps and masks) else True
         causal, offset, note = False, 0, None
-        if mask is not None:
-            after = scale if (scale is not None and not scale_first) else 1.0
-            off, note = causal_offset(mask, qs[-2], ks[-1], after)
-            if off is not None:
+        after = scale if (scale is not None and not scale_first) else 1.0
+        for mask in masks:
+            off, why = causal_offset(mask, qs[-2], ks[-1], after)
+            note = note or why
+            if off is not None and not causal:   # the kernel skips the hidden keys: that mask is no input
                 causal, offset = True, off
-        mask_bytes = tensor_bytes(mask.ty) if mask is not None else 0
-        if causal:   # the kernel skips the hidden keys: the mask is not an input any more
-            mask, mshape = None, None
+                masks = [m for m in masks if m is not mask]
+        mask_bytes = sum(tensor_bytes(m.ty) for m in masks)
+        shapes = [tensor_shape(m.ty) for m in masks] + [None, None]
+        dtypes = [str(m.ty.dtype) for m in masks] + ["float32", "float32"]
         spec = AttentionSpec(batch=batch, seq_q=qs[-2], seq_k=ks[-1], head_dim=qs[-1], head_dim_v=vs[-1],
-                             dtype=dtype, scale=scale, mask_shape=mshape,
-                             mask_dtype=str(mask.ty.dtype) if mask is not None else "float32",
+                             dtype=dtype, scale=scale, mask_shape=shapes[0], mask_dtype=dtypes[0],
                              scale_first=scale_first, k_rows=k_rows, causal=causal, causal_offset=offset,
-                             kv_group=group)
+                             kv_group=group, bias_shape=shapes[1], bias_dtype=dtypes[1])
         dropped += kv_dropped
         if k_rows:
             ops = ("transpose",)
@@ -158,7 +164,7 @@ class FuseAttention:
         else:
             ops, kt_bytes = (), 0
         kt = k_src
-        args = [q, kt, v] + ([mask] if mask is not None else [])
+        args = [q, kt, v] + masks
         ops = (("repeat_kv",) if kv_dropped else ()) + ops
         # unfused: matmul, each elementwise op on the scores, softmax, matmul: one kernel each
         sb = tensor_bytes(probs.ty)
@@ -215,5 +221,5 @@ class FuseAttention:
 
 def _chain_var(var, defs) -> bool:
     b = defs.get(var)
-    return b is not None and op_name(b.value) in ("relax.matmul", "relax.multiply", "relax.divide")
+    return b is not None and op_name(b.value) in ("relax.matmul", "relax.multiply", "relax.divide", "relax.add")
 
