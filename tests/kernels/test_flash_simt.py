@@ -65,7 +65,7 @@ def test_fp32_attention_fuses_on_gpus_and_builds_the_cuda_core_kernel(tmp_path, 
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and SPEC_ATTR in f.attrs]
     spec = AttentionSpec.from_json(str(func.attrs[SPEC_ATTR]))
     assert spec.dtype == "float32" and gpu_misfit(spec) is None
-    assert flash.default_config(spec, wgmma=True) == simt_default(spec)
+    assert flash.default_config(spec, wgmma=True) == simt_default(spec, 132)
     result = build(fused, target=cuda)
     assert [k.schedule for k in result.kernels] == ["flash-default"]
     src = cuda_source(result.executable)
@@ -94,7 +94,7 @@ def test_every_config_generates_and_fits_a_threads_registers(case):
     spec = SPECS[case]
     assert simt_gpu_misfit(spec) is None
     options = simt_configs(spec)
-    assert options and simt_default(spec) in options
+    assert options and simt_default(spec, 132) in options
     for cfg in options:
         assert cfg.registers(spec) <= REGISTER_BUDGET and cfg.block_n % cfg.lanes == 0
         flash.flash_primfunc(spec, cfg)
@@ -108,11 +108,19 @@ def test_cuda_core_kernels_build_for_sm90a_without_register_spills(tmp_path, cas
     """The register budget keeps every config's rows, outputs and scores in registers: a sweep of all configs at
     head dims 16-80 (ptxas, sm_90a) spilled none within it; these cover each spec's default and a corner."""
     spec = SPECS[case]
-    cfg = flash.parse_config(name) if name else simt_default(spec)
+    cfg = flash.parse_config(name) if name else simt_default(spec, 132)
     assert cfg in simt_configs(spec)
     lib = tvm.compile(tvm.IRModule({"main": flash.flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
                       target=SM90A)
     assert_ptxas_without_spills(lib.mod.imports[0].inspect_source(), tmp_path, "sm_90a")
+
+
+def test_the_default_splits_rows_among_lanes_until_the_gpu_is_full():
+    spec = SPECS["bert"]   # 8 x 4 x 512 = 16384 rows
+    assert simt_default(spec, 132).lanes == 8                # 132 SMs x 1024 threads: 8 lanes a row
+    assert simt_default(spec, 16) == SimtConfig(128, 1, 1, 32)   # 16 SMs: a thread a row fills them
+    many = AttentionSpec(**{**spec.__dict__, "batch": (64, 16)})   # 16x the rows: two rows a thread
+    assert simt_default(many, 132) == SimtConfig(128, 2, 1, 32)
 
 
 def test_what_neither_flash_kernel_takes_is_named():

@@ -57,6 +57,12 @@ def _wgmma(target) -> bool:
     return supports(target)
 
 
+def _sm_count(target) -> int:
+    from tvmfuse.target import device_figures
+
+    return device_figures(target).sm_count
+
+
 class FlashTemplate(KernelTemplate):
     """FlashAttention-2 on tensor cores for the planner's attention kernels, written whole from a tile config; the
     attention class's sketch (the planner's scalar schedule) samples its configs on CUDA."""
@@ -88,12 +94,14 @@ class FlashTemplate(KernelTemplate):
         return all_configs(spec_of(func), wgmma=_wgmma(target))
 
     def default_config(self, func, target):
-        return None if self.fits(func, target) is not None else default_config(spec_of(func), wgmma=_wgmma(target))
+        if self.fits(func, target) is not None:
+            return None
+        return default_config(spec_of(func), wgmma=_wgmma(target), sm_count=_sm_count(target))
 
     def default_kernel(self, func, target, space=None):
         if self.fits(func, target) is not None:
             return None
-        return flash_kernel(func, wgmma=_wgmma(target))
+        return flash_kernel(func, wgmma=_wgmma(target), sm_count=_sm_count(target))
 
     def config_of(self, func) -> str | None:
         cfg = annotated_config(func)

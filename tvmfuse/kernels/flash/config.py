@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tvmfuse.kernels.annotations import chosen, root_annotations
+from tvmfuse.kernels.wgmma.config import SMS
 from tvmfuse.kernels.flash.simt import SimtConfig, parse_simt, simt_configs, simt_default
 from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit
 
@@ -105,15 +106,16 @@ def all_configs(spec: AttentionSpec, wgmma: bool = False) -> list:
     return simt_configs(spec)
 
 
-def default_config(spec: AttentionSpec, wgmma: bool = False) -> FlashConfig | SimtConfig:
+def default_config(spec: AttentionSpec, wgmma: bool = False, sm_count: int = SMS) -> FlashConfig | SimtConfig:
     """The config an untuned build uses: the fastest measured at the anchor size, where it fits (``wgmma``: on
-    Hopper, ``sm_90a``, the wgmma configs first); the CUDA-core kernel's default where no tensor-core config fits.
+    Hopper, ``sm_90a``, the wgmma configs first); the CUDA-core kernel's default where no tensor-core config fits
+    (it sizes its parallelism to ``sm_count``, the target's SMs: ``tvmfuse.target.device_figures``).
 
     H200, B4 H32 S4096 D128 (BENCHMARKS.md): wgmma w4 m1 n64 s1 2236 us, w8 m1 n64 s2 2295 us;
     mma.sync w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
     """
     if tiled_gpu_misfit(spec) is not None:
-        return simt_default(spec)
+        return simt_default(spec, sm_count)
     if wgmma:
         options = configs(spec, wgmma=(True,))
         for want in (FlashConfig(4, 64, 1, 1, True), FlashConfig(8, 64, 2, 1, True)):

@@ -30,8 +30,8 @@ from tvmfuse.plan.attention import AttentionSpec, simt_gpu_misfit
 REGISTER_BUDGET = 168   # fp32 registers a thread's query rows, outputs and scores may take (of 255), leaving the rest
 #                         for addresses and the loaded K/V vector: the kernel must not spill its accumulators
 SHARED_LIMIT = 48 * 1024  # static shared memory: no opt-in attribute needed on any CUDA GPU
-ACTIVE_THREADS = 132 * 1024  # H200: 132 SMs with 1024 resident threads each (half of an SM's 2048): enough warps to
-#                              hide the shared loads' latency
+THREADS_PER_SM = 1024   # the threads the default wants on each SM: half of the 2048 an SM holds (sm_70 to sm_90),
+#                         enough warps to hide the shared loads' latency
 
 
 @dataclass(frozen=True)
@@ -79,11 +79,12 @@ def simt_configs(spec: AttentionSpec, threads=(64, 128, 256), rows=(1, 2, 4), la
     return out
 
 
-def simt_default(spec: AttentionSpec, active_threads: int = ACTIVE_THREADS) -> SimtConfig:
-    """The untuned config: 128 threads, 32 keys a step, the fewest lanes per row that give the GPU
-    ``active_threads`` threads (a row's keys split among up to 8 lanes), then two rows a thread where
-    that still leaves them and the registers allow."""
+def simt_default(spec: AttentionSpec, sm_count: int) -> SimtConfig:
+    """The untuned config for a GPU of ``sm_count`` SMs: 128 threads, 32 keys a step, the fewest lanes per row that
+    give every SM :data:`THREADS_PER_SM` threads (a row's keys split among up to 8 lanes), then two rows a thread
+    where that still leaves them and the registers allow."""
     options = simt_configs(spec)
+    active_threads = sm_count * THREADS_PER_SM
     rows_total = math.prod(spec.batch) * spec.seq_q
     lanes = 1
     while lanes < 8 and rows_total * lanes < active_threads:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
 from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
+from tvmfuse.kernels.wgmma.config import SMS
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, full_steps,
                                            key_steps, kv_index)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
@@ -23,11 +24,11 @@ def expand(mod):
     return swap_kernels(mod, flash)
 
 
-def flash_kernel(func, cfg: FlashConfig | SimtConfig | None = None, wgmma: bool = False):
+def flash_kernel(func, cfg: FlashConfig | SimtConfig | None = None, wgmma: bool = False, sm_count: int = SMS):
     """The flash kernel for the planner's attention PrimFunc ``func`` (its global symbol kept); without ``cfg``,
     the default tiles (``wgmma``: Hopper's where they fit; the CUDA-core kernel where no tensor-core one does)."""
     spec = spec_of(func)
-    kernel = flash_primfunc(spec, cfg or default_config(spec, wgmma))
+    kernel = flash_primfunc(spec, cfg or default_config(spec, wgmma, sm_count))
     symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
     return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
 
