@@ -272,6 +272,31 @@ def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_
     assert ("if (ko <" in src) == cfg.endswith("f0")
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_grid_too_small_for_the_gpu_takes_smaller_tiles(tmp_path):
+    """ResNet-50's 3 x 3 convs at batch 32 on 64 x 64 images (512 x 256 outputs, K 2304) were 4 blocks of 128 x 256
+    on the H200's 132 SMs; the default now takes 64-row tiles there, and keeps the measured tiles where the grid
+    fills the GPU (a large GEMM, BERT-base's projections)."""
+    from tvmfuse.kernels.wgmma.config import grid_time
+
+    geo = hopper.ConvGeometry(32, 4, 4, 256, 4, 4, 3, 3, (1, 1), (1, 1), (1, 1))
+    conv = hopper.GemmSpec((), 512, 256, 2304, False, False, True, geo)
+    small = hopper.default_config(conv, 132)
+    assert small.block_m * small.block_n <= 64 * 128 and not small.tma
+    assert grid_time(conv, small, 132) * 2 <= grid_time(conv, hopper.default_config(conv, 4), 132)
+    assert hopper.default_config(conv, 4).block_n == 256   # 4 SMs: 4 big tiles fill them
+    for m, n, k in ((8192, 8192, 8192), (4096, 2304, 768), (4096, 768, 768)):
+        spec = hopper.GemmSpec((), m, n, k, False, False, False)
+        assert hopper.default_config(spec, 132) == hopper.parse_config("g2 m1 n256 k64 s4 r8 z128 f0 t1")
+    decls = ["a: T.Buffer((512, 2304), 'float16')", "b: T.Buffer((2304, 256), 'float16')",
+             "c: T.Buffer((512, 256), 'float16')"]
+    gemm = hopper.GemmSpec((), 512, 256, 2304, False, False, False)
+    assert hopper.default_config(gemm, 132) == small
+    func = hopper.parse(hopper.gemm_source(gemm, small, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc})"))
+    src = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0]
+    assert_ptxas_without_spills(src.inspect_source(), tmp_path, "sm_90a")
+
+
 def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
     from tvmfuse.inspect import InspectConfig, inspect_database
 
@@ -317,8 +342,9 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
     assert hopper.annotated(sch.mod["main"])[2] == want
     assert default_template_schedule(kernel.mod, SM90) is None and hopper.default_kernel(kernel.mod["main"], SM90) is None
     # a conv and a GEMM whose rows end in a partial tile: the same, at the default config of their spec
-    (conv,) = _gemm_kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=2, cin=64, cout=128, hw=8)), cuda)
-    (tail,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=96, K=128, N=128)[0], cuda)
+    # (grids that fill the H200's SMs: smaller ones take smaller cp.async tiles, the next test)
+    (conv,) = _gemm_kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=16, cin=64, cout=256, hw=64)), cuda)
+    (tail,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=4192, K=128, N=1024)[0], cuda)
     for k in (conv, tail):
         spec, _ = hopper.analyze(k.mod["main"])
         assert hopper.untuned_config(k.mod["main"], cuda.target)[2] == hopper.default_config(spec)

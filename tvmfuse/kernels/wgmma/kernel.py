@@ -37,7 +37,9 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
         return None
     if not configs(spec, tma=(0, 1)):
         return None
-    return spec, info, default_config(spec)
+    from tvmfuse.target import device_figures
+
+    return spec, info, default_config(spec, device_figures(target).sm_count)
 
 
 def default_kernel(func, target):
