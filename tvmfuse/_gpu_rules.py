@@ -117,14 +117,16 @@ class NarrowMatmul(dlight.gpu.Matmul):
     source = "narrow-matmul"   # the schedule's name in the reports
     # (threads along rows, along columns): row tiles of 128, 64, 32 at 32 and 16 columns
     THREADS = ((16, 8), (8, 8), (32, 4), (16, 4), (8, 4))
-    # the largest tile that still launches this many blocks (about two an SM of a 132-SM H200) is taken; a kernel
-    # that no tile spreads that wide (one attention of 128 tokens: a few blocks a head) stays with the rules after
-    # this one, whose blocks of one output each keep the SMs busy there (the batch-1 zoo rows were measured so)
+    # the largest tile that still launches this many blocks (about two an SM of a 132-SM H200; default_gpu_rules
+    # scales it to the target's SMs) is taken; a kernel that no tile spreads that wide (one attention of 128
+    # tokens: a few blocks a head) stays with the rules after this one, whose blocks of one output each keep the
+    # SMs busy there (the batch-1 zoo rows were measured so)
     MIN_BLOCKS = 256
 
-    def __init__(self):
+    def __init__(self, min_blocks: int = MIN_BLOCKS):
         super().__init__()
         self._config = None
+        self.min_blocks = min_blocks
 
     def get_configs(self, target):
         return self._config or super().get_configs(target)
@@ -148,7 +150,7 @@ class NarrowMatmul(dlight.gpu.Matmul):
                 _lower(sch.mod, target)
             except Exception:  # noqa: BLE001 - this tile does not lower: the next one
                 continue
-            if _grid_blocks(sch.mod["main"]) >= self.MIN_BLOCKS:
+            if _grid_blocks(sch.mod["main"]) >= self.min_blocks:
                 return sch
         return None
 
@@ -266,7 +268,7 @@ class ShortReduction:
     max_elements = 64
     threads = 256
     source = "short-reduction"   # the schedule's name in the reports
-    few_outputs = 1 << 18   # about 8 waves of 256-thread blocks over the H200's 132 SMs
+    few_outputs = 1 << 18   # about 8 waves of 256-thread blocks over the H200's 132 SMs (scaled to the target's)
 
     def __init__(self, max_outputs: int | None = None):
         self.max_outputs = max_outputs
@@ -344,13 +346,19 @@ def _one_element(buffer) -> bool:
     return all(isinstance(d, (int, tvm.tirx.IntImm)) and int(d) == 1 for d in buffer.shape)
 
 
-def default_gpu_rules() -> tuple:
-    """dlight's default GPU schedule rules, in the order an untuned build applies them."""
+# the SMs of the GPU the rules' thresholds were measured on (the H200)
+MEASURED_SMS = 132
+
+
+def default_gpu_rules(sm_count: int = MEASURED_SMS) -> tuple:
+    """dlight's default GPU schedule rules, in the order an untuned build applies them, their thresholds in waves
+    over ``sm_count`` SMs (the target's: ``tvmfuse.target.device_figures``)."""
+    scale = sm_count / MEASURED_SMS
     # a short reduction one output a thread: first where its outputs are few (a GEMM over 16-64 channels of a few
     # pixels, which dlight's matmul tiles into 1-8 blocks), after the matmul rule where they are many (its tiles
     # reuse each operand across a block; one output a thread reads both operands K times an output)
-    return (WholeReduction(), ShortReduction(max_outputs=ShortReduction.few_outputs), UnpaddedMatmul(),
-            ShortReduction(), NarrowMatmul(), _NoGuardedEpilogue(dlight.gpu.GEMV()),
+    return (WholeReduction(), ShortReduction(max_outputs=round(ShortReduction.few_outputs * scale)), UnpaddedMatmul(),
+            ShortReduction(), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)), _NoGuardedEpilogue(dlight.gpu.GEMV()),
             _NoGuardedEpilogue(dlight.gpu.Reduction()), _NoGuardedEpilogue(dlight.gpu.GeneralReduction()),
             dlight.gpu.Fallback())
 
@@ -366,20 +374,20 @@ def reference_schedule(mod, target, *, is_gpu: bool):
     return sch[0] if isinstance(sch, list) else sch
 
 
-def default_schedule(mod, target, *, is_gpu: bool):
+def default_schedule(mod, target, *, is_gpu: bool, sm_count: int = MEASURED_SMS):
     """The traced schedule an untuned build gives ``mod`` (the first of :func:`default_gpu_rules` that takes it on
     GPUs, TVM's plain lowering, an empty trace, on CPUs), or None when no rule applies."""
     if not is_gpu:
         return tvm.s_tir.Schedule(mod)
-    return default_gpu_schedule(mod, target)[0]
+    return default_gpu_schedule(mod, target, sm_count)[0]
 
 
-def default_gpu_schedule(mod, target):
+def default_gpu_schedule(mod, target, sm_count: int = MEASURED_SMS):
     """(schedule, source) of the first of :func:`default_gpu_rules` that takes ``mod``: the source names the rule
     as the reports do (``whole-reduction``, ``short-reduction``, else ``dlight``); (None, "dlight") when none does."""
     func = mod["main"]
     with target:
-        for rule in default_gpu_rules():
+        for rule in default_gpu_rules(sm_count):
             try:
                 sch = rule.apply(func, target, False)
             except Exception:  # noqa: BLE001 - a rule that cannot take this kernel: the next one

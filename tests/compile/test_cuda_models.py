@@ -137,6 +137,22 @@ def test_a_merged_heads_gemm_no_narrow_tile_takes_goes_to_the_next_rule(cuda_tar
     assert default_gpu_schedule(mod, cuda_target.target)[1] != NarrowMatmul.source
 
 
+def test_the_default_rules_count_blocks_in_waves_over_the_targets_sms(cuda_target):
+    """The thresholds were measured on the H200's 132 SMs; a GPU of half as many needs half the blocks to fill it:
+    a merged-heads GEMM of 128 blocks (256 tokens at batch 4) is the narrow tile's there, not on the H200."""
+    from tvmfuse._gpu_rules import NarrowMatmul, ShortReduction, default_gpu_rules, default_gpu_schedule
+
+    def thresholds(sms):
+        rules = default_gpu_rules(sms)
+        return ([r.min_blocks for r in rules if isinstance(r, NarrowMatmul)],
+                [r.max_outputs for r in rules if isinstance(r, ShortReduction) and r.max_outputs])
+
+    assert thresholds(132) == ([256], [1 << 18]) and thresholds(66) == ([128], [1 << 17])
+    mod = _heads_merged_of(256, 16, 4)
+    assert default_gpu_schedule(mod, cuda_target.target, 132)[1] != NarrowMatmul.source
+    assert default_gpu_schedule(mod, cuda_target.target, 66)[1] == NarrowMatmul.source
+
+
 def _odd_gemm(epilogue: str):
     """relu(x @ w + b), fp16 in, fp32 accumulate, over M, N, K that no Matmul tile divides; ``epilogue``
     "elementwise", or "transposed" (the result stored as [N, M]: an epilogue that moves elements)."""

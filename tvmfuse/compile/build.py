@@ -13,7 +13,7 @@ import numpy as np
 from tvmfuse import nvcc_cache
 from tvmfuse._gpu_rules import default_gpu_schedule
 from tvmfuse._tvm import PrimFunc, build_context, const_value, is_scheduled, relax, tvm
-from tvmfuse.target import TargetInfo
+from tvmfuse.target import TargetInfo, device_figures
 from tvmfuse.kernels import expand
 from tvmfuse.kernels.cpu.prefetch import tir_pipeline
 from tvmfuse.tune.defaults import untuned_kernel
@@ -107,9 +107,10 @@ def _default_gpu_schedules(mod: tvm.IRModule, target: TargetInfo) -> tuple[tvm.I
     raises (its Matmul asserts on some GEMM epilogues: "consumers of the cache-write stage that are not properly
     inlined", LLaMA and T5 in fp32); here that rule is passed over and the next one schedules the kernel."""
     funcs, sources = {}, {}
+    sms = device_figures(target).sm_count   # the rules' thresholds are waves over the target's SMs
     for gv, func in mod.functions.items():
         if isinstance(func, PrimFunc) and not is_scheduled(func):
-            sch, sources[gv.name_hint] = default_gpu_schedule(_normalized(func), target.target)
+            sch, sources[gv.name_hint] = default_gpu_schedule(_normalized(func), target.target, sms)
             if sch is not None:
                 funcs[gv] = sch.mod["main"].with_attr("global_symbol", gv.name_hint).with_attr("tirx.is_scheduled", True)
     return tvm.IRModule({gv: funcs.get(gv, f) for gv, f in mod.functions.items()}, attrs=mod.attrs), sources
