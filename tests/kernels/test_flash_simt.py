@@ -81,7 +81,8 @@ def test_the_search_space_samples_cuda_core_configs_for_fp32(tmp_path, cuda):
     names = []
     config_schedule(kernel.mod, cuda.target, "flash", lambda n: names.extend(n) or 0)
     spec = flash.spec_of(kernel.mod["main"])
-    assert names == [c.name for c in simt_configs(spec)] and len(names) > 20
+    # the space's flash_simt_* knobs name every choice: all configs that fit, in the knobs' order
+    assert sorted(names) == sorted(c.name for c in simt_configs(spec)) and len(names) > 20
     for name in names:
         assert flash.parse_config(name) == SimtConfig(**{f: v for f, v in zip(
             ("threads", "rows", "lanes", "block_n"), [knob_vector(name)[k] for k in "trln"])})

@@ -77,7 +77,8 @@ class FlashTemplate(KernelTemplate):
     config_words = ("the flash template with tiles {config} (warps, 16-row query tiles per warp, keys per step, K/V "
                     "stages; or on CUDA cores: threads, rows a thread, lanes a row, keys per step)")
     knobs = ("threads", "unroll", *(f"flash_{k}" for k in ("warps", "m_tiles", "block_n", "stages", "wgmma",
-                                                           "overlap")))
+                                                           "overlap")),
+             *(f"flash_simt_{k}" for k in ("threads", "rows", "lanes", "block_n")))
 
     def fits(self, func, target) -> str | None:
         from tvmfuse.plan.attention import gpu_misfit

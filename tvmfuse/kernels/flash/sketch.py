@@ -35,10 +35,12 @@ def template_attention(sch, space, info: dict) -> list:
             sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
             sch.annotate(root, ANNOTATION, index)
     elif info.get("target_kind") == "cuda" and spec is not None and simt_gpu_misfit(spec) is None:
-        # fp32: the CUDA-core flash kernel's configs, uniformly (no knob of the space names them)
-        options = simt_configs(spec)
-        sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
-        sch.annotate(root, ANNOTATION, sample_option(sch, options, {}))
+        # fp32: the CUDA-core flash kernel's configs, from the space's flash_simt_* knobs (all where it has none)
+        knobs = {k: space.knobs.get(f"flash_simt_{k}") for k in ("threads", "rows", "lanes", "block_n")}
+        options = simt_configs(spec, **{k: v.values for k, v in knobs.items() if v is not None})
+        if options:
+            sch.annotate(root, CANDIDATES, ";".join(c.name for c in options))
+            sch.annotate(root, ANNOTATION, sample_option(sch, options, knobs))
     blocks = sch.get_child_blocks(root)
     if len(blocks) != 1:
         raise ValueError("attention template: needs the planner's single attention block")
