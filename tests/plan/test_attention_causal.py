@@ -181,3 +181,11 @@ def test_t5s_position_bias_and_mask_fuse_and_compute_what_onnxruntime_does(llvm)
     (got,) = build_and_run(fused, llvm, args)[:1]
     (ref,) = ort_run(onnx.load(str(FIXTURES / "tiny_t5_encoder.float32.onnx")), args)[:1]
     assert rel_err(got, ref) < 1e-4
+
+
+def test_t5_in_fp16_fuses_too_through_the_cast_of_its_scores(llvm):
+    """In fp16 the scores are cast back from the fp32-accumulated product before the bias is added: the matcher
+    walks through that cast to the product."""
+    fused, _ = partition(import_model(load_model(FIXTURES / "tiny_t5_encoder.float16.onnx")), target=llvm)
+    specs = _specs(fused)
+    assert specs and all(s.dtype == "float16" and s.bias_shape is not None for s in specs)

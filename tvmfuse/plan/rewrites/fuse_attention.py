@@ -221,5 +221,6 @@ class FuseAttention:
 
 def _chain_var(var, defs) -> bool:
     b = defs.get(var)
-    return b is not None and op_name(b.value) in ("relax.matmul", "relax.multiply", "relax.divide", "relax.add")
+    return b is not None and op_name(b.value) in ("relax.matmul", "relax.multiply", "relax.divide", "relax.add",
+                                                  "relax.astype")
 
