@@ -117,12 +117,11 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
     kvb = spec.kv_batch
     q_shape, v_shape, o_shape = (*spec.batch, spec.seq_q, D), (*kvb, spec.seq_k, DV), (*spec.batch, spec.seq_q, DV)
     k_shape = (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k)
-    dt = spec.dtype
+    dt = spec.dtype   # float32 (simt_gpu_misfit)
     buf = lambda name, shp, t=dt: f"{name}: T.Buffer({tuple(shp)!r}, '{t}')"  # noqa: E731
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
     params += [buf(name, shape, t) for name, shape, t in spec.additive()]
     params.append(buf("out", o_shape))
-    f32 = (lambda e: e) if dt == "float32" else (lambda e: f"T.Cast('float32', {e})")
 
     grp, lane = f"(tx // {P})", f"(tx % {P})" if P > 1 else "0"
     row = f"(bx * {BM} + r * {NT // P} + {grp})"              # query row r of this thread
@@ -151,7 +150,7 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
         key, d = (f"({e} % {BN})", f"({e} // {BN})") if keys_first else (f"({e} // {width})", f"({e} % {width})")
         at = [*kvidx, f"j * {BN} + {key}", d] if not keys_first else [*kvidx, d, f"j * {BN} + {key}"]
         src_at = src + "[" + ", ".join(at) + "]"
-        store = f"{dst}[{key} * {stride} + {d}] = {f32(src_at)}\n"
+        store = f"{dst}[{key} * {stride} + {d}] = {src_at}\n"
         if ragged_k:
             store = (f"if j * {BN} + {key} < {spec.seq_k}:\n" + _indent(store, 4)
                      + f"else:\n    {dst}[{key} * {stride} + {d}] = T.float32(0)\n")
@@ -164,7 +163,7 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
         qr[r * {D} + d] = T.float32(0)
 """
     q_at = "q[" + ", ".join([*bidx, row, "d"]) + "]"
-    q_row = f"for d in T.unroll({D}):\n    qr[r * {D} + d] = {f32(q_at)}\n"
+    q_row = f"for d in T.unroll({D}):\n    qr[r * {D} + d] = {q_at}\n"
     q_load += _indent(f"if {row} < {spec.seq_q}:\n" + _indent(q_row, 4) if ragged_q else q_row, 4)
 
     def reduce_lanes(v: str, op: str) -> str:
@@ -209,7 +208,6 @@ for t in T.unroll({KP}):
 """
     part = DV // P   # lane p of a row stores elements [p * part, (p + 1) * part) of it
     out_val = f"acc[r * {DV} + {'c * ' + str(part) + ' + ' if P > 1 else ''}e] * lrow[r]"
-    out_val = out_val if dt == "float32" else f"T.Cast('{dt}', {out_val})"
     out_at = f"out[{', '.join([*bidx, row, (f'c * {part} + e' if P > 1 else 'e')])}]"
     store = f"for e in T.unroll({part}):\n    {out_at} = {out_val}\n"
     if P > 1:   # a constant register index in each branch: a lane-dependent one would put acc in local memory
