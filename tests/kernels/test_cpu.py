@@ -203,7 +203,7 @@ def test_a_channel_concatenation_runs_in_chunks_of_one_input_each(tmp_path, llvm
     """Inlined, a concatenation selects its input per element by a chain of if_then_else on the channel; in
     whole-vector chunks of one input, unrolled, each chunk's selection is a constant and its loads plain vectors
     (DenseNet-121's concat + BN + ReLU kernels ran 5-10x faster so)."""
-    from tvmfuse.kernels.cpu.schedule import concat_chunk
+    from tvmfuse.kernels.cpu.concat import concat_chunk
     from tvmfuse.kernels.sketch import inline_all_but_outputs
     from tvmfuse.kernels import get
 

@@ -23,11 +23,11 @@ the default as a record, and a tuned build is never slower than it).
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from tvmfuse._tvm import tvm
+from tvmfuse.kernels.cpu.concat import concat_chunk
 from tvmfuse.kernels.knobs import names_in
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
 from tvmfuse.target import vector_lanes, vector_registers
@@ -82,62 +82,6 @@ def dtype_bits(sch, block) -> int:
 
 # the most chunks a concatenation's innermost axis is unrolled into (DenseNet-121's widest: 1024 channels of 32)
 MAX_CONCAT_CHUNKS = 64
-
-
-def _subexprs(expr):
-    """``expr`` and every expression under it (TVM 0.27 has no Python TIR visitor)."""
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        yield e
-        for field in ("a", "b", "value", "condition", "true_value", "false_value"):
-            child = getattr(e, field, None)
-            if isinstance(child, tvm.ir.expr.Expr):
-                stack.append(child)
-        for child in [*(getattr(e, "args", None) or ()), *(getattr(e, "indices", None) or ())]:
-            if isinstance(child, tvm.ir.expr.Expr):
-                stack.append(child)
-
-
-def concat_chunk(sch, block) -> int | None:
-    """Where ``block`` selects its inputs by the innermost axis (a channel concatenation inlined: nested
-    ``if_then_else(c0 <= v, a, if_then_else(c1 <= v, b, ..))`` on that axis' iterator): the largest chunk of that
-    axis no boundary cuts (the boundaries' and the extent's gcd); None where no such selection is found."""
-    stmt = sch.get(block)
-    iters = stmt.iter_vars
-    if not iters:
-        return None
-    inner = iters[-1].var
-    bounds, other = set(), [False]
-
-    def visit(node):
-        if isinstance(node, tvm.ir.Call) and getattr(node.op, "name", "") in ("prim.if_then_else", "tir.if_then_else"):
-            cond = node.args[0]
-            a, b = getattr(cond, "a", None), getattr(cond, "b", None)
-            const_left = isinstance(a, tvm.tirx.IntImm) and b is not None and b.same_as(inner)
-            const_right = isinstance(b, tvm.tirx.IntImm) and a is not None and a.same_as(inner)
-            if isinstance(cond, (tvm.tirx.expr.LE, tvm.tirx.expr.LT, tvm.tirx.expr.GE, tvm.tirx.expr.GT)) and (const_left or const_right):
-                k = int(a.value if const_left else b.value)
-                # where the selection flips: k for k <= v, v >= k, v < k, k > v; k + 1 for k < v, v > k, v <= k,
-                # k >= v
-                at_k = (isinstance(cond, (tvm.tirx.expr.LE, tvm.tirx.expr.GT)) and const_left) or (
-                    isinstance(cond, (tvm.tirx.expr.GE, tvm.tirx.expr.LT)) and const_right)
-                bounds.add(k if at_k else k + 1)
-            else:
-                other[0] = True
-
-    body = stmt.body
-    if not isinstance(body, tvm.tirx.BufferStore):
-        return None
-    for node in _subexprs(body.value):
-        visit(node)
-    if not bounds or other[0]:
-        return None
-    extent = int(iters[-1].dom.extent)
-    chunk = extent
-    for k in bounds:
-        chunk = math.gcd(chunk, k)
-    return chunk if 0 < chunk < extent else None
 
 
 def _schedule_concat(sch, block, loops, lanes: int) -> bool:
