@@ -173,18 +173,23 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
             m *= 2
         return out
 
+    def per_key(tile_buf: str, stride: int, width: int, acc: str, other: str) -> str:
+        """For each of this lane's keys of the tile, its row of ``tile_buf`` read 4 floats at a time, each float
+        multiplied into ``acc`` with ``other`` (of row ``r``, element ``d4 * 4 + e``)."""
+        return f"""for t in T.unroll({KP}):
+    for d4 in T.unroll({width // 4}):
+        for e in T.vectorized(4):
+            kv[e] = {tile_buf}[(t * {P} + {lane}) * {stride} + d4 * 4 + e]
+        for r in T.unroll({R}):
+            for e in T.unroll(4):
+                {acc} = {acc} + {other} * kv[e]
+"""
+
     step = f"""T.tvm_storage_sync("shared")
 {tile("ks", "k", D, KS, not spec.k_rows)}{tile("vs", "v", DV, VS, False)}T.tvm_storage_sync("shared")
 for i in T.unroll({R * KP}):
     sc[i] = T.float32(0)
-for t in T.unroll({KP}):
-    for d4 in T.unroll({D // 4}):
-        for e in T.vectorized(4):
-            kv[e] = ks[(t * {P} + {lane}) * {KS} + d4 * 4 + e]
-        for r in T.unroll({R}):
-            for e in T.unroll(4):
-                sc[r * {KP} + t] = sc[r * {KP} + t] + qr[r * {D} + d4 * 4 + e] * kv[e]
-for r in T.unroll({R}):
+{per_key("ks", KS, D, f"sc[r * {KP} + t]", f"qr[r * {D} + d4 * 4 + e]")}for r in T.unroll({R}):
     red[r] = T.float32(-1e30)
     for t in T.unroll({KP}):
         sc[r * {KP} + t] = {score}
@@ -198,14 +203,7 @@ for r in T.unroll({R}):
         lrow[r] = lrow[r] + sc[r * {KP} + t]
     for e in T.unroll({DV}):
         acc[r * {DV} + e] = acc[r * {DV} + e] * alpha[r]
-for t in T.unroll({KP}):
-    for e4 in T.unroll({DV // 4}):
-        for e in T.vectorized(4):
-            kv[e] = vs[(t * {P} + {lane}) * {VS} + e4 * 4 + e]
-        for r in T.unroll({R}):
-            for e in T.unroll(4):
-                acc[r * {DV} + e4 * 4 + e] = acc[r * {DV} + e4 * 4 + e] + sc[r * {KP} + t] * kv[e]
-"""
+{per_key("vs", VS, DV, f"acc[r * {DV} + d4 * 4 + e]", f"sc[r * {KP} + t]")}"""
     part = DV // P   # lane p of a row stores elements [p * part, (p + 1) * part) of it
     out_val = f"acc[r * {DV} + {'c * ' + str(part) + ' + ' if P > 1 else ''}e] * lrow[r]"
     out_at = f"out[{', '.join([*bidx, row, (f'c * {part} + e' if P > 1 else 'e')])}]"
