@@ -357,8 +357,9 @@ def default_gpu_rules(sm_count: int = MEASURED_SMS) -> tuple:
     # a short reduction one output a thread: first where its outputs are few (a GEMM over 16-64 channels of a few
     # pixels, which dlight's matmul tiles into 1-8 blocks), after the matmul rule where they are many (its tiles
     # reuse each operand across a block; one output a thread reads both operands K times an output)
-    return (WholeReduction(), ShortReduction(max_outputs=round(ShortReduction.few_outputs * scale)), UnpaddedMatmul(),
-            ShortReduction(), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)), _NoGuardedEpilogue(dlight.gpu.GEMV()),
+    return (WholeReduction(), ShortReduction(max_outputs=round(ShortReduction.few_outputs * scale)),
+            UnpaddedMatmul(), ShortReduction(), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
+            _NoGuardedEpilogue(dlight.gpu.GEMV()),
             _NoGuardedEpilogue(dlight.gpu.Reduction()), _NoGuardedEpilogue(dlight.gpu.GeneralReduction()),
             dlight.gpu.Fallback())
 

@@ -127,9 +127,9 @@ def _idx(names: list[str]) -> str:
 
 
 def attention_primfunc(spec: AttentionSpec):
-    """A TIR PrimFunc ``(q, kt, v[, mask[, bias]], out)`` computing softmax(scale·q@kt + mask + bias) @ v; with ``causal`` row i
-    walks keys 0 .. i + causal_offset only (there is no mask argument), and with ``kv_group`` > 1 K and V have
-    ``kv_batch`` heads and query head h reads head h // kv_group."""
+    """A TIR PrimFunc ``(q, kt, v[, mask[, bias]], out)`` computing softmax(scale·q@kt + mask + bias) @ v; with
+    ``causal`` row i walks keys 0 .. i + causal_offset only (there is no mask argument), and with ``kv_group`` > 1
+    K and V have ``kv_batch`` heads and query head h reads head h // kv_group."""
     nb = len(spec.batch)
     bvars = [f"b{k}" for k in range(nb)]
     vb = [f"v_b{k}" for k in range(nb)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
-from tvmfuse._gpu_rules import MEASURED_SMS, default_schedule
+from tvmfuse._gpu_rules import default_schedule
 from tvmfuse._tvm import derived_object, ensure_tensor_intrinsics, ms
 from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, make_cost_model  # noqa: F401 (their home was here)
 from tvmfuse.target import TargetInfo, device_figures
@@ -520,8 +520,8 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
     # run's cost model ranks first where the database measured the template at other shapes
     sch, source = model_default(kernel.mod, target, cost_model=getattr(state, "cost_model", None), database=database)
     if sch is None:
-        sms = device_figures(target).sm_count if target.is_gpu else MEASURED_SMS
-        sch, source = default_schedule(kernel.mod, target.target, is_gpu=target.is_gpu, sm_count=sms), "stock"
+        sch, source = default_schedule(kernel.mod, target.target, is_gpu=target.is_gpu,
+                                       sm_count=device_figures(target).sm_count), "stock"
     if state is not None:
         state.default_source = source
     if sch is None:

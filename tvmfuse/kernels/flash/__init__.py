@@ -46,9 +46,9 @@ from tvmfuse.kernels.flash.simt import SimtConfig
 from tvmfuse.kernels.flash.sketch import template_attention
 from tvmfuse.kernels.flash.source import expand, flash_kernel, flash_primfunc, flash_source
 
-__all__ = ["ANNOTATION", "CANDIDATES", "FlashConfig", "FlashTemplate", "SimtConfig", "all_configs", "annotated_config", "config_at", "configs",
-           "default_config", "expand", "flash_kernel", "flash_primfunc", "flash_source", "parse_config", "spec_of",
-           "template_attention"]
+__all__ = ["ANNOTATION", "CANDIDATES", "FlashConfig", "FlashTemplate", "SimtConfig", "all_configs",
+           "annotated_config", "config_at", "configs", "default_config", "expand", "flash_kernel", "flash_primfunc",
+           "flash_source", "parse_config", "spec_of", "template_attention"]
 
 
 def _wgmma(target) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tvmfuse.kernels.flash.softmax import _SHFL, _indent, _score, kv_index
+from tvmfuse.kernels.flash.softmax import _SHFL, _indent, _score, batch_indices, kv_index
 from tvmfuse.plan.attention import AttentionSpec, simt_gpu_misfit
 
 REGISTER_BUDGET = 168   # fp32 registers a thread's query rows, outputs and scores may take (of 255), leaving the rest
@@ -107,12 +107,7 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
     :func:`tvmfuse.kernels.flash.source._kernel`)."""
     D, DV, BN, NT, R, P = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.threads, cfg.rows, cfg.lanes
     KP, BM, KS, VS = BN // P, cfg.block_m, D + 4, DV + 4
-    nb = len(spec.batch)
-    bidx, rest = [], "by"
-    for k in range(nb):
-        inner = math.prod(spec.batch[k + 1:])
-        bidx.append(f"({rest}) // {inner}" if inner > 1 else rest)
-        rest = f"({rest}) % {inner}" if inner > 1 else rest
+    bidx = batch_indices(spec)
     kvidx = kv_index(spec, bidx)
     kvb = spec.kv_batch
     q_shape, v_shape, o_shape = (*spec.batch, spec.seq_q, D), (*kvb, spec.seq_k, DV), (*spec.batch, spec.seq_q, DV)
@@ -135,9 +130,7 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
     # a row or key past the end reads the mask at the last one (its score is dropped or -inf)
     mrow_ = f"T.min({row}, {spec.seq_q - 1})" if ragged_q else row
     mcol = f"T.min({col}, {spec.seq_k - 1})" if ragged_k else col
-    score = _score(spec, bidx, mrow_, mcol, f"sc[r * {KP} + t]")
-    if spec.causal:   # _score compared the clamped row; the true row decides what is seen
-        score = score.replace(f"> ({mrow_}) + {spec.causal_offset}", f"> ({row}) + {spec.causal_offset}")
+    score = _score(spec, bidx, mrow_, mcol, f"sc[r * {KP} + t]", seen_row=row)
     if ragged_k:
         score = f"T.Select({col} >= {spec.seq_k}, T.float32('-inf'), {score})"
 
@@ -212,7 +205,8 @@ for i in T.unroll({R * KP}):
         store = f"for c in T.unroll({P}):\n    if {lane} == c:\n" + _indent(store, 8)
     if ragged_q:
         store = f"if {row} < {spec.seq_q}:\n" + _indent(store, 4)
-    add_lanes = f"for e in T.unroll({DV}):\n" + _indent(reduce_lanes(f"acc[r * {DV} + e]", "{a} + {b}"), 4) if P > 1 else ""
+    add_lanes = "" if P == 1 else (f"for e in T.unroll({DV}):\n"
+                                   + _indent(reduce_lanes(f"acc[r * {DV} + e]", "{a} + {b}"), 4))
     finish = f"""for r in T.unroll({R}):
 {_indent(reduce_lanes("lrow[r]", "{a} + {b}"), 4)}    lrow[r] = T.float32(1) / lrow[r]
 {_indent(add_lanes, 4)}{_indent(store, 4)}"""

@@ -88,14 +88,25 @@ def kv_index(spec: AttentionSpec, bidx: list[str]) -> list[str]:
     return bidx if spec.kv_group == 1 else [*bidx[:-1], f"({bidx[-1]}) // {spec.kv_group}"]
 
 
-def _score(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str) -> str:
+def batch_indices(spec: AttentionSpec) -> list[str]:
+    """The per-dim indices of ``spec.batch`` in ``by``, the block index that walks the flattened batch dims."""
+    bidx, rest = [], "by"
+    for k in range(len(spec.batch)):
+        inner = math.prod(spec.batch[k + 1:])
+        bidx.append(f"({rest}) // {inner}" if inner > 1 else rest)
+        rest = f"({rest}) % {inner}" if inner > 1 else rest
+    return bidx
+
+
+def _score(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str, seen_row: str | None = None) -> str:
     """The score of accumulator element ``acc`` (query ``row``, key ``col``) in base 2: log2(e) * (scale * s +
-    mask), or log2(e) * scale * (s + mask) when the mask comes first."""
+    mask), or log2(e) * scale * (s + mask) when the mask comes first. ``seen_row``: the query row a causal mask
+    compares, where ``row`` (the mask's read) is clamped into the tensor (a ragged last tile's rows)."""
     score = _scaled_masked(spec, bidx, row, col, acc)
     if spec.causal:
         # keys past the diagonal are -inf before the running max: their exp2 is 0, and every row sees key 0 (in
         # the first step, offset >= 0), so no row's max stays -inf and no 0 / 0 can come of it
-        score = f"T.Select(({col}) > ({row}) + {spec.causal_offset}, T.float32('-inf'), {score})"
+        score = f"T.Select(({col}) > ({seen_row or row}) + {spec.causal_offset}, T.float32('-inf'), {score})"
     return score
 
 

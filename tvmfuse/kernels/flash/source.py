@@ -9,7 +9,8 @@ from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
 from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
 from tvmfuse.kernels.wgmma.config import SMS
-from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, full_steps,
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, batch_indices,
+                                           full_steps,
                                            key_steps, kv_index)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
@@ -36,13 +37,8 @@ def flash_kernel(func, cfg: FlashConfig | SimtConfig | None = None, wgmma: bool 
 def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     """TVMScript of the flash kernel for ``spec`` with tiles ``cfg``."""
     D, DV, BN, BM, NT = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m, 32 * cfg.warps
-    nb, stages = len(spec.batch), cfg.stages
-    # blockIdx.y walks the flattened batch dims; these are its per-dim indices
-    bidx, rest = [], "by"
-    for k in range(nb):
-        inner = math.prod(spec.batch[k + 1:])
-        bidx.append(f"({rest}) // {inner}" if inner > 1 else rest)
-        rest = f"({rest}) % {inner}" if inner > 1 else rest
+    stages = cfg.stages
+    bidx = batch_indices(spec)
     warp, lane = "(tx // 32)", "(tx % 32)"
     g, tig = f"({lane} // 4)", f"({lane} % 4)"
     q_shape = (*spec.batch, spec.seq_q, D)
@@ -194,7 +190,8 @@ for h in T.unroll({2 * M}):
 
 
 def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str) -> str:
-    tiles, heads = -(-spec.seq_q // cfg.block_m), math.prod(spec.batch)   # (a CUDA-core kernel's last tile may be ragged)
+    # (a CUDA-core kernel's last query tile may be ragged)
+    tiles, heads = -(-spec.seq_q // cfg.block_m), math.prod(spec.batch)
     if spec.causal:
         # a causal tile's work grows with its index: the heaviest launch first (blockIdx.y is the slower launch
         # order) so the last wave holds the light ones; blockIdx.x walks the heads, so the heads sharing a K/V head

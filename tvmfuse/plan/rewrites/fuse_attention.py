@@ -17,7 +17,8 @@ def _scalar(const) -> float | None:
 
 
 class FuseAttention:
-    """matmul(Q, Kᵀ) -> [·scale | /scale] -> [+mask [+bias]] -> softmax(-1) -> matmul(·, V) => one attention kernel."""
+    """matmul(Q, Kᵀ) -> [·scale | /scale] -> [+mask [+bias]] -> softmax(-1) -> matmul(·, V) => one attention
+    kernel."""
 
     def __new__(cls, *, log: RewriteLog, decline=None):
         """``decline``: a reason not to form the kernel on this target, or a function of the
