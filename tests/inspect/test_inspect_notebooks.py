@@ -25,9 +25,25 @@ def _client(path: Path):
     return NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
 
 
+_KERNEL_STARTS = 3
+
+
+async def _execute(path: Path):
+    # A kernel can die before it answers kernel_info when two start at once (jupyter_client picks its ZMQ ports
+    # before binding them, and the two processes can pick the same one): that start is tried again, a failing
+    # cell is not
+    for attempt in range(_KERNEL_STARTS):
+        try:
+            return await _client(path).async_execute()
+        except RuntimeError as e:
+            if "before replying to kernel_info" not in str(e) or attempt == _KERNEL_STARTS - 1:
+                raise
+            await asyncio.sleep(1.0 + attempt)
+
+
 async def _execute_all(paths: list[Path]) -> dict:
     # both kernels at once: on 2 cores their start-up and imports overlap with each other's waits
-    results = await asyncio.gather(*(_client(p).async_execute() for p in paths), return_exceptions=True)
+    results = await asyncio.gather(*(_execute(p) for p in paths), return_exceptions=True)
     return {p.name: r for p, r in zip(paths, results)}
 
 

@@ -48,7 +48,7 @@ def test_the_tuned_example_ranks_its_records_by_side_by_side_times(tuned_example
 
 @pytest.mark.slow
 def test_a_lucky_record_is_timed_again_and_loses_its_luck(tmp_path, example_kernels, llvm_target):
-    """A record whose trial ran in a quiet moment (here: given a hundredth of the fastest time) is the first
+    """A record whose trial ran in a quiet moment (here: given a nanosecond) is the first
     finalist; timed again beside the others it takes its own time back, and the build's best is another record
     unless its schedule really is the fastest."""
     from tvmfuse.db import open_database
@@ -74,8 +74,9 @@ def test_a_lucky_record_is_timed_again_and_loses_its_luck(tmp_path, example_kern
         first = min(r.id for rows in groups.values() for r in rows)
         slowest = max((rows for rows in groups.values() if all(r.id != first for r in rows)),
                       key=lambda rows: rows[0].mean_secs)
-        fastest = min(r.mean_secs for rows in groups.values() for r in rows)
-        lucky = fastest / 100
+        # a time no call of a real kernel reaches: the trials' own times are no yardstick, as the search's trials
+        # may have run beside another test's processes and the rounds in a quiet moment
+        lucky = 1e-9
         db.retime_records([r.id for r in slowest], [lucky] * 3)
         assert db.best_record(wid).id == slowest[0].id
         report = retime_finalists(heavy, target=llvm_target, database=db, builder=builder,
@@ -85,7 +86,7 @@ def test_a_lucky_record_is_timed_again_and_loses_its_luck(tmp_path, example_kern
     finally:
         close_builder(builder)
         db.close()
-    assert again.mean_secs > 10 * lucky and len(again.run_secs) >= 3   # its own time, from the rounds
+    assert again.mean_secs > 100 * lucky and len(again.run_secs) >= 3   # its own time, from the rounds
     assert report["best_before_ms"] == pytest.approx(lucky * 1e3)
     assert report["best_ms"] == pytest.approx(min(r.mean_secs for r in after) * 1e3)
     assert report["finalists"] >= 2   # the lucky one and the first record (the default) beside it
