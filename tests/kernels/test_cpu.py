@@ -132,9 +132,22 @@ def dense_concat():   # DenseNet's block: the input and two convs concatenated a
     return _model(nodes, [("x", [1, 32, 8, 8])], ("y", [1, 16, 8, 8]), inits)
 
 
+def scores(tokens=37):   # attention's scores of two heads at a token count no vector divides, an additive mask
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
+             helper.make_node("Reshape", ["q", "heads"], ["qh"]), helper.make_node("Reshape", ["k", "heads"], ["kh"]),
+             helper.make_node("Transpose", ["qh"], ["qt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["qt", "kt"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
+             helper.make_node("Add", ["ss", "mask"], ["y"])]
+    mask = np.triu(np.full((tokens, tokens), -1e4, np.float32), 1)[None, None]
+    inits = [_w("wq", [32, 32]), _w("wk", [32, 32]), numpy_helper.from_array(np.array([1, tokens, 2, 16]), "heads"),
+             numpy_helper.from_array(np.array(0.25, np.float32), "scale"), numpy_helper.from_array(mask, "mask")]
+    return _model(nodes, [("x", [1, tokens, 32])], ("y", [1, 2, tokens, tokens]), inits)
+
+
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
           "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise,
-          "grouped": grouped, "dense_concat": dense_concat}
+          "grouped": grouped, "dense_concat": dense_concat, "scores": scores}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}
@@ -370,18 +383,21 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
     """``template: cpu_contraction`` (llvm.yaml): one sketch per loop order, sampling the vector tile (whole vectors
     that divide the channels, and the rules' own tile), the rows and the reduction unroll; the rules' choice is
     among the values; points drawn at random post-process and match the kernel's plain lowering."""
-    from tvmfuse.kernels.cpu.schedule import contraction_facts, contraction_loops, default_tiles, vector_lanes
-    from tvmfuse.target import vector_registers
+    from tvmfuse.kernels.cpu.schedule import contraction_facts, contraction_loops, default_tiles
+    from tvmfuse.target import vector_lanes, vector_registers
     from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
     from tvmfuse.kernels.space import postprocessor, tune_context
     from tvmfuse.tune.check import check_kernel
     from tvmfuse.tune.spaces import select_space
 
-    _, fused = _fused(ragged_cnn(), tmp_path, llvm_target)
+    from tvmfuse.kernels.cpu.pad import pad_activations
+
     rng = np.random.default_rng(1)
-    for gv, func in fused.functions.items():
-        if not (isinstance(func, PrimFunc) and gv.name_hint.startswith("fused_conv2d")):
-            continue
+    _, convs = _fused(ragged_cnn(), tmp_path, llvm_target)
+    _, attention = _fused(scores(), tmp_path, llvm_target)   # its scores: padded to whole vectors, as the default
+    kernels = [(gv, f) for gv, f in convs.functions.items() if gv.name_hint.startswith("fused_conv2d")]
+    kernels += [(gv, f) for gv, f in attention.functions.items() if isinstance(f, PrimFunc) and len(f.params) == 4]
+    for gv, func in kernels:
         mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
         choice = select_space(mod, llvm_target.target)
         assert choice.source == "template:cpu_contraction", (gv.name_hint, choice.source, choice.note)
@@ -391,9 +407,10 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
         probe = tvm.s_tir.Schedule(mod)
         inline_all_but_outputs(probe)
         (block,) = [b for b in probe.get_child_blocks(probe.get_sblock("root")) if REDUCE in iter_types(probe, b)]
+        lanes, registers = vector_lanes(llvm_target.target), vector_registers(llvm_target.target)
+        block = pad_activations(probe, block, lanes, registers)
         exts = contraction_loops(probe, block)[2]
-        rules = default_tiles(exts, vector_lanes(llvm_target.target), vector_registers(llvm_target.target),
-                              contraction_facts(probe, block))
+        rules = default_tiles(exts, lanes, registers, contraction_facts(probe, block))
         for sketch in sketches:
             cats = [i for i in sketch.trace.insts if i.kind.name == "SampleCategorical"]
             vectors = [int(c) for c in cats[0].attrs[0]]
@@ -408,3 +425,30 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
                 assert postprocessor(ctx)(sch)
                 check = check_kernel(mod, sch.mod, llvm_target)
                 assert check.ok, f"{gv.name_hint}: {check.rel_error:.2e}, {check.unwritten} unwritten"
+
+
+def test_a_contraction_of_two_activations_at_a_ragged_length_runs_padded_to_whole_vectors(tmp_path, llvm_target):
+    """Attention's scores at 37 tokens (no vector divides it): the default pads both inputs in the kernel and runs
+    whole register tiles, the mask (a constant read only by the epilogue) is not marked for packing, and the
+    untuned build matches onnxruntime."""
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+    from tvmfuse.kernels import get
+    from tvmfuse.kernels.cpu.pad import padded_extents
+
+    assert padded_extents([1, 12, 197, 197], 16, 32) == [1, 12, 210, 208]
+    assert padded_extents([1, 12, 197, 197], 8, 16) == [1, 12, 200, 200]
+    assert padded_extents([1, 12, 128, 128], 16, 32) is None       # whole vectors already
+    assert padded_extents([1, 12, 20, 20], 16, 32) is None         # two vectors or fewer: LLVM splits them
+    assert padded_extents([1, 12, 17, 50], 16, 32) == [1, 12, 17, 64]   # 17 -> 28 rows: over 1.5x the work
+    path, fused = _fused(scores(), tmp_path, llvm_target)
+    (func,) = [f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and len(f.params) == 4]
+    assert not list((func.attrs or {}).get("layout_free_buffers", [])), "the epilogue's mask is marked for packing"
+    text = get("cpu").traced_kernel(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                                    llvm_target.target).mod.script()
+    assert "_pad = T.sblock_alloc_buffer" in text and "T.vectorized" in text, text
+    built = build(fused, target=llvm_target, database=None)
+    feeds = {"x": RNG.standard_normal([1, 37, 32]).astype(np.float32)}
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    got = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params).numpy()
+    assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4

@@ -262,9 +262,39 @@ def plan_tvmfuse(mod: tvm.IRModule, target: TargetInfo, *, config: PlannerConfig
     return fused, plan
 
 
+def reduced_params(func: PrimFunc) -> set[int] | None:
+    """The parameters of ``func`` whose values reach a reduction (a GEMM's or conv's weight, directly or through a
+    transpose or cast in the kernel), or None where its blocks are not flat (the planner's attention). A constant
+    read only after every reduction (an additive mask, a bias, a position table in an epilogue) is read in the
+    output's own order, so a packed layout has nothing to gain there; where tiles do not divide the output (or a
+    contraction is padded to whole vectors), MetaSchedule's ``RewriteLayout`` indexed such a constant by div and mod
+    of the tiles' loops in every lane (ViT's zero mask in the 197 x 197 scores: 3x its kernel's time)."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if any(sch.get_child_blocks(b) for b in blocks):
+        return None
+    reduce_type = tvm.tirx.IterVar.CommReduce
+    reducing = [any(int(iv.iter_type) == reduce_type for iv in sch.get(b).iter_vars) for b in blocks]
+    reached = set()
+    for i, param in enumerate(func.params):
+        # TVM 0.27's parameters are the buffers themselves; earlier ones map to them
+        todo, seen = [func.buffer_map[param] if hasattr(func, "buffer_map") else param], set()
+        while todo and i not in reached:
+            buf = todo.pop()
+            for j, b in enumerate(blocks):
+                if j in seen or not any(r.source.same_as(buf) for r in sch.get(b).reads):
+                    continue
+                seen.add(j)
+                if reducing[j]:
+                    reached.add(i)
+                todo.extend(w.source for w in sch.get(b).writes)
+    return reached
+
+
 def mark_weights(mod: tvm.IRModule) -> tvm.IRModule:
-    """Each kernel's ``layout_free_buffers``: the parameters ``main`` passes a constant (a weight) at every call.
-    (Relax's AttachAttrLayoutFreeBuffers does the same but renames every kernel it touches.)"""
+    """Each kernel's ``layout_free_buffers``: the parameters ``main`` passes a constant (a weight) at every call
+    that reach a reduction in the kernel (:func:`reduced_params`). (Relax's AttachAttrLayoutFreeBuffers marks every
+    constant but renames every kernel it touches.)"""
     call_tir = tvm.ir.Op.get("relax.call_tir")
     consts: dict = {}
 
@@ -279,6 +309,10 @@ def mark_weights(mod: tvm.IRModule) -> tvm.IRModule:
             super().visit_call_(call)
 
     Calls().visit_expr(mod["main"].body)
+    for gv, idx in consts.items():
+        reached = reduced_params(mod[gv]) if idx else None
+        if reached is not None:
+            consts[gv] = idx & reached
     marked = {gv: mod[gv].with_attr("layout_free_buffers", sorted(idx)) for gv, idx in consts.items() if idx}
     if not marked:
         return mod

@@ -9,12 +9,62 @@ measures this default first and keeps it as a record, so a tuned build is never 
 """
 from __future__ import annotations
 
+from tvmfuse._tvm import tvm
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.cpu.schedule import cpu_schedule, pack_weights, vector_lanes
+from tvmfuse.kernels.cpu.pad import pad_activations
+from tvmfuse.kernels.cpu.schedule import (inner_spatial_extent, loops_are_iters, dtype_bits, is_contraction,
+                                          pack_weights, schedule_contraction, schedule_norm_rows, schedule_pointwise,
+                                          schedule_rows)
 from tvmfuse.kernels.cpu.sketch import contraction_sketches
-from tvmfuse.kernels.sketch import is_attention
+from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, is_attention, iter_types
+from tvmfuse.target import vector_lanes, vector_registers
 
 __all__ = ["CpuTemplate", "cpu_schedule", "vector_lanes"]
+
+
+def cpu_schedule(mod, target, cores: int):
+    """The default schedule of the kernel ``mod`` (``main``) on the llvm ``target``: a Schedule whose trace
+    replays it, and its kind (pointwise | contraction | rows), or None where the kernel is not one of them."""
+    sch = tvm.s_tir.Schedule(mod)
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if not blocks:
+        return None
+
+    def lanes_of(bits: int) -> int:
+        return vector_lanes(target, bits)
+
+    reductions = [b for b in blocks if REDUCE in iter_types(sch, b)]
+    if any(t not in (DATA_PAR, REDUCE) for b in blocks for t in iter_types(sch, b)):
+        return None
+    # only flat kernels: each block under its own loops, one per iteration variable, nothing nested (a kernel
+    # written with serial in-place loops, the planner's attention, is not what these rules read)
+    if any(sch.get_child_blocks(b) or not loops_are_iters(sch, b) for b in blocks):
+        return None
+    if not reductions:
+        schedule_pointwise(sch, lanes_of, cores)
+        return sch, "pointwise"
+    contractions = [b for b in reductions if is_contraction(sch, b)]
+    # one reduction along an axis that is not the output's innermost (a GEMM, a conv, a pooling window): tiles
+    # vectorised along the output's innermost axis
+    if len(reductions) == 1 and (contractions or inner_spatial_extent(sch, reductions[0]) >= 4):
+        inline_all_but_outputs(sch)
+        (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
+        if not loops_are_iters(sch, block):
+            return None
+        lanes, registers = lanes_of(dtype_bits(sch, block)), vector_registers(target)
+        block = pad_activations(sch, block, lanes, registers)
+        schedule_contraction(sch, block, lanes, registers=registers)
+        return sch, "contraction"
+    if contractions:
+        return None
+    if len(reductions) > 1:
+        try:
+            schedule_norm_rows(sch, lanes_of(dtype_bits(sch, reductions[0])), cores)
+        except Exception:  # noqa: BLE001 - rows these rules do not read keep TVM's plain lowering
+            return None
+        return sch, "rows"
+    schedule_rows(sch, lanes_of(dtype_bits(sch, reductions[0])), cores)
+    return sch, "rows"
 
 
 def _cores(target) -> int:

@@ -30,7 +30,6 @@ from tvmfuse._tvm import tvm
 from tvmfuse.kernels.cpu.concat import concat_chunk
 from tvmfuse.kernels.knobs import names_in
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, iter_types
-from tvmfuse.target import vector_lanes, vector_registers
 
 # the most channels a depthwise conv's one tile takes (MobileNetV2's 960 at 2x2 pixels)
 MAX_DEPTHWISE_TILE = 1024
@@ -56,11 +55,11 @@ def _vector_tile(extent: int, lanes: int, vectors: int = 2) -> int:
     return max(d for d in range(1, 2 * lanes + 1) if extent % d == 0)
 
 
-def _row_tile(extent: int, most: int) -> int:
+def row_tile(extent: int, most: int) -> int:
     return next(t for t in range(most, 0, -1) if extent % t == 0)
 
 
-def _vectorize_last(sch, block, lanes: int) -> None:
+def vectorize_last(sch, block, lanes: int) -> None:
     """Vectorise the innermost loop of ``block`` (split to ``lanes`` where it is longer and divides), if it is
     spatial and at most two vectors long."""
     loops = sch.get_loops(block)
@@ -147,7 +146,7 @@ def is_contraction(sch, block) -> bool:
     return len(with_r) >= 2
 
 
-def _loops_are_iters(sch, block) -> bool:
+def loops_are_iters(sch, block) -> bool:
     """The block's loops are its iteration variables one to one, in order (a planner kernel before scheduling)."""
     loops = sch.get_loops(block)
     b = sch.get(block)
@@ -156,7 +155,7 @@ def _loops_are_iters(sch, block) -> bool:
     return all(int(iv.dom.extent) == _extent(sch, lp) for iv, lp in zip(b.iter_vars, loops))
 
 
-def _inner_spatial_extent(sch, block) -> int:
+def inner_spatial_extent(sch, block) -> int:
     b = sch.get(block)
     spatial = [iv for iv in b.iter_vars if int(iv.iter_type) == DATA_PAR]
     return int(spatial[-1].dom.extent) if spatial and isinstance(spatial[-1].dom.extent, tvm.tirx.IntImm) else 0
@@ -294,10 +293,10 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
     longest = 14 if wide else 8
     tiles = {len(exts) - 1: vt}
     if row_axis is not None:
-        tiles[row_axis] = _row_tile(exts[row_axis], min(cap, longest))
+        tiles[row_axis] = row_tile(exts[row_axis], min(cap, longest))
         # one vector and more rows where two vectors leave few: a 7- or 14-pixel conv row takes 7 rows of one
         # vector (7 accumulators) rather than 1 or 2 rows of two (2 or 4); a two-vector tile can hold 6 rows
-        one = _row_tile(exts[row_axis], longest)
+        one = row_tile(exts[row_axis], longest)
         if vt == 2 * lanes and one > 2 * tiles[row_axis]:
             vt, cap = lanes, longest
             tiles = {len(exts) - 1: vt, row_axis: one}
@@ -312,7 +311,7 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
         # streams the whole weight again)
         outer = next((i for i in range(row_axis - 1, -1, -1) if exts[i] > 1), None)
         if tiles[row_axis] == exts[row_axis] and outer is not None and cap // tiles[row_axis] >= 2:
-            if (t := _row_tile(exts[outer], min(cap // tiles[row_axis], longest))) > 1:
+            if (t := row_tile(exts[outer], min(cap // tiles[row_axis], longest))) > 1:
                 tiles[outer] = t
     return tiles
 
@@ -380,8 +379,8 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
             sch.reverse_compute_inline(consumer)
         except Exception:  # noqa: BLE001 - an epilogue that cannot fold into the write-back: computed per tile
             sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
-            _vectorize_last(sch, consumer, lanes)
-    _vectorize_last(sch, acc, lanes)
+            vectorize_last(sch, consumer, lanes)
+    vectorize_last(sch, acc, lanes)
     # vectorised before the init is split off: the update alone is no longer a reduction block to the check
     inner_loops = sch.get_loops(block)[-len(inners):] if inners else []
     if inner_loops and (_extent(sch, inner_loops[-1]) or 0) > 1 and \
@@ -395,7 +394,7 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
         init = sch.decompose_reduction(block, reduce[0])
         # the init's loops copy the update's kinds; vectorise its last where that did not carry over
         if int(sch.get(sch.get_loops(init)[-1]).kind) != int(tvm.tirx.ForKind.VECTORIZED):
-            _vectorize_last(sch, init, lanes)
+            vectorize_last(sch, init, lanes)
 
 
 def _single_output(sch):
@@ -424,10 +423,10 @@ def schedule_rows(sch, lanes: int, cores: int) -> None:
         sch.compute_at(b, row, preserve_unit_loops=True)
     sch.parallel(row)
     if len(loops) > 1 and lead == len(types):
-        _vectorize_last(sch, out, lanes)
+        vectorize_last(sch, out, lanes)
     for b in blocks:
         if all(t == DATA_PAR for t in iter_types(sch, b)):
-            _vectorize_last(sch, b, lanes)
+            vectorize_last(sch, b, lanes)
 
 
 def _inline_single_use(sch) -> None:
@@ -502,54 +501,11 @@ def schedule_norm_rows(sch, lanes: int, cores: int) -> None:
         if not inner:  # a per-row scalar (the mean): its only loop is the row itself
             continue
         if all(t == DATA_PAR for t in types):
-            _vectorize_last(sch, b, lanes)
+            vectorize_last(sch, b, lanes)
         elif REDUCE in types and types[-2:-1] == [DATA_PAR] and len(inner) == 2 and _extent(sch, inner[0]) == lanes:
             # an rfactor block: (lane, chunk) loops under the row; the lane loop innermost and vectorised
             sch.reorder(inner[1], inner[0])
             sch.vectorize(inner[0])
-
-
-def cpu_schedule(mod, target, cores: int):
-    """The default schedule of the kernel ``mod`` (``main``) on the llvm ``target``: a Schedule whose trace
-    replays it, and its kind (pointwise | contraction | rows), or None where the kernel is not one of them."""
-    sch = tvm.s_tir.Schedule(mod)
-    blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    if not blocks:
-        return None
-
-    def lanes_of(bits: int) -> int:
-        return vector_lanes(target, bits)
-
-    reductions = [b for b in blocks if REDUCE in iter_types(sch, b)]
-    if any(t not in (DATA_PAR, REDUCE) for b in blocks for t in iter_types(sch, b)):
-        return None
-    # only flat kernels: each block under its own loops, one per iteration variable, nothing nested (a kernel
-    # written with serial in-place loops, the planner's attention, is not what these rules read)
-    if any(sch.get_child_blocks(b) or not _loops_are_iters(sch, b) for b in blocks):
-        return None
-    if not reductions:
-        schedule_pointwise(sch, lanes_of, cores)
-        return sch, "pointwise"
-    contractions = [b for b in reductions if is_contraction(sch, b)]
-    # one reduction along an axis that is not the output's innermost (a GEMM, a conv, a pooling window): tiles
-    # vectorised along the output's innermost axis
-    if len(reductions) == 1 and (contractions or _inner_spatial_extent(sch, reductions[0]) >= 4):
-        inline_all_but_outputs(sch)
-        (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
-        if not _loops_are_iters(sch, block):
-            return None
-        schedule_contraction(sch, block, lanes_of(dtype_bits(sch, block)), registers=vector_registers(target))
-        return sch, "contraction"
-    if contractions:
-        return None
-    if len(reductions) > 1:
-        try:
-            schedule_norm_rows(sch, lanes_of(dtype_bits(sch, reductions[0])), cores)
-        except Exception:  # noqa: BLE001 - rows these rules do not read keep TVM's plain lowering
-            return None
-        return sch, "rows"
-    schedule_rows(sch, lanes_of(dtype_bits(sch, reductions[0])), cores)
-    return sch, "rows"
 
 
 def pack_weights(sch) -> bool:
