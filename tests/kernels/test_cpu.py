@@ -145,12 +145,23 @@ def scores(tokens=37):   # attention's scores of two heads at a token count no v
     return _model(nodes, [("x", [1, tokens, 32])], ("y", [1, 2, tokens, tokens]), inits)
 
 
+def conv1d():   # Whisper's stem: two 1-D convs over frames (the second strided), GELU
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3], pads=[1, 1]),
+             helper.make_node("Relu", ["c1"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"], kernel_shape=[3], pads=[1, 1], strides=[2])]
+    inits = [_w("w1", [48, 20, 3], 0.2), _w("b1", [48]), _w("w2", [48, 48, 3], 0.1), _w("b2", [48])]
+    return _model(nodes, [("x", [1, 20, 150])], ("y", [1, 48, 75]), inits)
+
+
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
           "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise,
-          "grouped": grouped, "dense_concat": dense_concat, "scores": scores}
+          "grouped": grouped, "dense_concat": dense_concat, "scores": scores, "conv1d": conv1d}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}
+# per model, kernels that only move data: the conv1d model's input, NCW to NWC, reads a gather along its innermost
+# axis, which the pointwise rules keep scalar (there is no arithmetic to vectorise)
+MOVES = {"conv1d": ("transpose",)}
 
 
 def _fused(model, tmp_path, target):
@@ -181,7 +192,7 @@ def test_every_kernel_gets_a_parallel_vectorised_default_that_matches_its_refere
             continue
         assert sch is not None, f"{gv.name_hint}: no CPU default (it would keep TVM's plain lowering)"
         text = sch.mod.script()
-        if "T.vectorized" not in text:
+        if "T.vectorized" not in text and gv.name_hint not in MOVES.get(name, ()):
             # a depthwise conv's tile over all its channels is left to LLVM's loop vectoriser: packed float ops
             asm = tvm.compile(sch.mod, target=llvm_target.target).mod.inspect_source("asm")
             assert re.search(r"\bv?\w*(add|mul|fmadd\w*)ps\b", asm), f"{gv.name_hint} is not vectorised:\n{text}"
@@ -390,7 +401,7 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
     from tvmfuse.tune.check import check_kernel
     from tvmfuse.tune.spaces import select_space
 
-    from tvmfuse.kernels.cpu.pad import pad_activations
+    from tvmfuse.kernels.cpu.activations import pad_and_pack
 
     rng = np.random.default_rng(1)
     _, convs = _fused(ragged_cnn(), tmp_path, llvm_target)
@@ -408,7 +419,7 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
         inline_all_but_outputs(probe)
         (block,) = [b for b in probe.get_child_blocks(probe.get_sblock("root")) if REDUCE in iter_types(probe, b)]
         lanes, registers = vector_lanes(llvm_target.target), vector_registers(llvm_target.target)
-        block = pad_activations(probe, block, lanes, registers)
+        block = pad_and_pack(probe, block, lanes, registers)
         exts = contraction_loops(probe, block)[2]
         rules = default_tiles(exts, lanes, registers, contraction_facts(probe, block))
         for sketch in sketches:
@@ -434,7 +445,7 @@ def test_a_contraction_of_two_activations_at_a_ragged_length_runs_padded_to_whol
     from tvmfuse import verify
     from tvmfuse.compile import build
     from tvmfuse.kernels import get
-    from tvmfuse.kernels.cpu.pad import padded_extents
+    from tvmfuse.kernels.cpu.activations import padded_extents
 
     assert padded_extents([1, 12, 197, 197], 16, 32) == [1, 12, 210, 208]
     assert padded_extents([1, 12, 197, 197], 8, 16) == [1, 12, 200, 200]
@@ -449,6 +460,46 @@ def test_a_contraction_of_two_activations_at_a_ragged_length_runs_padded_to_whol
     assert "_pad = T.sblock_alloc_buffer" in text and "T.vectorized" in text, text
     built = build(fused, target=llvm_target, database=None)
     feeds = {"x": RNG.standard_normal([1, 37, 32]).astype(np.float32)}
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    got = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params).numpy()
+    assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4
+
+
+def test_the_column_operand_of_two_activations_is_packed_into_vector_panels(llvm_target):
+    """Scores at 128 tokens, 2 heads of 64 (a 32 KB panel a head): K^T is copied into [N / lanes, K, lanes] panels
+    at each call and the tiles read those; the result matches the plain lowering. At 32 tokens it stays as it is."""
+    from tvm import te
+
+    from tvmfuse.kernels import get
+    from tvmfuse.target import vector_lanes
+    from tvmfuse.tune.check import check_kernel
+
+    def scores_kernel(tokens):
+        q = te.placeholder((1, 2, tokens, 64), "float32", name="q")
+        k = te.placeholder((1, 2, 64, tokens), "float32", name="k")
+        r = te.reduce_axis((0, 64), name="r")
+        s = te.compute((1, 2, tokens, tokens), lambda n, h, i, j: te.sum(q[n, h, i, r] * k[n, h, r, j], axis=r),
+                       name="s")
+        return tvm.IRModule({"main": te.create_prim_func([q, k, s]).with_attr("global_symbol", "main")})
+
+    lanes = vector_lanes(llvm_target.target)
+    mod = scores_kernel(128)
+    sch = get("cpu").traced_kernel(mod, llvm_target.target)
+    text = sch.mod.script()
+    assert f"k_global = T.sblock_alloc_buffer((1, 2, {128 // lanes}, 64, {lanes}))" in text, text
+    assert check_kernel(mod, sch.mod, llvm_target).ok
+    assert "k_global" not in get("cpu").traced_kernel(scores_kernel(32), llvm_target.target).mod.script()
+
+
+def test_1d_convs_run_channels_last_on_cpus_and_match_onnxruntime(tmp_path, llvm_target):
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+
+    path, fused = _fused(conv1d(), tmp_path, llvm_target)
+    convs = [f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "conv1d" in gv.name_hint]
+    assert len(convs) == 2 and all("conv1d_nwc" in f.script() for f in convs)
+    built = build(fused, target=llvm_target, database=None)
+    feeds = {"x": RNG.standard_normal([1, 20, 150]).astype(np.float32)}
     vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
     got = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params).numpy()
     assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4

@@ -64,6 +64,8 @@ class CostModel:
         reads its operands contiguously along K), or None to keep the model's layout
     conv_kernel_layout : the filters' layout in a channels-last conv: OHWI (GPUs: K contiguous for the implicit
         GEMM) or HWIO (CPUs: output channels contiguous, the axis the CPU default vectorises)
+    conv1d_kernel_layout : with ``conv_layout`` set, 1-D convolutions run NWC with filters in this layout (WIO on
+        CPUs); None keeps them as the model has them (GPUs: no conv template reads a 1-D conv)
     im2col_k : channels-last convs with fewer than 16 input channels (a stem's 3) run as an im2col kernel and a
         GEMM where their K, padded to 64, is at most this; 0: never
     im2col_pixels : with ``im2col_k`` set, convs of at most this many output pixels (any channels, type and K) run
@@ -87,6 +89,7 @@ class CostModel:
     attention_decline: object = None   # a reason (str), or a function of the AttentionSpec giving one
     conv_layout: str | None = None
     conv_kernel_layout: str = "OHWI"
+    conv1d_kernel_layout: str | None = None
     im2col_k: int = 0
     im2col_pixels: int = 0
     im2col_untemplated_pixels: int = 0
@@ -120,7 +123,8 @@ class CostModel:
             # attention unfused: its GEMMs and softmax take the CPU default; the fused online-softmax kernel has no
             # CPU schedule and ran scalar (BERT-style 2x128, hidden 256: 14 ms a layer against 2 ms unfused)
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1),
-                       conv_layout="NHWC", conv_kernel_layout="HWIO", pad_channels_to=vector_lanes(target.target),
+                       conv_layout="NHWC", conv_kernel_layout="HWIO", conv1d_kernel_layout="WIO",
+                       pad_channels_to=vector_lanes(target.target),
                        attention_decline="on CPUs the unfused GEMMs and softmax run the CPU default schedules, "
                                          "the fused attention kernel has none")
         return base if not overrides else cls(**{**base.__dict__, **overrides})

@@ -197,7 +197,8 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
     layout = getattr(cost_model, "conv_layout", None)
     if layout == "NHWC":
         mod = rewrites.channels_last(mod, log=log,
-                                        kernel_layout=getattr(cost_model, "conv_kernel_layout", "OHWI"))
+                                     kernel_layout=getattr(cost_model, "conv_kernel_layout", "OHWI"),
+                                     conv1d_kernel_layout=getattr(cost_model, "conv1d_kernel_layout", None))
         dump("channels_last", mod)
         if getattr(cost_model, "im2col_k", 0):
             mod = rewrites.im2col_narrow_convs(mod, log=log, limit_k=cost_model.im2col_k,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.base import KernelTemplate
-from tvmfuse.kernels.cpu.pad import pad_activations
+from tvmfuse.kernels.cpu.activations import pad_and_pack
 from tvmfuse.kernels.cpu.schedule import (inner_spatial_extent, loops_are_iters, dtype_bits, is_contraction,
                                           pack_weights, schedule_contraction, schedule_norm_rows, schedule_pointwise,
                                           schedule_rows)
@@ -52,7 +52,7 @@ def cpu_schedule(mod, target, cores: int):
         if not loops_are_iters(sch, block):
             return None
         lanes, registers = lanes_of(dtype_bits(sch, block)), vector_registers(target)
-        block = pad_activations(sch, block, lanes, registers)
+        block = pad_and_pack(sch, block, lanes, registers)
         schedule_contraction(sch, block, lanes, registers=registers)
         return sch, "contraction"
     if contractions:

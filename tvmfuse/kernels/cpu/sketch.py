@@ -18,7 +18,7 @@ contraction the sketch raises and the space falls back to MetaSchedule's stock C
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.cpu.pad import pad_activations
+from tvmfuse.kernels.cpu.activations import pad_and_pack
 from tvmfuse.kernels.cpu.schedule import (contraction_facts, contraction_loops, default_tiles, dtype_bits,
                                           is_contraction, left_to_llvm, row_axis_of, schedule_contraction)
 from tvmfuse.kernels.knobs import Knob, sample
@@ -44,8 +44,8 @@ def contraction_sketches(sch, space, info: dict) -> list:
     name = sch.get(reductions[0]).name_hint
     lanes = max(1, int(info["vector_bits"]) // dtype_bits(sch, reductions[0]))
     registers = int(info.get("vector_registers", 16))
-    # padded as the default pads it, so its tiles are among the sketch's
-    block = pad_activations(sch, reductions[0], lanes, registers)
+    # padded and packed as the default is, so its tiles are among the sketch's
+    block = pad_and_pack(sch, reductions[0], lanes, registers)
     _, reduce, exts = contraction_loops(sch, block)
     facts = contraction_facts(sch, block)
     default = default_tiles(exts, lanes, registers, facts)
