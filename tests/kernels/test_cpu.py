@@ -503,3 +503,23 @@ def test_1d_convs_run_channels_last_on_cpus_and_match_onnxruntime(tmp_path, llvm
     vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
     got = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params).numpy()
     assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4
+
+
+def test_a_softmax_row_no_vector_divides_keeps_partial_sums_of_a_divisor(llvm_target):
+    """Softmax over 100-wide rows (no 16- or 8-lane vector divides 100): its max and sum keep 20 partial results (a
+    divisor of the row; a guarded vector's partial results read past the row), vectorised, and match the plain
+    lowering; a prime width keeps the scalar chains."""
+    from tvm import te, topi
+
+    from tvmfuse.kernels import get
+    from tvmfuse.kernels.cpu.schedule import row_lanes
+    from tvmfuse.tune.check import check_kernel
+
+    assert row_lanes(1500, 16) == 20 and row_lanes(100, 16) == 20 and row_lanes(100, 8) == 10
+    assert row_lanes(128, 16) == 16 and row_lanes(197, 16) is None
+    x = te.placeholder((2, 100, 100), "float32", name="x")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, topi.nn.softmax(x)]).with_attr("global_symbol", "main")})
+    sch = get("cpu").traced_kernel(mod, llvm_target.target)
+    text = sch.mod.script()
+    assert text.count("_rf = T.sblock_alloc_buffer") == 2 and "T.vectorized" in text, text
+    assert check_kernel(mod, sch.mod, llvm_target).ok

@@ -457,6 +457,19 @@ def _product(sch, loops) -> int:
     return n
 
 
+def row_lanes(width: int, lanes: int) -> int | None:
+    """The partial results a row's reductions keep (and the vector its elementwise passes take): ``lanes``, or
+    where no whole vector divides the row, the divisor between half a vector and two that LLVM splits into the
+    fewest legal parts (1500 frames: 20, a vector and a quarter), or None (197, a prime: scalar chains). A split
+    with a guarded last part cannot serve: TVM's compute_at drops the guard of an rfactor block (the last part
+    read the next row)."""
+    if width % lanes == 0:
+        return lanes
+    fits = [d for d in range(lanes // 2, 2 * lanes + 1) if width % d == 0]
+    whole = [d for d in fits if d % max(1, lanes // 4) == 0]
+    return max(whole or fits, default=None)
+
+
 def schedule_norm_rows(sch, lanes: int, cores: int) -> None:
     """Several reductions of a row (softmax, LayerNorm, RMSNorm) with the row as the output's innermost axis: the
     rows in parallel, every block computed at its row (a row of intermediates stays in L1), the elementwise
@@ -475,9 +488,10 @@ def schedule_norm_rows(sch, lanes: int, cores: int) -> None:
         if REDUCE in types and (types[-1] != REDUCE or types.count(REDUCE) != 1
                                 or _extent(sch, sch.get_loops(b)[-1]) != width):
             raise ValueError("a reduction that is not along the output's rows")
-    if width % lanes == 0 and width >= 2 * lanes:
+    part = row_lanes(width, lanes)
+    if part and width >= 2 * part:
         for b in [b for b in sch.get_child_blocks(root) if REDUCE in iter_types(sch, b)]:
-            _, lane = sch.split(sch.get_loops(b)[-1], [None, lanes])
+            _, lane = sch.split(sch.get_loops(b)[-1], [None, part])
             try:
                 sch.rfactor(lane, factor_axis=len(iter_types(sch, b)) - 1)
             except Exception:  # noqa: BLE001 - a reduction rfactor refuses keeps its scalar chain
@@ -501,8 +515,11 @@ def schedule_norm_rows(sch, lanes: int, cores: int) -> None:
         if not inner:  # a per-row scalar (the mean): its only loop is the row itself
             continue
         if all(t == DATA_PAR for t in types):
-            vectorize_last(sch, b, lanes)
-        elif REDUCE in types and types[-2:-1] == [DATA_PAR] and len(inner) == 2 and _extent(sch, inner[0]) == lanes:
+            if part and part != lanes and _extent(sch, inner[-1]) == width:
+                sch.vectorize(sch.split(inner[-1], [None, part])[1])
+            else:
+                vectorize_last(sch, b, lanes)
+        elif REDUCE in types and types[-2:-1] == [DATA_PAR] and len(inner) == 2 and _extent(sch, inner[0]) == part:
             # an rfactor block: (lane, chunk) loops under the row; the lane loop innermost and vectorised
             sch.reorder(inner[1], inner[0])
             sch.vectorize(inner[0])
