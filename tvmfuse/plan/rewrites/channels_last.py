@@ -27,7 +27,8 @@ def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_k
     ])(mod)
     added = count_calls(mod, "relax.permute_dims") - before
     mod, cancelled = compose_transposes(mod)
-    log.notes.append(f"convolutions run channels-last (NHWC / NWC): {added} layout transposes added at the edges"
+    names = " / ".join(layout for layout, _ in layouts.values())
+    log.notes.append(f"convolutions run channels-last ({names}): {added} layout transposes added at the edges"
                      + (f"; {cancelled} transposes that undid each other removed" if cancelled else ""))
     return mod
 
