@@ -509,3 +509,31 @@ def test_a_softmax_row_no_vector_divides_keeps_partial_sums_of_a_divisor(llvm_ta
     text = sch.mod.script()
     assert text.count("_rf = T.sblock_alloc_buffer") == 2 and "T.vectorized" in text, text
     assert check_kernel(mod, sch.mod, llvm_target).ok
+
+
+def test_an_embedding_kept_beside_its_rmsnorm_is_split_into_kernels_the_cpu_default_takes(tmp_path, llvm_target):
+    """LLaMA's first kernel: the embedding (kept as the residual) and its RMSNorm would store two results, which
+    no row rule reads (it ran TVM's plain lowering); planned apart, each kernel takes the CPU default, and the
+    build matches onnxruntime."""
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("Mul", ["e", "e"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["v"]), helper.make_node("Sqrt", ["v"], ["rms"]),
+             helper.make_node("Div", ["e", "rms"], ["n"]), helper.make_node("Mul", ["n", "g"], ["ng"]),
+             helper.make_node("MatMul", ["ng", "w"], ["h"]), helper.make_node("Add", ["h", "e"], ["y"])]
+    inits = [_w("table", [100, 64]), _w("g", [64]), _w("w", [64, 64], 0.1),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    path, fused = _fused(model, tmp_path, llvm_target)
+    built = build(fused, target=llvm_target, database=None)
+    assert built.kernels and all(k.schedule == "cpu-default" for k in built.kernels), built.kernels
+    feeds = {"ids": RNG.integers(0, 100, (1, 24)).astype(np.int64)}
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    got = vm["main"](tvm.runtime.tensor(feeds["ids"]), *built.lifted_params).numpy()
+    assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4

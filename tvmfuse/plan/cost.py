@@ -77,8 +77,9 @@ class CostModel:
     pad_channels_to : GEMMs and channels-last convs with a constant weight whose output channels this many lanes
         do not divide run on the weight zero-padded to a multiple of them (the CPU's vector width); 0: never
     reduction_results : the most results a kernel holding a reduction may store (0: no limit). The GPU's row
-        templates store one; a second (an embedding's sum kept as the residual beside its RMSNorm) left the
-        kernel to dlight's Fallback, one thread an output
+        templates and the CPU default's row rules store one; a second (an embedding's sum kept as the residual
+        beside its RMSNorm) left the kernel to dlight's Fallback, one thread an output, or on the CPU to TVM's
+        plain lowering
     """
 
     launch_bytes: int = 1 << 20
@@ -122,7 +123,11 @@ class CostModel:
             # (7 or 4 pixels in a MobileNet's last stages) to vectorise
             # attention unfused: its GEMMs and softmax take the CPU default; the fused online-softmax kernel has no
             # CPU schedule and ran scalar (BERT-style 2x128, hidden 256: 14 ms a layer against 2 ms unfused)
+            # a row kernel storing two results (LLaMA's embedding kept as the residual beside its RMSNorm) is
+            # none the CPU default's row rules read: it ran TVM's plain lowering, scalar and on one thread
+            # (417 us at 128 x 2048); split, each part takes a default
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1),
+                       reduction_results=1,
                        conv_layout="NHWC", conv_kernel_layout="HWIO", conv1d_kernel_layout="WIO",
                        pad_channels_to=vector_lanes(target.target),
                        attention_decline="on CPUs the unfused GEMMs and softmax run the CPU default schedules, "
