@@ -537,3 +537,22 @@ def test_an_embedding_kept_beside_its_rmsnorm_is_split_into_kernels_the_cpu_defa
     vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
     got = vm["main"](tvm.runtime.tensor(feeds["ids"]), *built.lifted_params).numpy()
     assert verify.relative_error(got, verify.run_onnxruntime(path, feeds)[0]) < 1e-4
+
+
+def test_an_rmsnorm_row_keeps_vector_partial_sums(llvm_target):
+    """RMSNorm's one reduction (the sum of squares) along the output's rows: vector partial sums (``rfactor``) as
+    LayerNorm's two, not one chain of dependent adds a row; it matches the plain lowering."""
+    from tvm import te
+
+    from tvmfuse.kernels import get
+    from tvmfuse.tune.check import check_kernel
+
+    x = te.placeholder((8, 256), "float32", name="x")
+    g = te.placeholder((256,), "float32", name="g")
+    k = te.reduce_axis((0, 256), name="k")
+    ss = te.compute((8, 1), lambda i, _: te.sum(x[i, k] * x[i, k], axis=k), name="ss")
+    y = te.compute((8, 256), lambda i, j: x[i, j] / te.sqrt(ss[i, 0] / 256.0 + 1e-6) * g[j], name="y")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, g, y]).with_attr("global_symbol", "main")})
+    sch = get("cpu").traced_kernel(mod, llvm_target.target)
+    assert "ss_rf = T.sblock_alloc_buffer" in sch.mod.script(), sch.mod.script()
+    assert check_kernel(mod, sch.mod, llvm_target).ok
