@@ -1,7 +1,8 @@
 """The CPU default: the kernel an untuned llvm build runs for every kernel class (pointwise chains, row
 reductions, GEMMs and convs), parallel over the target's cores and vectorised at its vector width
 (``schedule``). Without it an untuned CPU kernel kept TVM's plain lowering: scalar, single-threaded loops
-(MobileNetV2-style CNN at 112x112: 51 ms against onnxruntime's 2.8 ms).
+(MobileNetV2-style CNN at 112x112: 51 ms against onnxruntime's 2.8 ms). :func:`cpu_schedule` picks the rules by
+the kernel's blocks; a contraction of two activations (attention's) is first padded and packed (``activations``).
 
 GEMMs and convs are tuned over ``sketch``: the default's register block, packed width, reduction unroll and loop
 order as knobs (``search_spaces/llvm.yaml``); every other class over MetaSchedule's stock CPU space. The tuner
