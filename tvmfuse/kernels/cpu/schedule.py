@@ -55,6 +55,12 @@ def _vector_tile(extent: int, lanes: int, vectors: int = 2) -> int:
     return max(d for d in range(1, 2 * lanes + 1) if extent % d == 0)
 
 
+def longest_rows(registers: int) -> int:
+    """The most register rows a tile takes: 14 with AVX-512's 32 vector registers, 8 with 16
+    (:func:`contraction_tiles`)."""
+    return 14 if registers >= 32 else 8
+
+
 def row_tile(extent: int, most: int) -> int:
     return next(t for t in range(most, 0, -1) if extent % t == 0)
 
@@ -290,7 +296,7 @@ def contraction_tiles(exts: list[int], lanes: int, registers: int = 16, ragged: 
     wide = registers >= 32
     cap = 12 if vt * 2 <= lanes else (14 if wide else 8) if vt <= lanes else (7 if wide else 6)
     ragged_cap = 12 if vt * 2 <= lanes else 8 if vt <= lanes else 6
-    longest = 14 if wide else 8
+    longest = longest_rows(registers)
     tiles = {len(exts) - 1: vt}
     if row_axis is not None:
         tiles[row_axis] = row_tile(exts[row_axis], min(cap, longest))
@@ -433,12 +439,13 @@ def _inline_single_use(sch) -> None:
     """Inline every elementwise intermediate with one consumer (softmax's shift into its exp, LayerNorm's body into
     its reshape); one with several consumers (softmax's exp: its sum and the quotient) stays a row-sized buffer."""
     root = sch.get_sblock("root")
-    outputs = {id(sch.get(b)) for b in sch.get_output_blocks(root)}
+    # by name: the id of a block's Python wrapper is reused once the wrapper is freed, and matched another block
+    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
     done = False
     while not done:
         done = True
         for b in sch.get_child_blocks(root):
-            if id(sch.get(b)) in outputs or any(t != DATA_PAR for t in iter_types(sch, b)):
+            if sch.get(b).name_hint in outputs or any(t != DATA_PAR for t in iter_types(sch, b)):
                 continue
             if len(sch.get_consumers(b)) != 1:
                 continue
