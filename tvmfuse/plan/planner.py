@@ -275,20 +275,22 @@ def reduced_params(func: PrimFunc) -> set[int] | None:
     if any(sch.get_child_blocks(b) for b in blocks):
         return None
     reduce_type = tvm.tirx.IterVar.CommReduce
-    reducing = [any(int(iv.iter_type) == reduce_type for iv in sch.get(b).iter_vars) for b in blocks]
+    # each block: (whether it reduces, the buffers it reads, the buffers it writes)
+    facts = [(any(int(iv.iter_type) == reduce_type for iv in b.iter_vars), [r.source for r in b.reads],
+              [w.source for w in b.writes]) for b in map(sch.get, blocks)]
     reached = set()
     for i, param in enumerate(func.params):
         # TVM 0.27's parameters are the buffers themselves; earlier ones map to them
         todo, seen = [func.buffer_map[param] if hasattr(func, "buffer_map") else param], set()
         while todo and i not in reached:
             buf = todo.pop()
-            for j, b in enumerate(blocks):
-                if j in seen or not any(r.source.same_as(buf) for r in sch.get(b).reads):
+            for j, (reduces, reads, writes) in enumerate(facts):
+                if j in seen or not any(r.same_as(buf) for r in reads):
                     continue
                 seen.add(j)
-                if reducing[j]:
+                if reduces:
                     reached.add(i)
-                todo.extend(w.source for w in sch.get(b).writes)
+                todo.extend(writes)
     return reached
 
 

@@ -19,7 +19,10 @@ encoder) 34.2 -> 6.9 ms, 512 tokens 3.66 -> 0.89 ms, 197 tokens 255 -> 193 us, 1
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.cpu.schedule import contraction_loops, dtype_bits, is_contraction, row_tile, vectorize_last
+import math
+
+from tvmfuse.kernels.cpu.schedule import (contraction_loops, dtype_bits, is_contraction, longest_rows, row_tile,
+                                          vectorize_last)
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE
 
 # an operand whose K x N panel (one batch's) is at most this many bytes is read as it is: it stays in L1
@@ -31,10 +34,7 @@ MOST_PADDED_WORK = 1.5
 
 
 def _work(padded: list[int], exts: list[int]) -> float:
-    work = 1.0
-    for p, e in zip(padded, exts):
-        work *= p / e
-    return work
+    return math.prod(p / e for p, e in zip(padded, exts))
 
 
 def padded_extents(exts: list[int], lanes: int, registers: int) -> list[int] | None:
@@ -49,7 +49,7 @@ def padded_extents(exts: list[int], lanes: int, registers: int) -> list[int] | N
     padded[last] = -(-exts[last] // lanes) * lanes
     if _work(padded, exts) > MOST_PADDED_WORK:
         return None
-    longest = 14 if registers >= 32 else 8   # the rules' longest register row (schedule.contraction_tiles)
+    longest = longest_rows(registers)
     row = next((i for i in range(last - 1, -1, -1) if exts[i] > 1), None)
     if row is not None and exts[row] > longest and row_tile(exts[row], longest) < longest // 2:
         rows = list(padded)

@@ -15,10 +15,11 @@ def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_k
     the conv stack. With ``conv1d_kernel_layout`` (WIO on CPUs) 1-D convolutions run NWC too: an NCW conv's
     vector ran along time, half a vector where no whole one divides the frames (Whisper's stem, 3000 frames:
     4 GMAC/s on the 2-core EPYC)."""
-    layouts = {"relax.nn.conv2d": ["NHWC", kernel_layout]}
-    if conv1d_kernel_layout and count_calls(mod, "relax.nn.conv1d"):
-        layouts["relax.nn.conv1d"] = ["NWC", conv1d_kernel_layout]
-    if not any(count_calls(mod, op) for op in layouts):
+    wanted = {"relax.nn.conv2d": ["NHWC", kernel_layout]}
+    if conv1d_kernel_layout:
+        wanted["relax.nn.conv1d"] = ["NWC", conv1d_kernel_layout]
+    layouts = {op: layout for op, layout in wanted.items() if count_calls(mod, op)}
+    if not layouts:
         return mod
     before = count_calls(mod, "relax.permute_dims")
     mod = tvm.transform.Sequential([
