@@ -352,7 +352,9 @@ def compile_command(
         if machine.get("arch") and machine["arch"] != _host_arch():
             out.print(f"built for {machine['triple']} (another machine: `tvmfuse run` it there)", highlight=False)
         out.print(f"manifest digest: {report['manifest_digest']} (pin it: tvmfuse run --expect-digest)")
-        out.print(f"{len(rows) - n_untuned}/{len(rows)} kernels run a tuned schedule"
+        n_pre = sum(k["schedule"] == "prescheduled" for k in report["kernels"])
+        out.print(f"{len(rows) - n_untuned - n_pre}/{len(rows)} kernels run a tuned schedule"
+                  + (f"; {n_pre} run topi's own schedule (sorts, scans: prescheduled)" if n_pre else "")
                   + (f"; untuned: {', '.join(report['untuned'][:5])}{' ...' if n_untuned > 5 else ''}" if n_untuned else ""))
 
 

@@ -7,7 +7,8 @@ before the memory check.
 2. check every external-data reference (``external_data.py``: inside the folder, no links, sizes fit);
 3. refuse inputs larger than this machine's available memory ("input too large for this machine");
 4. apply graph fix-ups (``fixups.py``) so exporter quirks validate;
-5. bind static input shapes (``shapes.py``), then the onnx checker and strict shape inference
+5. bind static input shapes (``shapes.py``), fold the shape arithmetic they make constant (``fold.py``),
+   then the onnx checker and strict shape inference
    (the full check) on a weight-free skeleton of the graph;
 6. read the external data, now checked, into the protobuf.
 
@@ -27,13 +28,16 @@ from onnx import helper as onnx_helper
 from tvmfuse.errors import ModelError
 from tvmfuse.frontend.external_data import check_external_data, is_external, load_external_data, tensor_nbytes
 from tvmfuse.frontend.fixups import apply_fixups, value_types
+from tvmfuse.frontend.fold import fold_shape_arithmetic
 from tvmfuse.frontend.precision import check_precision
 from tvmfuse.frontend.precision import convert as convert_precision
 from tvmfuse.frontend.shapes import bind_input_shapes
+from tvmfuse.frontend.value_ranges import index_bounds
 
 _MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit; larger models need external data
 _MEMORY_FACTOR = 3  # weights are held as protobuf bytes, numpy and a TVM constant while importing
-_SKELETON_KEEP_ELEMS = 4096  # initializers up to this size stay in the skeleton (shape constants)
+_SKELETON_KEEP_ELEMS = 4096
+_FOLD_ROUNDS = 4  # initializers up to this size stay in the skeleton (shape constants)
 
 
 @dataclass(frozen=True)
@@ -41,13 +45,17 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    high: int | None = None   # an integer input's exclusive upper bound where the graph gives one (value_ranges.py)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        return d if self.high is None else {**d, "high": self.high}
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorSpec":
-        return cls(name=d["name"], shape=tuple(int(x) for x in d["shape"]), dtype=d["dtype"])
+        high = d.get("high")
+        return cls(name=d["name"], shape=tuple(int(x) for x in d["shape"]), dtype=d["dtype"],
+                   high=None if high is None else int(high))
 
 
 @dataclass(frozen=True)
@@ -233,6 +241,14 @@ def _validate(model: onnx.ModelProto, name: str, folder: Path) -> onnx.ModelProt
         raise ModelError(f"invalid ONNX model {name} (shape inference): {_first_line(err)}") from None
 
 
+def _inferred(sk: onnx.ModelProto) -> onnx.ModelProto:
+    """Lenient shape inference with value propagation; a graph it cannot type is judged by ``_validate``."""
+    try:
+        return onnx.shape_inference.infer_shapes(sk, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - InferenceError and others
+        return sk
+
+
 def _check_value_sizes(inferred: onnx.ModelProto, budget: int) -> None:
     """Refuse a graph whose inputs or intermediates alone would not fit in memory."""
     g = inferred.graph
@@ -289,14 +305,24 @@ def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict, 
     _check_embedded(model)
     fixups = apply_fixups(model, value_types(_skeleton(model, folder)))
     shapes = bind_input_shapes(model, input_shapes)
+    folded = 0
+    for _ in range(_FOLD_ROUNDS):   # a folded value can make the next shapes static (a rotary table's length)
+        more = fold_shape_arithmetic(model, _inferred(_skeleton(model, folder)))
+        folded += more
+        if not more:
+            break
+    if folded:
+        fixups += (f"shape-arithmetic-folded x{folded}",)
     inferred = _validate(model, path.name, folder)
     _check_value_sizes(inferred, budget)
     load_external_data(model, folder)
     model = convert_precision(model, precision)
 
     init_names = {init.name for init in model.graph.initializer}
+    bounds = index_bounds(model)
     inputs = tuple(
-        TensorSpec(vi.name, shapes[vi.name], _dtype_name(vi.type.tensor_type.elem_type, f"input '{vi.name}'"))
+        TensorSpec(vi.name, shapes[vi.name], _dtype_name(vi.type.tensor_type.elem_type, f"input '{vi.name}'"),
+                   bounds.get(vi.name))
         for vi in model.graph.input if vi.name not in init_names
     )
     inferred_out = {vi.name: vi for vi in inferred.graph.output}

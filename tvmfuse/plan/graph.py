@@ -212,6 +212,11 @@ def _param_bytes(param) -> int:
     return n * np.dtype(str(param.dtype)).itemsize
 
 
+def static_params(func: PrimFunc) -> bool:
+    """Whether every parameter's shape is a constant (topi's GPU scans take any shape: symbolic dims)."""
+    return all(isinstance(d, (int, tvm.tirx.IntImm)) for p in func.params for d in (getattr(p, "shape", None) or ()))
+
+
 def kernel_bytes(func: PrimFunc) -> int:
     """HBM bytes a kernel moves at best: each parameter buffer read or written once."""
     return sum(_param_bytes(p) for p in func.params)

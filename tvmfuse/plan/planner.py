@@ -18,7 +18,8 @@ from tvmfuse._tvm import PrimFunc, RelaxConstant, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
-from tvmfuse.plan.graph import CONV, GEMM, NORM, NOT_KERNEL, REDUCE, Graph, build_graph, kernel_bytes
+from tvmfuse.plan.graph import (CONV, GEMM, NORM, NOT_KERNEL, REDUCE, Graph, build_graph, kernel_bytes,
+                                static_params)
 from tvmfuse.plan.legality import can_fuse, results_stored, whole_tensor
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify
@@ -174,7 +175,34 @@ class _Dump:
         (self.folder / f"{self.k:02d}_{phase}.py").write_text(mod.script(show_meta=False))
 
 
+def _sorts_and_scans(mod, target: TargetInfo):
+    """Sort, argsort, top-k, cumsum and cumprod as topi's kernels for the target (RoBERTa's and OPT's position ids
+    are a cumsum of the mask): TVM 0.27's LegalizeOps has no entry for them. topi writes these kernels scheduled
+    (a serial scan a row, or a GPU scan), with no block to schedule, so they are marked scheduled: no rule or
+    search of tvmfuse's touches them, and the build reports them as ``prescheduled``."""
+    before = {gv.name_hint for gv in mod.functions}
+    with target.target:
+        mod = relax.backend.DispatchSortScan()(mod)
+    new = [gv for gv, f in mod.functions.items() if gv.name_hint not in before and isinstance(f, PrimFunc)]
+    for gv in new:
+        mod[gv] = _rooted(mod[gv]).with_attr("tirx.is_scheduled", True)
+    return mod
+
+
+def _rooted(func: PrimFunc) -> PrimFunc:
+    """``func`` with a block named ``root`` at the top. topi's extern kernels (the CPU scan) have their one opaque
+    block there instead, and passes that look the root up by name (the weight packing's SplitLayoutRewritePreproc,
+    a schedule's ``get_sblock("root")``) fail on them."""
+    from tvm import s_tir
+
+    body = func.body
+    if isinstance(body, s_tir.SBlockRealize) and body.block.name_hint == "root":
+        return func
+    return func.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", body)))
+
+
 def _legalize(mod, target: TargetInfo):
+    mod = _sorts_and_scans(mod, target)
     seq = tvm.transform.Sequential([
         legalize_ops(cpu=not target.is_gpu),
         relax.transform.AnnotateTIROpPattern(),
@@ -354,7 +382,8 @@ def _report(graph: Graph, fused, grouping: Grouping, name_of: dict, log: Rewrite
             k += 1
             name = f"{kernel}#{k}"
         used_names.add(name)
-        b_fused = bytes_fused(graph, members) if kernel not in prims else _prim_bytes(prims[kernel])
+        b_fused = _prim_bytes(prims[kernel]) if kernel in prims and static_params(prims[kernel]) \
+            else bytes_fused(graph, members)
         groups.append(Group(name=name, pattern=classify(members, tags), ops=tuple(ops), bytes_unfused=unfused,
                             bytes_fused=b_fused, kernel=kernel, notes=tuple(notes),
                             score=float(grouping.scores.get(id(c), 0.0))))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvmfuse._tvm import estimate_flops, ms, structural_hash, tvm
+from tvmfuse._tvm import estimate_flops, is_scheduled, ms, structural_hash, tvm
 from tvmfuse.target import TargetInfo
 
 
@@ -27,10 +27,14 @@ class Kernel:
 
 
 def extract_kernels(fused_mod: tvm.IRModule, *, target: TargetInfo) -> list[Kernel]:
-    """One :class:`Kernel` per structurally distinct PrimFunc the Relax ``main`` calls."""
+    """One :class:`Kernel` per structurally distinct PrimFunc the Relax ``main`` calls, less those scheduled where
+    they were made (topi's sorts and scans: the build runs them as they are, ``prescheduled``, so a record of
+    theirs would never be applied)."""
     tasks = ms.relax_integration.extract_tasks(fused_mod, target.target)
     kernels = []
     for task in tasks:
+        if is_scheduled(task.dispatched[0]["main"]):
+            continue
         try:
             flops = estimate_flops(task.dispatched[0])
         except Exception:  # noqa: BLE001 - TVM's estimator rejects some loop nests; weigh those as 0

@@ -36,18 +36,31 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(diff / denom) if denom > 0 else float(diff)
 
 
+def padding_mask(shape) -> np.ndarray:
+    """A tokenizer's attention mask: ones, with the last quarter of the last sequence's positions padding (0)."""
+    mask = np.ones(shape, dtype=np.int64)
+    if len(shape) >= 2 and shape[0] > 1 and shape[-1] >= 4:
+        mask[-1, ..., shape[-1] - shape[-1] // 4:] = 0
+    return mask
+
+
 def random_inputs(specs, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """Standard-normal floats and small non-negative integers, by each spec's shape and dtype."""
+    """Inputs the model accepts, by each spec's shape and dtype: standard-normal floats; integers in
+    ``[0, high)`` where the spec bounds them (the rows of the table they index), else in ``[0, 4)``; an integer or
+    boolean input named like a mask (``attention_mask``) is :func:`padding_mask`."""
     rng = np.random.default_rng(seed)
     out = {}
     for s in specs:
         name, shape, dtype = (s["name"], s["shape"], s["dtype"]) if isinstance(s, dict) else (s.name, s.shape, s.dtype)
+        high = s.get("high") if isinstance(s, dict) else getattr(s, "high", None)
         if np.issubdtype(np.dtype(dtype), np.floating):
             out[name] = rng.standard_normal(shape).astype(dtype)
+        elif "mask" in name.lower():
+            out[name] = padding_mask(shape).astype(dtype)
         elif dtype == "bool":
             out[name] = rng.random(shape) > 0.5
         else:
-            out[name] = rng.integers(0, 4, size=shape).astype(dtype)
+            out[name] = rng.integers(0, high or 4, size=shape).astype(dtype)
     return out
 
 

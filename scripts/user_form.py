@@ -1,0 +1,150 @@
+"""Hugging Face models exported the way most published ONNX files were made: the TorchScript exporter
+(``dynamo=False``), opset 17, dynamic ``batch`` / ``sequence`` axes, and the inputs a tokenizer gives
+(``input_ids``, ``attention_mask``, ``token_type_ids`` where the model takes them).
+
+``scripts/model_zoo.py`` exports static single-input graphs with the dynamo exporter; these exports compute every
+reshape and mask from ``Shape`` of their inputs, and their position ids from a cumsum of the mask (RoBERTa, OPT),
+which is what tvmfuse's frontend has to fold (``tvmfuse/frontend/fold.py``). Random weights, seed 0.
+
+    /tmp/xvenv/bin/python scripts/user_form.py --out /tmp/hf                      # every architecture, small
+    /tmp/xvenv/bin/python scripts/user_form.py --out tests/fixtures/user_form --tiny --models roberta bert gemma
+    tvmfuse bench /tmp/hf/roberta.onnx --target llvm --against onnxruntime \\
+        --input-shape input_ids=2x16 --input-shape attention_mask=2x16
+
+Each export writes ``<name>.onnx`` and ``<name>.inputs.npz`` (batch 2, 16 tokens, the second sequence padded).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TEXT2 = ["distilbert", "roberta", "deberta_v2", "mpnet", "opt", "gpt_neo", "bloom", "falcon", "mistral", "qwen2",
+         "phi", "gemma", "clip_text"]
+TEXT3 = ["bert", "albert", "electra", "mobilebert"]           # also token_type_ids
+IMAGES = ["deit", "swin", "convnextv2", "segformer", "beit", "dinov2"]
+AUDIO = ["wav2vec2"]
+MODELS = TEXT2 + TEXT3 + IMAGES + AUDIO
+BATCH, SEQ, VOCAB = 2, 16, 1000
+
+
+def _build(tf, name: str, tiny: bool):
+    width, ffn, layers = (32, 64, 1) if tiny else (64, 128, 2)
+    common = dict(hidden_size=width, num_attention_heads=4, intermediate_size=ffn, num_hidden_layers=layers)
+    text = dict(vocab_size=VOCAB)
+    builders = {
+        "distilbert": lambda: tf.DistilBertModel(tf.DistilBertConfig(dim=width, n_heads=4, hidden_dim=ffn,
+                                                                     n_layers=layers, **text)),
+        "roberta": lambda: tf.RobertaModel(tf.RobertaConfig(**common, **text), add_pooling_layer=False),
+        "deberta_v2": lambda: tf.DebertaV2Model(tf.DebertaV2Config(**common, **text)),
+        "mpnet": lambda: tf.MPNetModel(tf.MPNetConfig(**common, **text), add_pooling_layer=False),
+        "opt": lambda: tf.OPTModel(tf.OPTConfig(hidden_size=width, num_attention_heads=4, ffn_dim=ffn,
+                                                num_hidden_layers=layers, word_embed_proj_dim=width, use_cache=False,
+                                                **text)),
+        "gpt_neo": lambda: tf.GPTNeoModel(tf.GPTNeoConfig(hidden_size=width, num_heads=4, num_layers=2,
+                                                          attention_types=[[["global", "local"], 1]], window_size=8,
+                                                          use_cache=False, **text)),
+        "bloom": lambda: tf.BloomModel(tf.BloomConfig(hidden_size=width, n_head=4, n_layer=layers, use_cache=False,
+                                                      **text)),
+        "falcon": lambda: tf.FalconModel(tf.FalconConfig(hidden_size=width, num_attention_heads=4,
+                                                         num_hidden_layers=layers, use_cache=False, **text)),
+        # grouped K/V heads, rotary embeddings, RMSNorm, SwiGLU
+        "mistral": lambda: tf.MistralModel(tf.MistralConfig(num_key_value_heads=2, use_cache=False, **common, **text)),
+        "qwen2": lambda: tf.Qwen2Model(tf.Qwen2Config(num_key_value_heads=2, use_cache=False, **common, **text)),
+        "phi": lambda: tf.PhiModel(tf.PhiConfig(use_cache=False, **common, **text)),
+        "gemma": lambda: tf.GemmaModel(tf.GemmaConfig(num_key_value_heads=1, head_dim=width // 4, use_cache=False,
+                                                      **common, **text)),
+        "clip_text": lambda: tf.CLIPTextModel(tf.CLIPTextConfig(**common, **text)),
+        "bert": lambda: tf.BertModel(tf.BertConfig(**common, **text), add_pooling_layer=False),
+        "albert": lambda: tf.AlbertModel(tf.AlbertConfig(embedding_size=width // 2, **common, **text),
+                                         add_pooling_layer=False),
+        "electra": lambda: tf.ElectraModel(tf.ElectraConfig(embedding_size=width // 2, **common, **text)),
+        "mobilebert": lambda: tf.MobileBertModel(tf.MobileBertConfig(
+            hidden_size=width, embedding_size=width // 2, num_attention_heads=4, intermediate_size=ffn,
+            num_hidden_layers=layers, intra_bottleneck_size=width // 2, true_hidden_size=width // 2, **text),
+            add_pooling_layer=False),
+        "deit": lambda: tf.DeiTModel(tf.DeiTConfig(image_size=32, patch_size=8, **common), add_pooling_layer=False),
+        "swin": lambda: tf.SwinModel(tf.SwinConfig(image_size=32, patch_size=2, embed_dim=16, depths=[1, 1],
+                                                   num_heads=[2, 2], window_size=4)),
+        "convnextv2": lambda: tf.ConvNextV2Model(tf.ConvNextV2Config(hidden_sizes=[16, 32, 32, 32],
+                                                                     depths=[1, 1, 1, 1], image_size=32)),
+        "segformer": lambda: tf.SegformerModel(tf.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+            decoder_hidden_size=32)),
+        "beit": lambda: tf.BeitModel(tf.BeitConfig(image_size=32, patch_size=8, use_relative_position_bias=True,
+                                                   **common), add_pooling_layer=False),
+        "dinov2": lambda: tf.Dinov2Model(tf.Dinov2Config(image_size=32, patch_size=8, **common)),
+        "wav2vec2": lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+            **common, conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4)),
+    }
+    return builders[name]()
+
+
+def _inputs(torch, name: str):
+    """(tensors, input names, dynamic axes) as a tokenizer or an image / audio pipeline hands them over."""
+    if name in IMAGES:
+        return [torch.randn(BATCH, 3, 32, 32)], ["pixel_values"], {"pixel_values": {0: "batch"}}
+    if name in AUDIO:
+        return [torch.randn(BATCH, 1600)], ["input_values"], {"input_values": {0: "batch", 1: "samples"}}
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+    mask[-1, SEQ - SEQ // 4:] = 0   # the second sequence is padded
+    tensors, names = [ids, mask], ["input_ids", "attention_mask"]
+    if name in TEXT3:
+        tensors.append(torch.zeros(BATCH, SEQ, dtype=torch.int64))
+        names.append("token_type_ids")
+    return tensors, names, {n: {0: "batch", 1: "sequence"} for n in names}
+
+
+def export(out: Path, names: list[str], tiny: bool) -> int:
+    import torch
+    import transformers as tf
+
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in names:
+        torch.manual_seed(0)
+        t0 = time.time()
+        model = _build(tf, name, tiny)
+        if hasattr(model, "config"):
+            model.config._attn_implementation = "eager"   # the attention users export, not SDPA's fused op
+        tensors, input_names, axes = _inputs(torch, name)
+
+        class FirstOutput(torch.nn.Module):   # keyword inputs: GPT-Neo / BLOOM / Falcon take past_key_values second
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, *args):
+                out = self.inner(**dict(zip(input_names, args)))
+                return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+
+        try:
+            with torch.no_grad():
+                torch.onnx.export(FirstOutput(model).eval(), tuple(tensors), str(out / f"{name}.onnx"),
+                                  input_names=input_names, output_names=["output"],
+                                  dynamic_axes={**axes, "output": {0: "batch"}}, opset_version=17, dynamo=False)
+        except Exception as err:  # noqa: BLE001 - report the architecture and go on with the rest
+            print(f"FAILED {name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
+            failed += 1
+            continue
+        np.savez(out / f"{name}.inputs.npz", **{n: t.numpy() for n, t in zip(input_names, tensors)})
+        print(f"exported {name}.onnx ({time.time() - t0:.1f} s)", flush=True)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    ap.add_argument("--tiny", action="store_true", help="hidden 32, one layer: the test fixtures")
+    args = ap.parse_args()
+    return export(args.out, args.models, args.tiny)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Models in the form users have them: Hugging Face exports made with the TorchScript exporter, dynamic batch and
+sequence axes, an attention mask and token types (``scripts/user_form.py --tiny``). Each computes its reshapes and
+masks from ``Shape`` of the inputs and failed TVM's import before the shape arithmetic was folded; RoBERTa's
+position ids are a cumsum of the mask, which TVM's LegalizeOps cannot lower."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvmfuse import verify
+from tvmfuse._tvm import relax, tvm
+from tvmfuse.compile import build
+from tvmfuse.frontend import import_model, load_model
+from tvmfuse.plan import partition
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"
+MODELS = ["roberta", "bert", "gemma", "swin"]
+
+
+def _load(name: str):
+    feeds = dict(np.load(FIXTURES / f"{name}.inputs.npz"))
+    loaded = load_model(FIXTURES / f"{name}.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    return loaded, feeds
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_dynamic_axes_export_builds_untuned_and_matches_onnxruntime(name, llvm_target):
+    loaded, feeds = _load(name)
+    assert any(f.startswith("shape-arithmetic-folded") for f in loaded.fixups), loaded.fixups
+    assert not any(n.op_type == "Shape" for n in loaded.proto.graph.node)
+    fused, _ = partition(import_model(loaded), target=llvm_target)
+    built = build(fused, target=llvm_target, database=None)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    args = [tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs]
+    out = vm["main"](*args, *built.lifted_params)
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    ref = verify.run_onnxruntime(FIXTURES / f"{name}.onnx", feeds)[0]
+    assert np.sqrt(np.mean(ref.astype(np.float64) ** 2)) > 1e-3, "degenerate reference"
+    assert verify.relative_error(got, ref) < 1e-4
+    if name == "roberta":   # the mask's cumsum runs topi's scan, reported as such and never tuned
+        assert [k.schedule for k in built.kernels if k.name == "cumsum"] == ["prescheduled"]
+        assert "cumsum" not in built.untuned
+
+
+def test_generated_inputs_stay_inside_the_tables_they_index():
+    loaded, _ = _load("bert")
+    high = {s.name: s.high for s in loaded.inputs}
+    assert high == {"input_ids": 1000, "attention_mask": None, "token_type_ids": 2}
+    feeds = verify.random_inputs(loaded.inputs, seed=3)
+    assert feeds["input_ids"].max() < 1000 and feeds["input_ids"].max() >= 4   # more of the vocabulary than 0..3
+    assert set(np.unique(feeds["token_type_ids"])) <= {0, 1}
+    mask = feeds["attention_mask"]
+    assert mask.dtype == np.int64 and mask[0].all() and mask[1, :12].all() and not mask[1, 12:].any()
+    # the bound survives the artifact manifest (run without --inputs generates from it)
+    spec = loaded.inputs[2]
+    assert type(spec).from_json(spec.to_json()) == spec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["roberta", "gemma"])
+def test_a_dynamic_axes_export_builds_for_cuda(name):
+    from tvmfuse.target import resolve_target
+
+    target = resolve_target("cuda")
+    loaded, _ = _load(name)
+    fused, _ = partition(import_model(loaded), target=target)
+    result = build(fused, target=target, database=None)
+    assert result.kernels and result.cuda_graph
+    if name == "roberta":   # TVM's GPU scan for the mask's cumsum
+        assert any(k.schedule == "prescheduled" and "cumsum" in k.name for k in result.kernels), result.kernels
