@@ -84,23 +84,59 @@ def _build(tf, name: str, tiny: bool):
     return builders[name]()
 
 
-def _inputs(torch, name: str):
+# --full: the published base sizes (random weights); decoders of billions of parameters are left out
+FULL = ["distilbert", "roberta", "bert", "albert", "electra", "mpnet", "opt", "gpt_neo", "clip_text", "deit", "swin",
+        "beit", "dinov2", "convnextv2", "wav2vec2"]
+
+
+def _build_full(tf, name: str):
+    base = dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072, num_hidden_layers=12)
+    builders = {
+        "distilbert": lambda: tf.DistilBertModel(tf.DistilBertConfig()),                  # distilbert-base
+        "roberta": lambda: tf.RobertaModel(tf.RobertaConfig(vocab_size=50265, max_position_embeddings=514,
+                                                            pad_token_id=1, type_vocab_size=1),
+                                           add_pooling_layer=False),                       # roberta-base
+        "bert": lambda: tf.BertModel(tf.BertConfig(), add_pooling_layer=False),            # bert-base-uncased
+        "albert": lambda: tf.AlbertModel(tf.AlbertConfig(embedding_size=128, **base), add_pooling_layer=False),
+        "electra": lambda: tf.ElectraModel(tf.ElectraConfig(embedding_size=768, **base)),  # electra-base
+        "mpnet": lambda: tf.MPNetModel(tf.MPNetConfig(), add_pooling_layer=False),        # mpnet-base
+        "opt": lambda: tf.OPTModel(tf.OPTConfig(use_cache=False)),                         # opt-125m
+        "gpt_neo": lambda: tf.GPTNeoModel(tf.GPTNeoConfig(hidden_size=768, num_layers=12, num_heads=12,
+                                                          attention_types=[[["global", "local"], 6]],
+                                                          use_cache=False)),               # gpt-neo-125M
+        "clip_text": lambda: tf.CLIPTextModel(tf.CLIPTextConfig()),                        # clip-vit-base's text
+        "deit": lambda: tf.DeiTModel(tf.DeiTConfig(), add_pooling_layer=False),            # deit-base, 224
+        "swin": lambda: tf.SwinModel(tf.SwinConfig()),                                     # swin-tiny, 224
+        "beit": lambda: tf.BeitModel(tf.BeitConfig(use_relative_position_bias=True), add_pooling_layer=False),
+        "dinov2": lambda: tf.Dinov2Model(tf.Dinov2Config(hidden_size=384, num_attention_heads=6,
+                                                         image_size=224)),                 # dinov2-small
+        "convnextv2": lambda: tf.ConvNextV2Model(tf.ConvNextV2Config()),                   # convnextv2-tiny, 224
+        "wav2vec2": lambda: tf.Wav2Vec2Model(tf.Wav2Vec2Config()),                         # wav2vec2-base
+    }
+    return builders[name]()
+
+
+def _inputs(torch, name: str, full: bool = False):
     """(tensors, input names, dynamic axes) as a tokenizer or an image / audio pipeline hands them over."""
+    batch, seq, side, samples = (1, 128, 224, 16000) if full else (BATCH, SEQ, 32, 1600)
+    if full and name == "clip_text":
+        seq = 77   # CLIP's context length
     if name in IMAGES:
-        return [torch.randn(BATCH, 3, 32, 32)], ["pixel_values"], {"pixel_values": {0: "batch"}}
+        return [torch.randn(batch, 3, side, side)], ["pixel_values"], {"pixel_values": {0: "batch"}}
     if name in AUDIO:
-        return [torch.randn(BATCH, 1600)], ["input_values"], {"input_values": {0: "batch", 1: "samples"}}
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
-    mask[-1, SEQ - SEQ // 4:] = 0   # the second sequence is padded
+        return [torch.randn(batch, samples)], ["input_values"], {"input_values": {0: "batch", 1: "samples"}}
+    ids = torch.randint(0, VOCAB, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    if batch > 1:
+        mask[-1, seq - seq // 4:] = 0   # the last sequence is padded
     tensors, names = [ids, mask], ["input_ids", "attention_mask"]
     if name in TEXT3:
-        tensors.append(torch.zeros(BATCH, SEQ, dtype=torch.int64))
+        tensors.append(torch.zeros(batch, seq, dtype=torch.int64))
         names.append("token_type_ids")
     return tensors, names, {n: {0: "batch", 1: "sequence"} for n in names}
 
 
-def export(out: Path, names: list[str], tiny: bool) -> int:
+def export(out: Path, names: list[str], tiny: bool, full: bool = False) -> int:
     import torch
     import transformers as tf
 
@@ -109,10 +145,10 @@ def export(out: Path, names: list[str], tiny: bool) -> int:
     for name in names:
         torch.manual_seed(0)
         t0 = time.time()
-        model = _build(tf, name, tiny)
+        model = _build_full(tf, name) if full else _build(tf, name, tiny)
         if hasattr(model, "config"):
             model.config._attn_implementation = "eager"   # the attention users export, not SDPA's fused op
-        tensors, input_names, axes = _inputs(torch, name)
+        tensors, input_names, axes = _inputs(torch, name, full)
 
         class FirstOutput(torch.nn.Module):   # keyword inputs: GPT-Neo / BLOOM / Falcon take past_key_values second
             def __init__(self, inner):
@@ -123,17 +159,18 @@ def export(out: Path, names: list[str], tiny: bool) -> int:
                 out = self.inner(**dict(zip(input_names, args)))
                 return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
 
+        stem = f"{name}_full" if full else name
         try:
             with torch.no_grad():
-                torch.onnx.export(FirstOutput(model).eval(), tuple(tensors), str(out / f"{name}.onnx"),
+                torch.onnx.export(FirstOutput(model).eval(), tuple(tensors), str(out / f"{stem}.onnx"),
                                   input_names=input_names, output_names=["output"],
                                   dynamic_axes={**axes, "output": {0: "batch"}}, opset_version=17, dynamo=False)
         except Exception as err:  # noqa: BLE001 - report the architecture and go on with the rest
             print(f"FAILED {name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
             failed += 1
             continue
-        np.savez(out / f"{name}.inputs.npz", **{n: t.numpy() for n, t in zip(input_names, tensors)})
-        print(f"exported {name}.onnx ({time.time() - t0:.1f} s)", flush=True)
+        np.savez(out / f"{stem}.inputs.npz", **{n: t.numpy() for n, t in zip(input_names, tensors)})
+        print(f"exported {stem}.onnx ({time.time() - t0:.1f} s)", flush=True)
     return 1 if failed else 0
 
 
@@ -142,8 +179,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     ap.add_argument("--tiny", action="store_true", help="hidden 32, one layer: the test fixtures")
+    ap.add_argument("--full", action="store_true", help="the published base sizes (FULL), batch 1, 128 tokens, "
+                    "224 x 224 images, 1 s of 16 kHz audio")
     args = ap.parse_args()
-    return export(args.out, args.models, args.tiny)
+    if args.full and set(args.models) - set(FULL):
+        ap.error("--full exports only " + " ".join(FULL))
+    return export(args.out, args.models, args.tiny, args.full)
 
 
 if __name__ == "__main__":

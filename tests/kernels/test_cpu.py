@@ -153,9 +153,21 @@ def conv1d():   # Whisper's stem: two 1-D convs over frames (the second strided)
     return _model(nodes, [("x", [1, 20, 150])], ("y", [1, 48, 75]), inits)
 
 
+def grouped_kv():   # GQA's K projection, its one K/V head repeated for 4 query heads (Mistral's repeat_kv)
+    nodes = [helper.make_node("MatMul", ["x", "wk"], ["k"]), helper.make_node("Reshape", ["k", "kv"], ["kh"]),
+             helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Unsqueeze", ["kt", "at2"], ["ku"]), helper.make_node("Expand", ["ku", "rep"], ["ke"]),
+             helper.make_node("Reshape", ["ke", "heads"], ["y"])]
+    inits = [_w("wk", [128, 64], 0.1), *(numpy_helper.from_array(np.array(v), n) for n, v in
+                                         (("kv", [1, 64, 1, 64]), ("at2", [2]), ("rep", [1, 1, 4, 64, 64]),
+                                          ("heads", [1, 4, 64, 64])))]
+    return _model(nodes, [("x", [1, 64, 128])], ("y", [1, 4, 64, 64]), inits)
+
+
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
           "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise,
-          "grouped": grouped, "dense_concat": dense_concat, "scores": scores, "conv1d": conv1d}
+          "grouped": grouped, "dense_concat": dense_concat, "scores": scores, "conv1d": conv1d,
+          "grouped_kv": grouped_kv}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}

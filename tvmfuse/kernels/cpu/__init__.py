@@ -54,7 +54,7 @@ def cpu_schedule(mod, target, cores: int):
             return None
         lanes, registers = lanes_of(dtype_bits(sch, block)), vector_registers(target)
         block = pad_and_pack(sch, block, lanes, registers)
-        schedule_contraction(sch, block, lanes, registers=registers)
+        schedule_contraction(sch, block, lanes, registers=registers, cores=cores)
         return sch, "contraction"
     if contractions:
         return None

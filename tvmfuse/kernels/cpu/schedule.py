@@ -111,37 +111,41 @@ def _schedule_concat(sch, block, loops, lanes: int) -> bool:
 def schedule_pointwise(sch, lanes_of, cores: int) -> None:
     inline_all_but_outputs(sch)
     for block in sch.get_output_blocks(sch.get_sblock("root")):
-        lanes = lanes_of(dtype_bits(sch, block))
-        loops = sch.get_loops(block)
-        last = _extent(sch, loops[-1]) or 0
-        if len(loops) > 1 and _schedule_concat(sch, block, loops, lanes):
-            continue
-        if len(loops) > 1 and last % lanes == 0 and last >= 4 * lanes:
-            # a long innermost axis is split on its own and the outer ones fused: fusing it too leaves each lane's
-            # index a division and remainder of the fused one, which LLVM gathers lane by lane (a channel
-            # concatenation's select then ran 5x slower than TVM's scalar loop)
-            inner = next(t for t in (lanes * 4, lanes * 2, lanes) if last % t == 0)
-            outer_loops = [sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]]
-            rows, vec = sch.split(loops[-1], [None, inner])
-            if inner > lanes:
-                _, vec = sch.split(vec, [None, lanes])
-            sch.vectorize(vec)
-            if (_extent(sch, outer_loops[0]) or 0) * last >= MIN_PARALLEL_WORK:
-                sch.parallel(outer_loops[0])
-            continue
-        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        ext = _extent(sch, fused) or 0
-        inner = next((t for t in (lanes * 4, lanes * 2, lanes) if ext % t == 0 and ext // t >= cores), None)
-        if inner is None:
-            if ext >= MIN_PARALLEL_WORK:
-                sch.parallel(fused)
-            continue
-        outer, vec = sch.split(fused, [None, inner])
-        if ext >= MIN_PARALLEL_WORK:
-            sch.parallel(outer)
+        pointwise_block(sch, block, lanes_of(dtype_bits(sch, block)), cores)
+
+
+def pointwise_block(sch, block, lanes: int, cores: int) -> None:
+    """One elementwise block under its own loops: parallel over the outer ones, vectorised along the innermost."""
+    loops = sch.get_loops(block)
+    last = _extent(sch, loops[-1]) or 0
+    if len(loops) > 1 and _schedule_concat(sch, block, loops, lanes):
+        return
+    if len(loops) > 1 and last % lanes == 0 and last >= 4 * lanes:
+        # a long innermost axis is split on its own and the outer ones fused: fusing it too leaves each lane's
+        # index a division and remainder of the fused one, which LLVM gathers lane by lane (a channel
+        # concatenation's select then ran 5x slower than TVM's scalar loop)
+        inner = next(t for t in (lanes * 4, lanes * 2, lanes) if last % t == 0)
+        outer_loops = [sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]]
+        rows, vec = sch.split(loops[-1], [None, inner])
         if inner > lanes:
             _, vec = sch.split(vec, [None, lanes])
         sch.vectorize(vec)
+        if (_extent(sch, outer_loops[0]) or 0) * last >= MIN_PARALLEL_WORK:
+            sch.parallel(outer_loops[0])
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    ext = _extent(sch, fused) or 0
+    inner = next((t for t in (lanes * 4, lanes * 2, lanes) if ext % t == 0 and ext // t >= cores), None)
+    if inner is None:
+        if ext >= MIN_PARALLEL_WORK:
+            sch.parallel(fused)
+        return
+    outer, vec = sch.split(fused, [None, inner])
+    if ext >= MIN_PARALLEL_WORK:
+        sch.parallel(outer)
+    if inner > lanes:
+        _, vec = sch.split(vec, [None, lanes])
+    sch.vectorize(vec)
 
 
 def is_contraction(sch, block) -> bool:
@@ -345,12 +349,13 @@ def contraction_loops(sch, block) -> tuple[list, list, list[int]]:
 
 
 def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weight_first: bool | None = None,
-                         unroll=None, registers: int = 16) -> None:
+                         unroll=None, registers: int = 16, cores: int = 1) -> None:
     """Register-blocked tiles of a GEMM or conv ``block``: parallel tiles, the reduction, then ``rows`` x vector
     tile accumulators (the vector along the output's innermost axis). ``tiles`` (spatial axis -> tile, a number or
     a sampled decision), ``weight_first`` and ``unroll`` (the innermost reduction loop split by it, the inner part
     unrolled: a sampled decision or None) are the sketch's knobs (``kernels/cpu/sketch.py``); by default the rules
-    above choose; ``registers``: the target's vector registers (:func:`contraction_tiles`)."""
+    above choose; ``registers``: the target's vector registers (:func:`contraction_tiles`); ``cores``: the
+    target's, for an epilogue scheduled on its own."""
     spatial, reduce, exts = contraction_loops(sch, block)
     depthwise = channelwise(sch, block)
     work = 1
@@ -384,8 +389,14 @@ def schedule_contraction(sch, block, lanes: int, tiles: dict | None = None, weig
         try:
             sch.reverse_compute_inline(consumer)
         except Exception:  # noqa: BLE001 - an epilogue that cannot fold into the write-back: computed per tile
-            sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
-            vectorize_last(sch, consumer, lanes)
+            try:
+                sch.reverse_compute_at(consumer, tile_loop, preserve_unit_loops=True)
+                vectorize_last(sch, consumer, lanes)
+            except Exception:  # noqa: BLE001 - a tile's share of it is not an affine region
+                # an epilogue that repeats the result (grouped K/V heads broadcast to every query head, through
+                # reshapes) has no per-tile region TVM can solve: it runs after the tiles, as its own parallel,
+                # vectorised loop nest over the stored result (it ran TVM's plain lowering, scalar, before)
+                pointwise_block(sch, consumer, lanes, cores)
     vectorize_last(sch, acc, lanes)
     # vectorised before the init is split off: the update alone is no longer a reduction block to the check
     inner_loops = sch.get_loops(block)[-len(inners):] if inners else []
