@@ -29,6 +29,7 @@ IMAGES = ["deit", "swin", "convnextv2", "segformer", "beit", "dinov2"]
 AUDIO = ["wav2vec2"]
 MODELS = TEXT2 + TEXT3 + IMAGES + AUDIO
 BATCH, SEQ, VOCAB = 2, 16, 1000
+OPSET = 17
 
 
 def _build(tf, name: str, tiny: bool):
@@ -136,7 +137,7 @@ def _inputs(torch, name: str, full: bool = False):
     return tensors, names, {n: {0: "batch", 1: "sequence"} for n in names}
 
 
-def export(out: Path, names: list[str], tiny: bool, full: bool = False) -> int:
+def export(out: Path, names: list[str], tiny: bool, full: bool = False, opset: int = OPSET) -> int:
     import torch
     import transformers as tf
 
@@ -164,7 +165,7 @@ def export(out: Path, names: list[str], tiny: bool, full: bool = False) -> int:
             with torch.no_grad():
                 torch.onnx.export(FirstOutput(model).eval(), tuple(tensors), str(out / f"{stem}.onnx"),
                                   input_names=input_names, output_names=["output"],
-                                  dynamic_axes={**axes, "output": {0: "batch"}}, opset_version=17, dynamo=False)
+                                  dynamic_axes={**axes, "output": {0: "batch"}}, opset_version=opset, dynamo=False)
         except Exception as err:  # noqa: BLE001 - report the architecture and go on with the rest
             print(f"FAILED {name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
             failed += 1
@@ -179,12 +180,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     ap.add_argument("--tiny", action="store_true", help="hidden 32, one layer: the test fixtures")
+    ap.add_argument("--opset", type=int, default=OPSET, help="older exports: 11 (Unsqueeze's axes an attribute, "
+                    "ReduceSum's too), 13, 14")
     ap.add_argument("--full", action="store_true", help="the published base sizes (FULL), batch 1, 128 tokens, "
                     "224 x 224 images, 1 s of 16 kHz audio")
     args = ap.parse_args()
     if args.full and set(args.models) - set(FULL):
         ap.error("--full exports only " + " ".join(FULL))
-    return export(args.out, args.models, args.tiny, args.full)
+    return export(args.out, args.models, args.tiny, args.full, args.opset)
 
 
 if __name__ == "__main__":
