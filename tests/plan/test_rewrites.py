@@ -31,11 +31,12 @@ def test_every_rewrite_is_a_module_pass():
     passes = [rewrites.DropInferenceIdentities(), rewrites.FoldBatchNorm(log=log), rewrites.ChannelsLast(log=log),
               rewrites.ComposeTransposes(), rewrites.Im2colNarrowConvs(log=log), rewrites.FuseAttention(log=log),
               rewrites.HorizontalGemm(log=log), rewrites.PairwiseExtrema(log=log), rewrites.PointwiseConvsAsGemms(log=log),
-              rewrites.PadOutputChannels(log=log, lanes=16)]
+              rewrites.PadOutputChannels(log=log, lanes=16), rewrites.TrimDeadTaps(log=log)]
     assert all(isinstance(p, tvm.transform.Pass) for p in passes)
     assert [p.info.name for p in passes] == ["DropInferenceIdentities", "FoldBatchNorm", "ChannelsLast",
                                              "ComposeTransposes", "Im2colNarrowConvs", "FuseAttention", "HorizontalGemm",
-                                             "PairwiseExtrema", "PointwiseConvsAsGemms", "PadOutputChannels"]
+                                             "PairwiseExtrema", "PointwiseConvsAsGemms", "PadOutputChannels",
+                                             "TrimDeadTaps"]
 
 
 # ---------------------------------------------------------------------------------------------- pairwise extrema

@@ -36,8 +36,9 @@ from tvmfuse.frontend.value_ranges import index_bounds
 
 _MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit; larger models need external data
 _MEMORY_FACTOR = 3  # weights are held as protobuf bytes, numpy and a TVM constant while importing
-_SKELETON_KEEP_ELEMS = 4096
-_FOLD_ROUNDS = 4  # initializers up to this size stay in the skeleton (shape constants)
+_SKELETON_KEEP_ELEMS = 4096  # initializers up to this size stay in the skeleton (shape constants)
+# each folding round reaches one reshape deeper (torchvision's Swin-T: 17 rounds); it stops at a round with no fold
+_FOLD_ROUNDS = 64
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict, 
     fixups = apply_fixups(model, value_types(_skeleton(model, folder)))
     shapes = bind_input_shapes(model, input_shapes)
     folded = 0
-    for _ in range(_FOLD_ROUNDS):   # a folded value can make the next shapes static (a rotary table's length)
+    for _ in range(_FOLD_ROUNDS):   # a folded value can make the next shapes static (a reshape's output)
         more = fold_shape_arithmetic(model, _inferred(_skeleton(model, folder)))
         folded += more
         if not more:

@@ -222,6 +222,8 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
     if config.fold_batchnorm:
         mod = rewrites.FoldBatchNorm(log=log)(mod)
         dump("fold_batchnorm", mod)
+    mod = rewrites.TrimDeadTaps(log=log)(mod)
+    dump("dead_taps", mod)
     layout = getattr(cost_model, "conv_layout", None)
     if layout == "NHWC":
         mod = rewrites.channels_last(mod, log=log,

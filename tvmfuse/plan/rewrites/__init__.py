@@ -10,6 +10,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   BatchNorm, which the importer's ``DecomposeOpsForInference`` turned into add/subtract/divide/multiply)
   becomes conv2d with scaled weights plus one bias add; Dropout, the identity at inference, goes first
   (:func:`drop_inference_identities`, ``identities``).
+- :func:`trim_dead_taps` / :func:`TrimDeadTaps` (``dead_taps``): dilated convs whose edge taps read only padding
+  (DeepLab's atrous pyramid on a small feature map) run on the taps that reach the input.
 - :func:`channels_last` / :func:`ChannelsLast` (``channels_last``): 2-D convs run NHWC with OHWI weights, and
   :func:`compose_transposes` / :func:`ComposeTransposes` (``compose_transposes``) removes the transposes that
   undo each other.
@@ -33,6 +35,7 @@ from __future__ import annotations
 from tvmfuse.plan.rewrites._common import module_pass, rebuild_main
 from tvmfuse.plan.rewrites.channels_last import ChannelsLast, channels_last
 from tvmfuse.plan.rewrites.compose_transposes import ComposeTransposes, compose_transposes
+from tvmfuse.plan.rewrites.dead_taps import TrimDeadTaps, trim_dead_taps
 from tvmfuse.plan.rewrites.fold_batchnorm import FoldBatchNorm
 from tvmfuse.plan.rewrites.fuse_attention import FuseAttention
 from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
@@ -46,5 +49,5 @@ __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
     "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
     "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema", "pairwise_extrema", "PointwiseConvsAsGemms",
-    "pointwise_convs_as_gemms", "rebuild_main",
+    "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps", "trim_dead_taps",
 ]
