@@ -25,9 +25,10 @@ def live_taps(size: int, out: int, taps: int, stride: int, dilation: int, pad_be
 
 def _trimmed(call, y_shape):
     """(filter slice per axis, new padding) for an NCHW / OIHW conv2d with a constant filter, or None."""
+    if op_name(call) != "relax.nn.conv2d" or not isinstance(call.args[1], RelaxConstant):
+        return None
     at = call.attrs
-    if op_name(call) != "relax.nn.conv2d" or not isinstance(call.args[1], RelaxConstant) \
-            or (str(at.data_layout), str(at.kernel_layout)) != ("NCHW", "OIHW"):
+    if (str(at.data_layout), str(at.kernel_layout)) != ("NCHW", "OIHW"):
         return None
     x_shape = tensor_shape(call.args[0].ty)
     if x_shape is None or y_shape is None:
