@@ -164,10 +164,16 @@ def grouped_kv():   # GQA's K projection, its one K/V head repeated for 4 query 
     return _model(nodes, [("x", [1, 64, 128])], ("y", [1, 4, 64, 64]), inits)
 
 
+def norm_transpose():   # a LayerNorm whose rows are transposed for the next op (Swin's windows, wav2vec2's NWC)
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
+             helper.make_node("Transpose", ["n"], ["y"], perm=[0, 2, 1])]
+    return _model(nodes, [("x", [4, 64, 200])], ("y", [4, 200, 64]), [_w("g", [200]), _w("b", [200])])
+
+
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
           "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise,
           "grouped": grouped, "dense_concat": dense_concat, "scores": scores, "conv1d": conv1d,
-          "grouped_kv": grouped_kv}
+          "grouped_kv": grouped_kv, "norm_transpose": norm_transpose}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse.plan.cluster import bytes_fused, external_inputs
-from tvmfuse.plan.graph import NORM, REDUCE, Graph, Node
+from tvmfuse.plan.graph import INJECTIVE_K, NORM, REDUCE, Graph, Node
 from tvmfuse.target import TargetInfo, vector_lanes
 
 
@@ -22,6 +22,18 @@ def _gpu_attention_decline(spec) -> str | None:
     why = gpu_misfit(spec)
     return None if why is None else (f"{why}; without a flash kernel the fused kernel is scalar, "
                                      f"60x slower than the unfused tensor-core GEMMs on the H200")
+
+
+def _reorders(n: Node) -> bool:
+    """A transpose that moves elements: its non-unit axes come out in another order (a pooled 1 x 1 x C back to
+    C is a reshape in effect; a square transpose reads as none, and is let through)."""
+    if n.kind != INJECTIVE_K or "transpose" not in n.op or not n.inputs or n.out_shape is None:
+        return False
+    try:
+        src = [int(d) for d in n.inputs[0].ty.shape.values]
+    except (AttributeError, TypeError):
+        return False
+    return [d for d in src if d != 1] != [d for d in n.out_shape if d != 1]
 
 
 @dataclass(frozen=True, order=True)
@@ -80,6 +92,10 @@ class CostModel:
         templates and the CPU default's row rules store one; a second (an embedding's sum kept as the residual
         beside its RMSNorm) left the kernel to dlight's Fallback, one thread an output, or on the CPU to TVM's
         plain lowering
+    rows_keep_order : a kernel holding a normalization or reduction takes no transpose (CPUs: the CPU default's
+        row rules read and write rows along the output's innermost axis; a LayerNorm or GroupNorm whose result is
+        transposed for a channels-last conv or a window partition, Swin's and wav2vec2's, kept TVM's plain
+        lowering: 4.8 ms of wav2vec2-base's 43, where the norm alone and the transpose alone take 0.3 ms)
     """
 
     launch_bytes: int = 1 << 20
@@ -97,6 +113,7 @@ class CostModel:
     gemm_conv_rows: int = 0
     pad_channels_to: int = 0
     reduction_results: int = 0
+    rows_keep_order: bool = False
 
     @classmethod
     def for_target(cls, target: TargetInfo, **overrides) -> "CostModel":
@@ -127,7 +144,7 @@ class CostModel:
             # none the CPU default's row rules read: it ran TVM's plain lowering, scalar and on one thread
             # (417 us at 128 x 2048); split, each part takes a default
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1),
-                       reduction_results=1,
+                       reduction_results=1, rows_keep_order=True,
                        conv_layout="NHWC", conv_kernel_layout="HWIO", conv1d_kernel_layout="WIO",
                        pad_channels_to=vector_lanes(target.target),
                        attention_decline="on CPUs the unfused GEMMs and softmax run the CPU default schedules, "
@@ -174,6 +191,10 @@ class CostModel:
                          f"pressure: {pressure} live tensors > limit {self.max_live_tensors}")
         if len(merged) > self.max_ops:
             return Score(False, 0.0, saved, 1, pressure, units, f"pressure: {len(merged)} ops > limit {self.max_ops}")
+        if self.rows_keep_order and any(n.kind in (NORM, REDUCE) for n in merged) \
+                and any(_reorders(n) for n in merged):
+            return Score(False, 0.0, saved, 1, pressure, units,
+                         "a normalization's rows and a transpose: the row rules keep the rows' order")
         smem = self.row_bytes(merged)
         if smem > self.shared_memory_bytes:
             return Score(False, 0.0, saved, 1, pressure, units,
