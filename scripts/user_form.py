@@ -7,7 +7,9 @@ reshape and mask from ``Shape`` of their inputs, and their position ids from a c
 which is what tvmfuse's frontend has to fold (``tvmfuse/frontend/fold.py``). Random weights, seed 0.
 
     /tmp/xvenv/bin/python scripts/user_form.py --out /tmp/hf                      # every architecture, small
-    /tmp/xvenv/bin/python scripts/user_form.py --out tests/fixtures/user_form --tiny --models roberta bert gemma
+    /tmp/xvenv/bin/python scripts/user_form.py --out tests/fixtures/user_form --tiny --models roberta bert gemma swin
+    /tmp/xvenv/bin/python scripts/user_form.py --out /tmp/hff --full                # base sizes, 1 x 128 tokens
+    /tmp/xvenv/bin/python scripts/user_form.py --out /tmp/tv --torchvision          # torchvision, dynamic batch
     tvmfuse bench /tmp/hf/roberta.onnx --target llvm --against onnxruntime \\
         --input-shape input_ids=2x16 --input-shape attention_mask=2x16
 
@@ -117,6 +119,50 @@ def _build_full(tf, name: str):
     return builders[name]()
 
 
+# --torchvision: torchvision's models as its users export them (TorchScript, a dynamic batch axis); "seg_" names
+# are its segmentation models (their "out" head), at 128 x 128, the rest at 224 x 224 (Inception-v3 at 299)
+TORCHVISION = ["seg_fcn_resnet50", "seg_deeplabv3_mobilenet_v3_large", "seg_lraspp_mobilenet_v3_large",
+               "efficientnet_v2_s", "swin_t", "maxvit_t", "inception_v3", "vgg11", "alexnet", "regnet_x_400mf",
+               "wide_resnet50_2", "convnext_small", "mobilenet_v3_large"]
+
+
+def export_torchvision(out: Path, names: list[str]) -> int:
+    import torch
+    import torchvision
+
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in names:
+        torch.manual_seed(0)
+        if name.startswith("seg_"):
+            inner = getattr(torchvision.models.segmentation, name[4:])(weights=None, weights_backbone=None)
+
+            class Out(torch.nn.Module):   # the segmentation map alone (the models return a dict)
+                def __init__(self, m):
+                    super().__init__()
+                    self.m = m
+
+                def forward(self, x):
+                    return self.m(x)["out"]
+
+            model, side = Out(inner), 128
+        else:
+            model, side = getattr(torchvision.models, name)(weights=None), 299 if name == "inception_v3" else 224
+        x = torch.randn(1, 3, side, side)
+        try:
+            with torch.no_grad():
+                torch.onnx.export(model.eval(), (x,), str(out / f"{name}.onnx"), input_names=["input"],
+                                  output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
+                                  opset_version=OPSET, dynamo=False)
+        except Exception as err:  # noqa: BLE001 - report the model and go on with the rest
+            print(f"FAILED {name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
+            failed += 1
+            continue
+        np.savez(out / f"{name}.inputs.npz", input=x.numpy())
+        print(f"exported {name}.onnx", flush=True)
+    return 1 if failed else 0
+
+
 def _inputs(torch, name: str, full: bool = False):
     """(tensors, input names, dynamic axes) as a tokenizer or an image / audio pipeline hands them over."""
     batch, seq, side, samples = (1, 128, 224, 16000) if full else (BATCH, SEQ, 32, 1600)
@@ -178,13 +224,17 @@ def export(out: Path, names: list[str], tiny: bool, full: bool = False, opset: i
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    ap.add_argument("--models", nargs="+", default=None, choices=MODELS + TORCHVISION)
+    ap.add_argument("--torchvision", action="store_true", help="torchvision's models (TORCHVISION) instead")
     ap.add_argument("--tiny", action="store_true", help="hidden 32, one layer: the test fixtures")
     ap.add_argument("--opset", type=int, default=OPSET, help="older exports: 11 (Unsqueeze's axes an attribute, "
                     "ReduceSum's too), 13, 14")
     ap.add_argument("--full", action="store_true", help="the published base sizes (FULL), batch 1, 128 tokens, "
                     "224 x 224 images, 1 s of 16 kHz audio")
     args = ap.parse_args()
+    if args.torchvision:
+        return export_torchvision(args.out, args.models or TORCHVISION)
+    args.models = args.models or MODELS
     if args.full and set(args.models) - set(FULL):
         ap.error("--full exports only " + " ".join(FULL))
     return export(args.out, args.models, args.tiny, args.full, args.opset)
