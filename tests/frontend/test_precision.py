@@ -75,3 +75,41 @@ def test_fp32_of_an_fp16_model_is_refused():
     with pytest.raises(TvmfuseError, match="does not widen"):
         load_model(FIXTURES / "tiny_gpt2.float16.onnx", precision="fp32")
     assert np.dtype(load_model(FIXTURES / "tiny_gpt2.float16.onnx").outputs[0].dtype) == np.float16
+
+
+def _identity_cast_conv() -> onnx.ModelProto:
+    """``conv(x.float())`` of an fp32 ``x``, and a mask cast to float: a TorchScript export's casts."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("Cast", ["x"], ["xf"], to=TP.FLOAT),
+             h.make_node("Conv", ["xf", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("Cast", ["mask"], ["mf"], to=TP.FLOAT),
+             h.make_node("Mul", ["c", "mf"], ["y"])]
+    g = h.make_graph(nodes, "casts", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8]),
+                                      h.make_tensor_value_info("mask", TP.INT64, [1, 1, 8, 8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 8, 8, 8])],
+                     [nh.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_fp16_of_a_graph_with_its_own_float_casts_is_valid_and_verifies(tmp_path, llvm_target):
+    import onnxruntime as ort
+
+    from tvmfuse import verify
+
+    path = tmp_path / "casts.onnx"
+    onnx.save(_identity_cast_conv(), path)
+    loaded = load_model(path, precision="fp16")
+    casts = [n for n in loaded.proto.graph.node if n.op_type == "Cast"]
+    # x.float() of an fp32 x is gone; the mask's cast casts to fp16, the type its output now has
+    assert not any(n.input[0] == "x" and n.output[0] == "xf" for n in casts)
+    assert [a.i for n in casts if n.input[0] == "mask" for a in n.attribute] == [onnx.TensorProto.FLOAT16]
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 4, 8, 8)).astype(np.float32),
+             "mask": (np.arange(64).reshape(1, 1, 8, 8) % 3 > 0).astype(np.int64)}
+    got = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = verify.run_onnxruntime(path, feeds)
+    assert verify.relative_error(got[0], ref[0]) < 1e-2
+    partition(import_model(loaded), target=llvm_target)   # TVM imports it: no fp32 conv input with fp16 weights

@@ -142,14 +142,14 @@ def fold_shape_arithmetic(model: onnx.ModelProto, inferred: onnx.ModelProto) -> 
     return len(folded)
 
 
-def _outer_reads(node: onnx.NodeProto) -> set[str]:
+def outer_reads(node: onnx.NodeProto) -> set[str]:
     """Every value a node's subgraphs read, at any depth (some come from the outer scope)."""
     reads: set[str] = set()
     for attr in node.attribute:
         for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
             for inner in sub.node:
                 reads.update(name for name in inner.input if name)
-                reads |= _outer_reads(inner)
+                reads |= outer_reads(inner)
     return reads
 
 
@@ -173,6 +173,6 @@ def _rewrite(model: onnx.ModelProto, folded: dict[int, list[np.ndarray]]) -> Non
         if used or not node.output:
             kept.append(node)
             needed.update(name for name in node.input if name)
-            needed.update(_outer_reads(node))
+            needed.update(outer_reads(node))
     del graph.node[:]
     graph.node.extend(reversed(kept))

@@ -23,6 +23,7 @@ import warnings
 import onnx
 
 from tvmfuse.errors import TvmfuseError
+from tvmfuse.frontend.fold import outer_reads
 
 PRECISIONS = ("model", "fp32", "fp16")
 
@@ -69,10 +70,66 @@ def convert(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
     except ImportError:
         raise TvmfuseError("--precision fp16 needs onnxconverter-common", hint="pip install onnxconverter-common") from None
     block = list(float16.DEFAULT_OP_BLOCK_LIST) + list(FP32_OPS)
+    _drop_identity_casts(model)
     try:
         with warnings.catch_warnings():   # it warns for each constant it clamps (a mask's -3.4e38 to -1e4)
             warnings.simplefilter("ignore")
-            return float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
-                                                    disable_shape_infer=False)
+            converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
+                                                         disable_shape_infer=False)
     except Exception as err:  # noqa: BLE001 - the converter raises many types; the user needs one line
         raise TvmfuseError(f"the fp16 conversion failed: {type(err).__name__}: {str(err)[:200]}") from None
+    _casts_follow_their_values(converted)
+    return converted
+
+
+def _drop_identity_casts(model: onnx.ModelProto) -> int:
+    """Remove each ``Cast`` to the type its input already has (a TorchScript export's ``x.float()`` of an fp32
+    tensor; DINOv2 casts its pixels so). The converter casts an fp32 input to fp16 and then drops that cast and
+    the model's own ``Cast(to=FLOAT)`` after it as a redundant pair, which left DINOv2's first conv reading the
+    fp32 input with fp16 weights. A cast whose output the graph returns, or a subgraph reads, is kept."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - no types: nothing is known to be an identity
+        return 0
+    g = inferred.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    # values the graph returns, or a subgraph reads from the outer scope, keep their names
+    outputs = {o.name for o in model.graph.output}.union(*(outer_reads(n) for n in model.graph.node))
+    rename, kept = {}, []
+    for node in model.graph.node:
+        to = next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+        source = rename.get(node.input[0], node.input[0]) if node.input else None
+        if to is not None and node.domain in ("", "ai.onnx") and node.output[0] not in outputs \
+                and types.get(node.input[0]) == to:
+            rename[node.output[0]] = source
+            continue
+        kept.append(node)
+    if not rename:
+        return 0
+    for node in kept:
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = rename[name]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return len(rename)
+
+
+def _casts_follow_their_values(model: onnx.ModelProto) -> int:
+    """The converter turns every fp32 value outside its block list fp16 but leaves the model's own
+    ``Cast(to=FLOAT)`` as it was: a TorchScript export's ``x.float()`` (Gemma's RMSNorm, a mask's cast) then
+    declares an fp16 value and computes an fp32 one, which onnxruntime refuses and TVM imports as a mixed-type
+    multiply. Such a cast now casts to fp16, the type the converted graph gives its output; the converter's own
+    casts (into and out of blocked ops) declare fp32 and are left alone."""
+    declared = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
+    fp32, fp16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    fixed = 0
+    for node in model.graph.node:
+        if node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or declared.get(node.output[0]) != fp16:
+            continue
+        for attr in node.attribute:
+            if attr.name == "to" and attr.i == fp32:
+                attr.i = fp16
+                fixed += 1
+    return fixed
