@@ -495,3 +495,21 @@ def test_the_launch_audit_reads_every_kernel_of_a_build():
     assert row["kernels"] >= 10 and row["max_threads"] > 0 and row["max_local_bytes"] > 0 and not problems
     _, strict = audit(FIXTURES / "tiny_llama.float32.onnx", "fp32", 8)
     assert strict and all("B of local arrays a thread" in p for p in strict)
+
+
+def test_a_pointwise_kernel_storing_bools_builds_for_cuda(tmp_path, cuda_target):
+    # DeBERTa's mask: (mask * mask^T) cast to bool and negated; the pointwise template's 16-byte vectors made it
+    # boolx8, which TVM's CUDA codegen cannot emit
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    nodes = [h.make_node("Mul", ["a", "b"], ["m"]), h.make_node("Cast", ["m"], ["c"], to=TP.BOOL),
+             h.make_node("Not", ["c"], ["y"])]
+    g = h.make_graph(nodes, "mask", [h.make_tensor_value_info("a", TP.INT64, [2, 1, 16, 1]),
+                                     h.make_tensor_value_info("b", TP.INT64, [2, 1, 1, 16])],
+                     [h.make_tensor_value_info("y", TP.BOOL, [2, 1, 16, 16])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "mask.onnx")
+    fused, _ = partition(import_model(load_model(tmp_path / "mask.onnx")), target=cuda_target)
+    result = build(fused, target=cuda_target, database=None)
+    assert [k.schedule for k in result.kernels] == ["pointwise-default"]

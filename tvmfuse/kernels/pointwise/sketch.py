@@ -43,6 +43,10 @@ def template_pointwise(sch, space, info: dict) -> list:
         total *= d
     ebytes = dtype_bytes(buf.dtype)
     vec_k = vector_knob(space.knobs["vector_lanes"], inner, ebytes)
+    b = sch.get(block)
+    if any(str(r.source.dtype) == "bool" for r in list(b.reads) + list(b.writes)):
+        # TVM's CUDA codegen has no vector of bools (DeBERTa's mask, "Cannot convert type T.boolx8")
+        vec_k = Knob("vector_lanes", (1,), (1.0,))
     thr_k = space.knobs["threads"].filtered(lambda t: int(t) <= max(32, total))
     per_k = space.knobs["vectors_per_thread"]
     staged = same_index_reads(sch, block)
