@@ -21,7 +21,7 @@ from tvm.tirx import PrimFunc
 __all__ = [
     "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx", "Analyzer",
     "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "register_mma_store", "build_context",
-    "tvm_version", "is_scheduled",
+    "tvm_version", "is_scheduled", "sblocks",
 ]
 
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
@@ -121,6 +121,18 @@ def is_scheduled(func: PrimFunc) -> bool:
     if attrs is None:
         return False
     return any(key in attrs and bool(attrs[key]) for key in ("tirx.is_scheduled", "tir.is_scheduled"))
+
+
+def sblocks(func: PrimFunc) -> list:
+    """Every block of ``func`` under its root, nested ones too (TVM 0.27 exposes no TIR visitor to Python:
+    ``tvm.tirx.stmt_functor`` is gone), as ``SBlock`` nodes with their read and write regions."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    found, todo = [], list(sch.get_child_blocks(sch.get_sblock("root")))
+    while todo:
+        b = todo.pop(0)
+        found.append(sch.get(b))
+        todo.extend(sch.get_child_blocks(b))
+    return found
 
 
 def onnx_supported_ops() -> frozenset[str]:

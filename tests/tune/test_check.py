@@ -79,3 +79,24 @@ def test_a_float32_kernel_has_one_reference(llvm_target):
     mod = tvm.IRModule({"main": te.create_prim_func([x, topi.nn.softmax(x)]).with_attr("global_symbol", "main")})
     assert promoted(mod) is mod
     assert [r.precision for r in build_references(mod, llvm_target)] == ["kernel"]
+
+
+def test_integer_inputs_stay_inside_the_smallest_table_a_kernel_gathers_from(llvm_target):
+    # RoBERTa's embedding kernel: word and token-type tables (1000 and 2 rows) indexed by integer inputs; ids of
+    # 0..3 read past the 2-row table in the kernel and its reference alike, so every record was rejected
+    from tvm import te, topi
+
+    from tvmfuse.tune.check import gathered_rows
+
+    ids = te.placeholder((2, 16), "int64", name="ids")
+    types = te.placeholder((2, 16), "int64", name="types")
+    words = te.placeholder((1000, 8), "float32", name="words")
+    table = te.placeholder((2, 8), "float32", name="table")
+    out = topi.add(topi.take(words, ids, axis=0), topi.take(table, types, axis=0))
+    mod = tvm.IRModule({"main": te.create_prim_func([ids, types, words, table, out]).with_attr("global_symbol", "main")})
+    assert gathered_rows(mod["main"]) == 2
+    arrays, _ = random_args(mod["main"], np.random.default_rng(0))
+    assert arrays[1].max() <= 1 and arrays[0].max() <= 1
+    assert check_kernel(mod, mod, llvm_target).ok
+    x = te.placeholder((4, 64), "float32", name="x")
+    assert gathered_rows(te.create_prim_func([x, topi.nn.softmax(x)])) is None

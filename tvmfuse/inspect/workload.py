@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvmfuse._tvm import PrimFunc, estimate_flops, tvm
+from tvmfuse._tvm import PrimFunc, estimate_flops, sblocks, tvm
 
 
 @dataclass(frozen=True)
@@ -35,14 +35,8 @@ def _main_func(mod) -> PrimFunc:
 
 
 def _written(func: PrimFunc) -> set[str]:
-    names: set[str] = set()
-
-    def visit(node):
-        if isinstance(node, tvm.tirx.BufferStore):
-            names.add(str(node.buffer.name))
-
-    tvm.tirx.stmt_functor.post_order_visit(func.body, visit)
-    return names
+    """The buffers the kernel's blocks write (their write regions: TVM 0.27 has no TIR visitor in Python)."""
+    return {str(w.source.name) for block in sblocks(func) for w in block.writes}
 
 
 def buffers(mod) -> list[BufferInfo]:
