@@ -21,7 +21,7 @@ from tvm.tirx import PrimFunc
 __all__ = [
     "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx", "Analyzer",
     "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "register_mma_store", "build_context",
-    "tvm_version", "is_scheduled", "sblocks",
+    "tvm_version", "is_scheduled", "sblocks", "subexprs",
 ]
 
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
@@ -133,6 +133,21 @@ def sblocks(func: PrimFunc) -> list:
         found.append(sch.get(b))
         todo.extend(sch.get_child_blocks(b))
     return found
+
+
+def subexprs(expr):
+    """``expr`` and every expression under it, walked by hand (TVM 0.27 has no Python TIR visitor)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        yield e
+        for field in ("a", "b", "value", "condition", "true_value", "false_value"):
+            child = getattr(e, field, None)
+            if isinstance(child, tvm.ir.expr.Expr):
+                stack.append(child)
+        for child in [*(getattr(e, "args", None) or ()), *(getattr(e, "indices", None) or ())]:
+            if isinstance(child, tvm.ir.expr.Expr):
+                stack.append(child)
 
 
 def onnx_supported_ops() -> frozenset[str]:

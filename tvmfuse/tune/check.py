@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse._gpu_rules import reference_schedule
-from tvmfuse._tvm import build_context, sblocks, tvm
+from tvmfuse._tvm import build_context, sblocks, subexprs, tvm
 from tvmfuse.kernels import expand
 from tvmfuse.verify import relative_error, tolerance
 
@@ -112,7 +112,7 @@ def build_references(mod, target_info) -> list[Reference]:
 
 def gathered_rows(func) -> int | None:
     """The fewest rows along an axis that a block of the kernel reads whole at each of its iterations: a gather's
-    table, indexed by a loaded value (an affine read covers one element an iteration), or None.
+    table, or read at an index that is a loaded value (an affine read covers one element an iteration), or None.
 
     Random integer inputs must stay inside them: RoBERTa's token-type table has 2 rows (1 in roberta-base), and
     indices of 0..3 read past it in the kernel and in its reference alike, so every record of its embedding kernel
@@ -128,21 +128,9 @@ def gathered_rows(func) -> int | None:
                 if not isinstance(dim, tvm.tirx.IntImm):
                     continue
                 whole = isinstance(extent, tvm.tirx.IntImm) and int(extent) == int(dim) and (int(dim) > 1 or indexed)
-                if whole or _loads(rng.min):
+                if whole or any(isinstance(e, tvm.ir.expr.TensorLoad) for e in subexprs(rng.min)):
                     found.append(int(dim))
     return min(found) if found else None
-
-
-def _loads(expr) -> bool:
-    """Whether a TIR expression reads a buffer (an index that is a loaded value); walked by hand: TVM 0.27 has no
-    TIR visitor in Python."""
-    if isinstance(expr, tvm.ir.expr.TensorLoad):   # TVM 0.27's BufferLoad node (tvm.tirx.BufferLoad builds one)
-        return True
-    for field in ("a", "b", "value", "condition", "true_value", "false_value"):
-        sub = getattr(expr, field, None)
-        if isinstance(sub, tvm.ir.expr.Expr) and _loads(sub):
-            return True
-    return any(isinstance(arg, tvm.ir.expr.Expr) and _loads(arg) for arg in getattr(expr, "args", ()) or ())
 
 
 def random_args(func, rng) -> tuple[list[np.ndarray], list[int]]:

@@ -8,22 +8,7 @@ from __future__ import annotations
 
 import math
 
-from tvmfuse._tvm import tvm
-
-
-def _subexprs(expr):
-    """``expr`` and every expression under it (TVM 0.27 has no Python TIR visitor)."""
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        yield e
-        for field in ("a", "b", "value", "condition", "true_value", "false_value"):
-            child = getattr(e, field, None)
-            if isinstance(child, tvm.ir.expr.Expr):
-                stack.append(child)
-        for child in [*(getattr(e, "args", None) or ()), *(getattr(e, "indices", None) or ())]:
-            if isinstance(child, tvm.ir.expr.Expr):
-                stack.append(child)
+from tvmfuse._tvm import subexprs, tvm
 
 
 _COMPARISONS = (tvm.tirx.expr.LE, tvm.tirx.expr.LT, tvm.tirx.expr.GE, tvm.tirx.expr.GT)
@@ -38,7 +23,7 @@ def concat_chunk(sch, block) -> int | None:
         return None
     inner = stmt.iter_vars[-1].var
     bounds = set()
-    for node in _subexprs(stmt.body.value):
+    for node in subexprs(stmt.body.value):
         if not (isinstance(node, tvm.ir.Call) and getattr(node.op, "name", "") in ("prim.if_then_else",
                                                                                   "tir.if_then_else")):
             continue
