@@ -15,6 +15,10 @@ start and the bench, where torch.compile's max-autotune compiles for minutes), a
 runs late are stopped at the deadline, so the call's results always come back.
 
     python benchmarks/zoo_gpu.py --models resnet50,gpt2 --precisions fp32,fp16 --batches 1,32 --budget 120
+    python benchmarks/zoo_gpu.py --models uf:roberta,uf:mistral,uf:swin --size full --batches 1 --budget 0
+
+``uf:NAME`` rows are ``scripts/user_form.py`` exports (TorchScript, dynamic axes, attention mask and token types),
+bound at the row's batch and sequence length.
 Writes ``$OUT/zoo_gpu.json`` (each row's failed kernels and failed checks under ``problems``) and ``$OUT/zoo.db``;
 prints the table last. ``--precisions fp16`` converts with onnxconverter-common, which the H200 machine lacks: carry
 its wheel (pure Python) in ``.whl/`` with the bundle's.
@@ -62,29 +66,48 @@ def _cli(*args: str, timeout: float) -> tuple[int, dict | None, str]:
         return p.returncode, None, (stderr or stdout).strip()[-400:]
 
 
-def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
+def _is_image(model: str) -> bool:
     from model_zoo import VISION   # images have no sequence length
+    from user_form import AUDIO, IMAGES
 
-    return f"{model}/{size}/{precision}/b{batch}" + ("" if model in VISION else f"s{seq}")
+    return model in VISION or (model.startswith("uf:") and model[3:] in IMAGES + AUDIO)
+
+
+def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
+    return f"{model}/{size}/{precision}/b{batch}" + ("" if _is_image(model) else f"s{seq}")
+
+
+def _export(model: str, size: str, batch: int, seq: int, work: Path) -> tuple[str, list[str]]:
+    """(ONNX path, --input-shape values): a ``model_zoo`` export, or for ``uf:NAME`` a ``scripts/user_form.py`` one
+    (TorchScript, dynamic axes, the tokenizer's inputs) bound at ``batch`` x ``seq``."""
+    if model.startswith("uf:"):
+        import user_form
+
+        name, full = model[3:], size == "full"
+        if user_form.export(work, [name], tiny=False, full=full):
+            raise RuntimeError(f"user_form could not export {name}")
+        return str(work / f"{name}{'_full' if full else ''}.onnx"), user_form.input_shapes(name, batch, seq, full)
+    from model_zoo import export
+
+    image = _is_image(model)
+    # the fp32 export, converted by --precision fp16 where asked: the form users have their models in
+    return str(export(work, [model], size, None if image else seq, batch, ("float32",))[0]), []
 
 
 def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path,
             deadline: float, baselines: str = BASELINES) -> dict:
-    from model_zoo import VISION, export
-
     row: dict = {"model": model, "size": size, "precision": precision, "batch": batch,
-                 "seq": None if model in VISION else seq}
+                 "seq": None if _is_image(model) else seq}
     t0 = time.time()
-    # the fp32 export, converted by --precision fp16 where asked: the form users have their models in
-    paths = export(work, [model], size, seq if model not in VISION else None, batch, ("float32",))
+    onnx_path, shapes = _export(model, size, batch, seq, work)
     row["export_s"] = time.time() - t0
-    onnx_path = str(paths[0])
+    bound = [a for s in shapes for a in ("--input-shape", s)]
     if budget > 0:
-        err = _tune_row(row, onnx_path, precision, budget, db, deadline)
+        err = _tune_row(row, onnx_path, precision, budget, db, deadline, bound)
         if err:
             row["error"] = f"tune: {err}"
             return row
-    rc, rep, err = _cli("bench", onnx_path, "--target", "cuda", "--db", str(db), "--precision", precision,
+    rc, rep, err = _cli("bench", onnx_path, *bound, "--target", "cuda", "--db", str(db), "--precision", precision,
                         "--against", baselines, "--repeat", "20", "--number", "5",
                         timeout=min(420, max(deadline - time.time(), 1)))
     row["bench_rc"] = rc
@@ -98,10 +121,11 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
     return row
 
 
-def _tune_row(row: dict, onnx_path: str, precision: str, budget: float, db: Path, deadline: float) -> str | None:
+def _tune_row(row: dict, onnx_path: str, precision: str, budget: float, db: Path, deadline: float,
+              bound: list[str] | None = None) -> str | None:
     """Tune one row's model into ``db``, its statuses and problems into ``row``; the error, or None."""
     t0 = time.time()
-    rc, rep, err = _cli("tune", onnx_path, "--target", "cuda", "--db", str(db), "--time-budget", str(budget),
+    rc, rep, err = _cli("tune", onnx_path, *(bound or []), "--target", "cuda", "--db", str(db), "--time-budget", str(budget),
                         "--precision", precision, "--keep-going", "--trials-per-kernel", "16",
                         timeout=min(budget + 240, max(deadline - time.time(), 1)))
     row["tune_s"] = time.time() - t0

@@ -183,6 +183,19 @@ def _inputs(torch, name: str, full: bool = False):
     return tensors, names, {n: {0: "batch", 1: "sequence"} for n in names}
 
 
+def input_shapes(name: str, batch: int, seq: int, full: bool = False) -> list[str]:
+    """``--input-shape`` values binding an export's dynamic axes at ``batch`` x ``seq`` (images and audio: their
+    export's size; CLIP's text: at most its 77 positions)."""
+    if name in IMAGES:
+        side = 224 if full else 32
+        return [f"pixel_values={batch}x3x{side}x{side}"]
+    if name in AUDIO:
+        return [f"input_values={batch}x{16000 if full else 1600}"]
+    seq = min(seq, 77) if name == "clip_text" else seq
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if name in TEXT3 else [])
+    return [f"{n}={batch}x{seq}" for n in names]
+
+
 def export(out: Path, names: list[str], tiny: bool, full: bool = False, opset: int = OPSET) -> int:
     import torch
     import transformers as tf
