@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from tvmfuse._tvm import relax, tvm
 from tvmfuse.plan.rewrites._common import count_calls, module_pass
+from tvmfuse.plan.rewrites.channel_shuffle import shuffle_channels_last
 from tvmfuse.plan.rewrites.compose_transposes import compose_transposes
 from tvmfuse.plan.tags import RewriteLog
 
@@ -28,9 +29,12 @@ def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_k
     ])(mod)
     added = count_calls(mod, "relax.permute_dims") - before
     mod, cancelled = compose_transposes(mod)
+    mod, shuffles = shuffle_channels_last(mod)
     names = " / ".join(layout for layout, _ in layouts.values())
     log.notes.append(f"convolutions run channels-last ({names}): {added} layout transposes added at the edges"
-                     + (f"; {cancelled} transposes that undid each other removed" if cancelled else ""))
+                     + (f"; {cancelled} transposes that undid each other removed" if cancelled else "")
+                     + (f"; {shuffles} channel shuffles, splits and concatenations moved past their layout transposes"
+                        if shuffles else ""))
     return mod
 
 
