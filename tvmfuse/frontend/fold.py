@@ -116,7 +116,10 @@ def fold_shape_arithmetic(model: onnx.ModelProto, inferred: onnx.ModelProto) -> 
                 or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             continue
         derived = node.op_type in ("Shape", "Size") or any(name in from_shapes for name in node.input)
-        if node.op_type == "Shape" and node.input[0] in shapes:
+        value_attr = [a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR]
+        if node.op_type == "Constant" and value_attr and not is_external(value_attr[0]):
+            values = [numpy_helper.to_array(value_attr[0])]   # read, not run: hundreds a model, every round
+        elif node.op_type == "Shape" and node.input[0] in shapes:
             values = [_shape_of(node, shapes[node.input[0]])]
         elif node.op_type == "Size" and node.input[0] in shapes:
             values = [np.array(int(np.prod(shapes[node.input[0]], dtype=np.int64)), dtype=np.int64)]

@@ -23,7 +23,8 @@ def _axes(call) -> list[int] | None:
 
 
 def _shuffles(bindings) -> dict:
-    """``{final reshape var: (x, g)}`` for each NCHW shuffle of ``permute_dims(x, [0, 3, 1, 2])``."""
+    """``{final reshape var: (x, g, (N, H, W, C))}`` for each NCHW shuffle of ``permute_dims(x, [0, 3, 1, 2])``
+    into ``g`` groups."""
     defs, users = {b.var: b.value for b in bindings}, users_of(bindings)
     found = {}
     for b in bindings:
