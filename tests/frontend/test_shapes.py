@@ -40,6 +40,14 @@ def test_dynamic_input_error_names_the_input(tmp_path):
         load_model(path)
 
 
+def test_every_dynamic_input_is_named_in_one_error(tmp_path):
+    # a tokenizer's inputs (ids, mask) each dynamic: one run names both and the flags that bind them
+    path = _two_inputs(tmp_path, ["batch", "seq"], ["batch", "seq"], ["batch", "seq"])
+    with pytest.raises(ModelError, match=r"inputs 'a' \(batchxseq\), 'b' \(batchxseq\) have dynamic shapes") as err:
+        load_model(path)
+    assert "--input-shape a=1x1 --input-shape b=1x1" in err.value.hint
+
+
 def test_anonymous_dynamic_dim(tmp_path):
     path = _two_inputs(tmp_path, [2, 3], [None, 3], [2, 3])
     with pytest.raises(ModelError, match=r"input 'b' has a dynamic shape \(\?x3\)"):

@@ -68,17 +68,28 @@ def bind_input_shapes(model: onnx.ModelProto, overrides: dict[str, tuple[int, ..
                 bind(declared, given, vi.name)
 
     resolved: dict[str, tuple[int, ...]] = {}
+    dynamic: list[tuple[str, list, list]] = []   # (input, declared dims, dims with the bound symbols filled in)
     for vi in graph_inputs:
         if vi.name in overrides:
-            shape = overrides[vi.name]
-        else:
-            dims = _declared(vi)
-            filled = [symbols[d][0] if isinstance(d, str) and d in symbols else d for d in dims]
-            if any(not isinstance(d, int) for d in filled):
-                raise ModelError(f"input '{vi.name}' has a dynamic shape ({_show(dims)})",
-                                 hint=f"give it with --input-shape {vi.name}=" + "x".join(str(d) if isinstance(d, int) else "1" for d in filled))
-            shape = tuple(filled)
-        resolved[vi.name] = tuple(int(d) for d in shape)
+            resolved[vi.name] = tuple(int(d) for d in overrides[vi.name])
+            continue
+        dims = _declared(vi)
+        filled = [symbols[d][0] if isinstance(d, str) and d in symbols else d for d in dims]
+        if any(not isinstance(d, int) for d in filled):
+            dynamic.append((vi.name, dims, filled))
+            continue
+        resolved[vi.name] = tuple(int(d) for d in filled)
+    if dynamic:
+        # every dynamic input in one line: a tokenizer's three inputs took three runs, one error each
+        example = " ".join(f"--input-shape {name}=" + "x".join(str(d) if isinstance(d, int) else "1" for d in filled)
+                           for name, _, filled in dynamic)
+        if len(dynamic) == 1:
+            name, dims, _ = dynamic[0]
+            raise ModelError(f"input '{name}' has a dynamic shape ({_show(dims)})", hint=f"give it with {example}")
+        listed = ", ".join(f"'{name}' ({_show(dims)})" for name, dims, _ in dynamic)
+        raise ModelError(f"inputs {listed} have dynamic shapes",
+                         hint=f"give them with {example} (inputs sharing a dim name take one size)")
+    for vi in graph_inputs:
         shape_proto = vi.type.tensor_type.shape
         del shape_proto.dim[:]
         for d in resolved[vi.name]:
