@@ -126,7 +126,7 @@ TORCHVISION = ["seg_fcn_resnet50", "seg_deeplabv3_mobilenet_v3_large", "seg_lras
                "wide_resnet50_2", "convnext_small", "mobilenet_v3_large"]
 
 
-def export_torchvision(out: Path, names: list[str]) -> int:
+def export_torchvision(out: Path, names: list[str], opset: int = OPSET) -> int:
     import torch
     import torchvision
 
@@ -148,26 +148,41 @@ def export_torchvision(out: Path, names: list[str]) -> int:
             model, side = Out(inner), 128
         else:
             model, side = getattr(torchvision.models, name)(weights=None), 299 if name == "inception_v3" else 224
-        x = torch.randn(1, 3, side, side)
-        try:
-            with torch.no_grad():
-                torch.onnx.export(model.eval(), (x,), str(out / f"{name}.onnx"), input_names=["input"],
-                                  output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}},
-                                  opset_version=OPSET, dynamo=False)
-        except Exception as err:  # noqa: BLE001 - report the model and go on with the rest
-            print(f"FAILED {name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
-            failed += 1
-            continue
-        np.savez(out / f"{name}.inputs.npz", input=x.numpy())
-        print(f"exported {name}.onnx", flush=True)
+        failed += not _save(torch, model, [torch.randn(1, 3, side, side)], ["input"], {"input": {0: "batch"}},
+                            out / name, opset)
     return 1 if failed else 0
+
+
+def _save(torch, model, tensors: list, names: list[str], axes: dict, stem: Path, opset: int) -> bool:
+    """``model`` exported the TorchScript way to ``<stem>.onnx`` with its inputs in ``<stem>.inputs.npz``; an
+    export that fails is reported and skipped (the rest go on)."""
+    t0 = time.time()
+    try:
+        with torch.no_grad():
+            torch.onnx.export(model.eval(), tuple(tensors), f"{stem}.onnx", input_names=names, output_names=["output"],
+                              dynamic_axes={**axes, "output": {0: "batch"}}, opset_version=opset, dynamo=False)
+    except Exception as err:  # noqa: BLE001 - report the model and go on with the rest
+        print(f"FAILED {stem.name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
+        return False
+    np.savez(f"{stem}.inputs.npz", **{n: t.numpy() for n, t in zip(names, tensors)})
+    print(f"exported {stem.name}.onnx ({time.time() - t0:.1f} s)", flush=True)
+    return True
+
+
+CLIP_POSITIONS = 77   # CLIP's context length
+
+
+def _sizes(full: bool) -> tuple[int, int]:
+    """(image side, audio samples) of an export: the published input, or the small one."""
+    return (224, 16000) if full else (32, 1600)
 
 
 def _inputs(torch, name: str, full: bool = False):
     """(tensors, input names, dynamic axes) as a tokenizer or an image / audio pipeline hands them over."""
-    batch, seq, side, samples = (1, 128, 224, 16000) if full else (BATCH, SEQ, 32, 1600)
-    if full and name == "clip_text":
-        seq = 77   # CLIP's context length
+    side, samples = _sizes(full)
+    batch, seq = (1, 128) if full else (BATCH, SEQ)
+    if name == "clip_text":
+        seq = min(seq, CLIP_POSITIONS)
     if name in IMAGES:
         return [torch.randn(batch, 3, side, side)], ["pixel_values"], {"pixel_values": {0: "batch"}}
     if name in AUDIO:
@@ -186,12 +201,12 @@ def _inputs(torch, name: str, full: bool = False):
 def input_shapes(name: str, batch: int, seq: int, full: bool = False) -> list[str]:
     """``--input-shape`` values binding an export's dynamic axes at ``batch`` x ``seq`` (images and audio: their
     export's size; CLIP's text: at most its 77 positions)."""
+    side, samples = _sizes(full)
     if name in IMAGES:
-        side = 224 if full else 32
         return [f"pixel_values={batch}x3x{side}x{side}"]
     if name in AUDIO:
-        return [f"input_values={batch}x{16000 if full else 1600}"]
-    seq = min(seq, 77) if name == "clip_text" else seq
+        return [f"input_values={batch}x{samples}"]
+    seq = min(seq, CLIP_POSITIONS) if name == "clip_text" else seq
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if name in TEXT3 else [])
     return [f"{n}={batch}x{seq}" for n in names]
 
@@ -204,7 +219,6 @@ def export(out: Path, names: list[str], tiny: bool, full: bool = False, opset: i
     failed = 0
     for name in names:
         torch.manual_seed(0)
-        t0 = time.time()
         model = _build_full(tf, name) if full else _build(tf, name, tiny)
         if hasattr(model, "config"):
             model.config._attn_implementation = "eager"   # the attention users export, not SDPA's fused op
@@ -219,18 +233,8 @@ def export(out: Path, names: list[str], tiny: bool, full: bool = False, opset: i
                 out = self.inner(**dict(zip(input_names, args)))
                 return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
 
-        stem = f"{name}_full" if full else name
-        try:
-            with torch.no_grad():
-                torch.onnx.export(FirstOutput(model).eval(), tuple(tensors), str(out / f"{stem}.onnx"),
-                                  input_names=input_names, output_names=["output"],
-                                  dynamic_axes={**axes, "output": {0: "batch"}}, opset_version=opset, dynamo=False)
-        except Exception as err:  # noqa: BLE001 - report the architecture and go on with the rest
-            print(f"FAILED {name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
-            failed += 1
-            continue
-        np.savez(out / f"{stem}.inputs.npz", **{n: t.numpy() for n, t in zip(input_names, tensors)})
-        print(f"exported {stem}.onnx ({time.time() - t0:.1f} s)", flush=True)
+        failed += not _save(torch, FirstOutput(model), tensors, input_names, axes,
+                            out / (f"{name}_full" if full else name), opset)
     return 1 if failed else 0
 
 
@@ -246,7 +250,7 @@ def main() -> int:
                     "224 x 224 images, 1 s of 16 kHz audio")
     args = ap.parse_args()
     if args.torchvision:
-        return export_torchvision(args.out, args.models or TORCHVISION)
+        return export_torchvision(args.out, args.models or TORCHVISION, args.opset)
     args.models = args.models or MODELS
     if args.full and set(args.models) - set(FULL):
         ap.error("--full exports only " + " ".join(FULL))

@@ -23,6 +23,7 @@ import warnings
 import onnx
 
 from tvmfuse.errors import TvmfuseError
+from tvmfuse.frontend.fixups import value_types
 from tvmfuse.frontend.fold import outer_reads
 
 PRECISIONS = ("model", "fp32", "fp16")
@@ -87,13 +88,7 @@ def _drop_identity_casts(model: onnx.ModelProto) -> int:
     tensor; DINOv2 casts its pixels so). The converter casts an fp32 input to fp16 and then drops that cast and
     the model's own ``Cast(to=FLOAT)`` after it as a redundant pair, which left DINOv2's first conv reading the
     fp32 input with fp16 weights. A cast whose output the graph returns, or a subgraph reads, is kept."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - no types: nothing is known to be an identity
-        return 0
-    g = inferred.graph
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.value_info) + list(g.output)}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
+    types = value_types(model)
     # values the graph returns, or a subgraph reads from the outer scope, keep their names
     outputs = {o.name for o in model.graph.output}.union(*(outer_reads(n) for n in model.graph.node))
     rename, kept = {}, []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse.plan.cluster import bytes_fused, external_inputs
-from tvmfuse.plan.graph import INJECTIVE_K, NORM, REDUCE, Graph, Node
+from tvmfuse.plan.graph import INJECTIVE_K, NORM, REDUCE, Graph, Node, tensor_shape
 from tvmfuse.target import TargetInfo, vector_lanes
 
 
@@ -27,11 +27,8 @@ def _gpu_attention_decline(spec) -> str | None:
 def _reorders(n: Node) -> bool:
     """A transpose that moves elements: its non-unit axes come out in another order (a pooled 1 x 1 x C back to
     C is a reshape in effect; a square transpose reads as none, and is let through)."""
-    if n.kind != INJECTIVE_K or "transpose" not in n.op or not n.inputs or n.out_shape is None:
-        return False
-    try:
-        src = [int(d) for d in n.inputs[0].ty.shape.values]
-    except (AttributeError, TypeError):
+    src = tensor_shape(n.inputs[0].ty) if n.kind == INJECTIVE_K and "transpose" in n.op and n.inputs else None
+    if src is None or n.out_shape is None:
         return False
     return [d for d in src if d != 1] != [d for d in n.out_shape if d != 1]
 

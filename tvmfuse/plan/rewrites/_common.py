@@ -17,6 +17,12 @@ def op_name(call) -> str:
     return str(call.op.name) if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else ""
 
 
+def permute_axes(call) -> list[int]:
+    """A ``permute_dims`` call's permutation (no axes: the reversed order)."""
+    axes = call.attrs.axes
+    return list(range(int(call.args[0].ty.ndim)))[::-1] if axes is None else [int(a) for a in axes]
+
+
 def main_bindings(mod):
     """``main``'s bindings when its body is one dataflow block; ``None`` otherwise (nothing to rewrite)."""
     blocks = [b for b in mod["main"].body.blocks if isinstance(b, relax.DataflowBlock)]

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from tvmfuse._tvm import relax, tvm
 from tvmfuse.plan.graph import tensor_shape
-from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, op_name, rebuild_main, users_of
+from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, op_name, permute_axes, rebuild_main, users_of
+from tvmfuse.plan.rewrites.compose_transposes import compose_transposes
 
 _TO_NCHW = [0, 3, 1, 2]
 _MOST_ROUNDS = 64   # ShuffleNet-v2 has 16 shuffles; each round reaches one more block
-
-
-def _axes(call) -> list[int] | None:
-    return None if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
 
 
 def _shuffles(bindings) -> dict:
@@ -32,13 +29,13 @@ def _shuffles(bindings) -> dict:
         if op_name(last) != "relax.reshape" or not isinstance(last.args[0], relax.Var):
             continue
         swap = defs.get(last.args[0])
-        if op_name(swap) != "relax.permute_dims" or _axes(swap) != [0, 2, 1, 3, 4]:
+        if op_name(swap) != "relax.permute_dims" or permute_axes(swap) != [0, 2, 1, 3, 4]:
             continue
         split = defs.get(swap.args[0])
         if op_name(split) != "relax.reshape" or not isinstance(split.args[0], relax.Var):
             continue
         to_nchw = defs.get(split.args[0])
-        if op_name(to_nchw) != "relax.permute_dims" or _axes(to_nchw) != _TO_NCHW:
+        if op_name(to_nchw) != "relax.permute_dims" or permute_axes(to_nchw) != _TO_NCHW:
             continue
         x = to_nchw.args[0]
         nhwc, grouped, out = tensor_shape(x.ty), tensor_shape(swap.args[0].ty), tensor_shape(b.var.ty)
@@ -63,14 +60,14 @@ def _transposed_splits(bindings) -> tuple[dict, dict]:
             continue
         t = b.value.args[0]
         inner = defs.get(t)
-        if op_name(inner) != "relax.permute_dims" or _axes(inner) is None or len(users.get(t, [])) != 1:
+        if op_name(inner) != "relax.permute_dims" or len(users.get(t, [])) != 1:
             continue
         readers = users.get(b.var, [])
         if not readers or not all(isinstance(r.value, relax.TupleGetItem) for r in readers):
             continue
-        splits[b.var] = (inner.args[0], _axes(inner))
+        splits[b.var] = (inner.args[0], permute_axes(inner))
         for r in readers:
-            pieces[r.var] = (b.var, int(r.value.index), _axes(inner))
+            pieces[r.var] = (b.var, int(r.value.index), permute_axes(inner))
     return splits, pieces
 
 
@@ -84,10 +81,10 @@ def _transposed_concats(bindings) -> dict:
             continue
         parts = list(b.value.args[0].fields)
         inner = [defs.get(v) if isinstance(v, relax.Var) else None for v in parts]
-        if not inner or any(op_name(i) != "relax.permute_dims" or _axes(i) is None for i in inner):
+        if not inner or any(op_name(i) != "relax.permute_dims" for i in inner):
             continue
-        axes = _axes(inner[0])
-        if any(_axes(i) != axes for i in inner) or any(len(users.get(v, [])) != 1 for v in parts):
+        axes = permute_axes(inner[0])
+        if any(permute_axes(i) != axes for i in inner) or any(len(users.get(v, [])) != 1 for v in parts):
             continue
         found[b.var] = ([i.args[0] for i in inner], axes, int(b.value.attrs.axis))
     return found
@@ -117,8 +114,6 @@ def _sink_once(mod) -> "tuple[tvm.IRModule, int]":
 def shuffle_channels_last(mod) -> "tuple[tvm.IRModule, int]":
     """Move the layout transposes around channel shuffles out of the way until nothing changes (each round
     exposes the next block's shuffle); returns the module and the number of shuffles rewritten."""
-    from tvmfuse.plan.rewrites.compose_transposes import compose_transposes
-
     total = 0
     for _ in range(_MOST_ROUNDS):
         mod, changed = _sink_once(mod)

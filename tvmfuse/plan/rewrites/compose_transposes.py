@@ -2,13 +2,8 @@
 from __future__ import annotations
 
 from tvmfuse._tvm import relax, tvm
-from tvmfuse.plan.rewrites._common import CLEAN, count_calls, main_bindings, module_pass, op_name, rebuild_main
-
-
-def _axes(call) -> list[int]:
-    axes = call.attrs.axes
-    ndim = int(call.args[0].ty.ndim)
-    return list(range(ndim))[::-1] if axes is None else [int(a) for a in axes]
+from tvmfuse.plan.rewrites._common import (CLEAN, count_calls, main_bindings, module_pass, op_name,
+                                           permute_axes, rebuild_main)
 
 
 def compose_transposes(mod) -> "tuple[tvm.IRModule, int]":
@@ -27,11 +22,11 @@ def compose_transposes(mod) -> "tuple[tvm.IRModule, int]":
     for b in bindings:
         if op_name(b.value) != "relax.permute_dims":
             continue
-        axes, x = _axes(b.value), b.value.args[0]
+        axes, x = permute_axes(b.value), b.value.args[0]
         inner = defs.get(x)
         composed = op_name(inner) == "relax.permute_dims"
         if composed:
-            p = _axes(inner)
+            p = permute_axes(inner)
             axes, x = [p[i] for i in axes], inner.args[0]
         if axes == list(range(len(axes))):
             plan[b.var] = lambda bb, vmap, x=x: vmap.get(x, x)
