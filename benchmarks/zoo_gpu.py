@@ -77,13 +77,18 @@ def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
     return f"{model}/{size}/{precision}/b{batch}" + ("" if _is_image(model) else f"s{seq}")
 
 
-def _export(model: str, size: str, batch: int, seq: int, work: Path) -> tuple[str, list[str]]:
+def _export(model: str, size: str, batch: int, seq: int, work: Path,
+            onnx_dir: Path | None = None) -> tuple[str, list[str]]:
     """(ONNX path, --input-shape values): a ``model_zoo`` export, or for ``uf:NAME`` a ``scripts/user_form.py`` one
-    (TorchScript, dynamic axes, the tokenizer's inputs) bound at ``batch`` x ``seq``."""
+    (TorchScript, dynamic axes, the tokenizer's inputs) bound at ``batch`` x ``seq``: the one in ``onnx_dir`` where
+    it is there (the H200 machine has no transformers to export it with)."""
     if model.startswith("uf:"):
         import user_form
 
         name, full = model[3:], size == "full"
+        carried = onnx_dir / f"{name}{'_full' if full else ''}.onnx" if onnx_dir else None
+        if carried and carried.exists():
+            return str(carried), user_form.input_shapes(name, batch, seq, full)
         if user_form.export(work, [name], tiny=False, full=full):
             raise RuntimeError(f"user_form could not export {name}")
         return str(work / f"{name}{'_full' if full else ''}.onnx"), user_form.input_shapes(name, batch, seq, full)
@@ -95,11 +100,11 @@ def _export(model: str, size: str, batch: int, seq: int, work: Path) -> tuple[st
 
 
 def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path,
-            deadline: float, baselines: str = BASELINES) -> dict:
+            deadline: float, baselines: str = BASELINES, onnx_dir: Path | None = None) -> dict:
     row: dict = {"model": model, "size": size, "precision": precision, "batch": batch,
                  "seq": None if _is_image(model) else seq}
     t0 = time.time()
-    onnx_path, shapes = _export(model, size, batch, seq, work)
+    onnx_path, shapes = _export(model, size, batch, seq, work, onnx_dir)
     row["export_s"] = time.time() - t0
     bound = [a for s in shapes for a in ("--input-shape", s)]
     if budget > 0:
@@ -172,6 +177,8 @@ def main() -> int:
                     help="bench --against (torch-compile-max alone compiles for minutes a model)")
     ap.add_argument("--db", type=Path, default=None, help="a database carried in (copied to $OUT/zoo.db)")
     ap.add_argument("--results", type=Path, default=None, help="an earlier zoo_gpu.json carried in: its rows are kept")
+    ap.add_argument("--onnx-dir", type=Path, default=None,
+                    help="carried user_form exports (uf:NAME rows read NAME.onnx, or NAME_full.onnx with --size full)")
     ap.add_argument("--deadline-s", type=float, default=540.0)
     ap.add_argument("--row-extra-s", type=float, default=300.0,
                     help="a row's time beyond its tune budget, before one has been measured in this call")
@@ -196,7 +203,7 @@ def main() -> int:
                 log(f"{key}: export, " + (f"tune ({a.budget:.0f} s), " if a.budget > 0 else "untuned, ") + "bench")
                 try:
                     rows[key] = run_row(model, a.size, precision, batch, a.seq, a.budget, db, work,
-                                        T0 + a.deadline_s, a.baselines)
+                                        T0 + a.deadline_s, a.baselines, a.onnx_dir)
                 except Exception as err:  # noqa: BLE001 - one row's failure is that row's entry
                     rows[key] = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"}
                 extra = max(extra, time.time() - t_row - a.budget)
