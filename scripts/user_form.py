@@ -10,6 +10,7 @@ which is what tvmfuse's frontend has to fold (``tvmfuse/frontend/fold.py``). Ran
     /tmp/xvenv/bin/python scripts/user_form.py --out tests/fixtures/user_form --tiny --models roberta bert gemma swin
     /tmp/xvenv/bin/python scripts/user_form.py --out /tmp/hff --full                # base sizes, 1 x 128 tokens
     /tmp/xvenv/bin/python scripts/user_form.py --out /tmp/tv --torchvision          # torchvision, dynamic batch
+    /tmp/xvenv/bin/python scripts/user_form.py --out /tmp/kv --optimum              # decoders with their KV cache
     tvmfuse bench /tmp/hf/roberta.onnx --target llvm --against onnxruntime \\
         --input-shape input_ids=2x16 --input-shape attention_mask=2x16
 
@@ -238,11 +239,54 @@ def export(out: Path, names: list[str], tiny: bool, full: bool = False, opset: i
     return 1 if failed else 0
 
 
+# --optimum: causal LMs through Hugging Face optimum's exporter (``optimum-cli export onnx --task
+# text-generation-with-past``), the way most published decoder ONNX files were made: input_ids, attention_mask,
+# position_ids and every layer's past_key_values.N.key / .value in, the logits and present.N.* out, the past's
+# length a dynamic axis (0 on the first step)
+OPTIMUM = ["llama", "gpt2"]
+
+
+def export_optimum(out: Path, names: list[str], tiny: bool) -> int:
+    import tempfile
+
+    import torch
+    import transformers as tf
+    from optimum.exporters.onnx import main_export
+
+    width, vocab = (32, 256) if tiny else (64, 1000)
+    builders = {
+        # grouped K/V heads, rotary embeddings
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=width, num_attention_heads=4,
+                                                            num_key_value_heads=2, intermediate_size=2 * width,
+                                                            num_hidden_layers=2, vocab_size=vocab)),
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=width, n_head=4, n_layer=2, vocab_size=vocab,
+                                                         n_positions=256)),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in names:
+        torch.manual_seed(0)
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            builders[name]().save_pretrained(f"{tmp}/model")
+            try:
+                main_export(f"{tmp}/model", f"{tmp}/onnx", task="text-generation-with-past")  # its default opset
+            except Exception as err:  # noqa: BLE001 - report the model and go on with the rest
+                print(f"FAILED {name}_past: {type(err).__name__}: {str(err)[:200]}", flush=True)
+                failed += 1
+                continue
+            Path(f"{tmp}/onnx/model.onnx").replace(out / f"{name}_past.onnx")
+        print(f"exported {name}_past.onnx ({time.time() - t0:.1f} s)", flush=True)
+    return 1 if failed else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--models", nargs="+", default=None, choices=MODELS + TORCHVISION)
+    ap.add_argument("--models", nargs="+", default=None, choices=MODELS + TORCHVISION + OPTIMUM)
     ap.add_argument("--torchvision", action="store_true", help="torchvision's models (TORCHVISION) instead")
+    ap.add_argument("--optimum", action="store_true", help="causal LMs with their KV cache through optimum "
+                    "(OPTIMUM; needs optimum-onnx, which wants transformers < 4.58)")
     ap.add_argument("--tiny", action="store_true", help="hidden 32, one layer: the test fixtures")
     ap.add_argument("--opset", type=int, default=OPSET, help="older exports: 11 (Unsqueeze's axes an attribute, "
                     "ReduceSum's too), 13, 14")
@@ -251,6 +295,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.torchvision:
         return export_torchvision(args.out, args.models or TORCHVISION, args.opset)
+    if args.optimum:
+        return export_optimum(args.out, args.models or OPTIMUM, args.tiny)
     args.models = args.models or MODELS
     if args.full and set(args.models) - set(FULL):
         ap.error("--full exports only " + " ".join(FULL))

@@ -70,7 +70,7 @@ def test_shapes_that_do_not_broadcast_refused(tmp_path):
         load_model(path, input_shapes={"a": (2, 3), "b": (5, 3)})
 
 
-@pytest.mark.parametrize("item", ["x", "x=", "=1x2", "x=1x0", "x=1xa", "x=-1"])
+@pytest.mark.parametrize("item", ["x", "x=", "=1x2", "x=1x-2", "x=1xa", "x=-1"])
 def test_bad_input_shape_syntax(item):
     with pytest.raises(ModelError, match="bad --input-shape"):
         parse_input_shapes([item])
@@ -78,3 +78,5 @@ def test_bad_input_shape_syntax(item):
 
 def test_input_shape_parse():
     assert parse_input_shapes(["input_ids=1x16", "a=b=2X3"]) == {"input_ids": (1, 16), "a=b": (2, 3)}
+    # a decoder's first step: its KV cache holds no token yet
+    assert parse_input_shapes(["past_key_values.0.key=1x2x0x64"]) == {"past_key_values.0.key": (1, 2, 0, 64)}

@@ -83,3 +83,36 @@ def test_a_dynamic_axes_export_builds_for_cuda(name):
     assert result.kernels and result.cuda_graph
     if name == "roberta":   # TVM's GPU scan for the mask's cumsum
         assert any(k.schedule == "prescheduled" and "cumsum" in k.name for k in result.kernels), result.kernels
+
+
+def _decoder_feeds(name: str, past: int, seq: int = 3, batch: int = 2) -> dict[str, np.ndarray]:
+    """A step of generation: ``seq`` new tokens after ``past`` cached ones (0: the first step), as optimum's
+    ORTModelForCausalLM hands them over."""
+    rng = np.random.default_rng(past)
+    heads = 2 if name == "llama" else 4          # LLaMA's grouped K/V heads, GPT-2's all four
+    feeds = {"input_ids": rng.integers(0, 256, (batch, seq), dtype=np.int64),
+             "attention_mask": np.ones((batch, past + seq), dtype=np.int64),
+             "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))}
+    for layer in range(2):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{layer}.{kv}"] = rng.standard_normal((batch, heads, past, 8)).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("name,past,precision", [("llama", 0, "fp16"), ("llama", 5, "model"), ("gpt2", 5, "fp16")])
+def test_a_decoder_with_its_kv_cache_matches_onnxruntime_on_every_output(name, past, precision, llvm_target):
+    # optimum's export (scripts/user_form.py --optimum --tiny): the past's length is a dynamic axis, 0 on the first
+    # step; present.N.key is returned and read by the layer's own attention, which the fp16 converter's output
+    # cast had turned fp32 inside the graph
+    path = FIXTURES / f"{name}_past.onnx"
+    feeds = _decoder_feeds(name, past)
+    loaded = load_model(path, input_shapes={k: v.shape for k, v in feeds.items()}, precision=precision)
+    fused, _ = partition(import_model(loaded), target=llvm_target)
+    built = build(fused, target=llvm_target, database=None)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)
+    refs = verify.run_onnxruntime(path, feeds)
+    assert len(out) == len(refs) == 5   # the logits and four present tensors
+    for got, ref, spec in zip(out, refs, loaded.outputs):
+        assert got.shape == ref.shape and np.dtype(spec.dtype) == np.float32
+        assert verify.relative_error(got.numpy(), ref) < (1e-2 if precision == "fp16" else 1e-4), spec.name

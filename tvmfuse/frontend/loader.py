@@ -89,7 +89,7 @@ def parse_input_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
             if not sep or not name:
                 raise ValueError
             shape = tuple(int(d) for d in dims.lower().split("x"))
-            if any(d <= 0 for d in shape):
+            if any(d < 0 for d in shape):   # 0: a decoder's empty KV cache on its first step
                 raise ValueError
         except ValueError:
             raise ModelError(f"bad --input-shape '{item}'", hint="expected NAME=D1xD2x..., e.g. input=1x3x224x224") from None

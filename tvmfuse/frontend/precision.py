@@ -80,6 +80,7 @@ def convert(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
     except Exception as err:  # noqa: BLE001 - the converter raises many types; the user needs one line
         raise TvmfuseError(f"the fp16 conversion failed: {type(err).__name__}: {str(err)[:200]}") from None
     _casts_follow_their_values(converted)
+    _outputs_read_inside(converted)
     return converted
 
 
@@ -128,3 +129,27 @@ def _casts_follow_their_values(model: onnx.ModelProto) -> int:
                 attr.i = fp16
                 fixed += 1
     return fixed
+
+
+def _outputs_read_inside(model: onnx.ModelProto) -> int:
+    """A value the graph both returns and reads (a decoder's ``present.N.key``, which its own attention reads
+    next) gets the converter's fp32 output cast under the output's name, and the nodes inside still read that
+    name: fp32 where the converted graph declares fp16 (TVM imports a mixed-type multiply). They now read the
+    fp16 value before the cast."""
+    fp32, fp16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    types = value_types(model)
+    outputs = {o.name for o in model.graph.output}
+    before = {}
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.output[0] in outputs \
+                and any(a.name == "to" and a.i == fp32 for a in node.attribute) and types.get(node.input[0]) == fp16:
+            before[node.output[0]] = node.input[0]
+    rewired = 0
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.output[0] in before:
+            continue
+        for i, name in enumerate(node.input):
+            if name in before:
+                node.input[i] = before[name]
+                rewired += 1
+    return rewired
