@@ -5,13 +5,47 @@ size. A dim given for one input binds that name for every other input and output
 """
 from __future__ import annotations
 
+import re
+
 import onnx
 
 from tvmfuse.errors import ModelError
 
 
 def _show(dims) -> str:
-    return "x".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+    # spaces around a named dim's x: "batch_size x sequence_length", not "batch_sizexsequence_length"
+    sep = "x" if all(isinstance(d, int) for d in dims) else " x "
+    return sep.join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
+
+
+_TERM = re.compile(r"\s*([+-])?\s*([A-Za-z_][\w.]*|\d+)\s*")
+
+
+def _sum_of(dim: str, size) -> int | None:
+    """A dim an exporter declares as a sum of names and numbers (optimum's ``past_sequence_length +
+    sequence_length``), each name's size from ``size(name)``; None where it is not such a sum or a name has no
+    size."""
+    total, pos, terms = 0, 0, 0
+    while pos < len(dim):
+        m = _TERM.match(dim, pos)
+        if not m or m.end() == pos:
+            return None
+        value = int(m.group(2)) if m.group(2).isdigit() else size(m.group(2))
+        if value is None:
+            return None
+        total += -value if m.group(1) == "-" else value
+        pos, terms = m.end(), terms + 1
+    return total if terms > 1 else None
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _example(dim) -> int:
+    """A size for a dynamic dim in the suggested flags: 1 for each name, so a sum of names suggests their sum,
+    consistent with the inputs that take the names one by one."""
+    return dim if isinstance(dim, int) else max(_or(_sum_of(dim or "", lambda _: 1), 1), 1)
 
 
 def _declared(vi: onnx.ValueInfoProto) -> list[int | str | None]:
@@ -67,6 +101,16 @@ def bind_input_shapes(model: onnx.ModelProto, overrides: dict[str, tuple[int, ..
             if isinstance(declared, str):
                 bind(declared, given, vi.name)
 
+    def bound(name: str) -> int | None:
+        return symbols[name][0] if name in symbols else None
+
+    for vi in graph_inputs:   # a dim declared as a sum of names agrees with the sizes the names took
+        for given, declared in zip(overrides.get(vi.name, ()), _declared(vi) if vi.name in overrides else ()):
+            total = _sum_of(declared, bound) if isinstance(declared, str) else None
+            if total is not None and total != given:
+                raise ModelError(f"--input-shape for '{vi.name}' gives {given} for '{declared}', which the other "
+                                 f"inputs make {total}")
+
     resolved: dict[str, tuple[int, ...]] = {}
     dynamic: list[tuple[str, list, list]] = []   # (input, declared dims, dims with the bound symbols filled in)
     for vi in graph_inputs:
@@ -75,13 +119,15 @@ def bind_input_shapes(model: onnx.ModelProto, overrides: dict[str, tuple[int, ..
             continue
         dims = _declared(vi)
         filled = [symbols[d][0] if isinstance(d, str) and d in symbols else d for d in dims]
+        # a sum of bound names: the attention mask of a decoder given its past and its new tokens
+        filled = [_or(_sum_of(d, bound), d) if isinstance(d, str) else d for d in filled]
         if any(not isinstance(d, int) for d in filled):
             dynamic.append((vi.name, dims, filled))
             continue
         resolved[vi.name] = tuple(int(d) for d in filled)
     if dynamic:
         # every dynamic input in one line: a tokenizer's three inputs took three runs, one error each
-        example = " ".join(f"--input-shape {name}=" + "x".join(str(d) if isinstance(d, int) else "1" for d in filled)
+        example = " ".join(f"--input-shape {name}=" + "x".join(str(_example(d)) for d in filled)
                            for name, _, filled in dynamic)
         if len(dynamic) == 1:
             name, dims, _ = dynamic[0]
