@@ -88,6 +88,8 @@ def _export(model: str, size: str, batch: int, seq: int, work: Path,
         name, full = model[3:], size == "full"
         carried = onnx_dir / f"{name}{'_full' if full else ''}.onnx" if onnx_dir else None
         if carried and carried.exists():
+            if name.endswith("_past"):   # optimum's decoder with its KV cache: one new token after seq cached ones
+                return str(carried), _decode_step(carried, batch, seq)
             return str(carried), user_form.input_shapes(name, batch, seq, full)
         if user_form.export(work, [name], tiny=False, full=full):
             raise RuntimeError(f"user_form could not export {name}")
@@ -97,6 +99,18 @@ def _export(model: str, size: str, batch: int, seq: int, work: Path,
     image = _is_image(model)
     # the fp32 export, converted by --precision fp16 where asked: the form users have their models in
     return str(export(work, [model], size, None if image else seq, batch, ("float32",))[0]), []
+
+
+def _decode_step(path: Path, batch: int, past: int) -> list[str]:
+    """``--input-shape`` values for one generation step of an optimum export: ``batch`` sequences, one new token,
+    ``past`` tokens in the KV cache."""
+    import onnx
+
+    sizes = {"batch_size": batch, "sequence_length": 1, "past_sequence_length": past,
+             "past_sequence_length + sequence_length": past + 1}
+    model = onnx.load(str(path), load_external_data=False)
+    return [vi.name + "=" + "x".join(str(d.dim_value if d.HasField("dim_value") else sizes[d.dim_param])
+                                     for d in vi.type.tensor_type.shape.dim) for vi in model.graph.input]
 
 
 def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path,
