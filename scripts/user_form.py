@@ -276,8 +276,39 @@ def export_optimum(out: Path, names: list[str], tiny: bool) -> int:
                 failed += 1
                 continue
             Path(f"{tmp}/onnx/model.onnx").replace(out / f"{name}_past.onnx")
-        print(f"exported {name}_past.onnx ({time.time() - t0:.1f} s)", flush=True)
+            _merge(out / f"{name}_past.onnx", out / f"{name}_merged.onnx")
+        print(f"exported {name}_past.onnx and {name}_merged.onnx ({time.time() - t0:.1f} s)", flush=True)
     return 1 if failed else 0
+
+
+def _merge(with_past: Path, merged: Path) -> None:
+    """optimum 1.x's ``decoder_model_merged.onnx``: the first step (no past inputs; the logits and the new KV
+    cache out) and the later steps under one ``If`` on a ``use_cache_branch`` input, weights shared. The first
+    step is the with-past graph reading an empty cache it makes itself (TorchScript cannot trace transformers
+    4.57's first-step masks), which is what it computes."""
+    import onnx
+    from onnx import helper as h
+    from optimum.onnx.graph_transformations import merge_decoders
+
+    first = onnx.load(str(with_past))
+    pasts = [vi for vi in first.graph.input if vi.name.startswith("past_key_values.")]
+    made = [h.make_node("Shape", ["input_ids"], ["first_step/batch"], start=0, end=1)]
+    for vi in pasts:
+        rest = [d.dim_value for d in vi.type.tensor_type.shape.dim][1:]
+        rest[-2] = 0   # (batch, heads, past 0, head dim)
+        made += [h.make_node("Constant", [], [f"{vi.name}/rest"], value=onnx.numpy_helper.from_array(
+                     np.array(rest, np.int64), f"{vi.name}/rest")),
+                 h.make_node("Concat", ["first_step/batch", f"{vi.name}/rest"], [f"{vi.name}/shape"], axis=0),
+                 h.make_node("ConstantOfShape", [f"{vi.name}/shape"], [f"first_step/{vi.name}"])]
+    for node in first.graph.node:   # one name each across the two branches (SSA holds over the If's scopes)
+        node.input[:] = [f"first_step/{n}" if n.startswith("past_key_values.") else n for n in node.input]
+    kept = [vi for vi in first.graph.input if vi not in pasts]
+    del first.graph.input[:]
+    first.graph.input.extend(kept)
+    nodes = made + list(first.graph.node)
+    del first.graph.node[:]
+    first.graph.node.extend(nodes)
+    merge_decoders(first, onnx.load(str(with_past)), save_path=str(merged))
 
 
 def main() -> int:

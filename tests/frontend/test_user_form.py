@@ -116,3 +116,39 @@ def test_a_decoder_with_its_kv_cache_matches_onnxruntime_on_every_output(name, p
     for got, ref, spec in zip(out, refs, loaded.outputs):
         assert got.shape == ref.shape and np.dtype(spec.dtype) == np.float32
         assert verify.relative_error(got.numpy(), ref) < (1e-2 if precision == "fp16" else 1e-4), spec.name
+
+
+@pytest.mark.parametrize("past", [0, 4])
+def test_a_merged_decoder_takes_the_branch_its_past_implies(past, llvm_target, tmp_path):
+    # optimum 1.x's decoder_model_merged.onnx: the first step and the later steps under one If on use_cache_branch
+    from tvmfuse.errors import TvmfuseError
+
+    path = FIXTURES / "llama_merged.onnx"
+    feeds = _decoder_feeds("llama", past)
+    loaded = load_model(path, input_shapes={k: v.shape for k, v in feeds.items()})
+    assert f"input-fixed use_cache_branch={past > 0}" in loaded.fixups and "branches-inlined x1" in loaded.fixups
+    assert not any(n.op_type == "If" for n in loaded.proto.graph.node)
+    switch = next(s for s in loaded.inputs if s.name == "use_cache_branch")
+    assert switch.fixed == (past > 0,) and type(switch).from_json(switch.to_json()) == switch
+    feeds["use_cache_branch"] = verify.random_inputs([switch])["use_cache_branch"]
+    fused, _ = partition(import_model(loaded), target=llvm_target)
+    built = build(fused, target=llvm_target, database=None)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)
+    refs = verify.run_onnxruntime(path, feeds)
+    for got, ref in zip(out, refs):
+        assert verify.relative_error(got.numpy(), ref) < 1e-4
+    # the branch not compiled gives other outputs: a run handed the other value is refused, not answered wrongly
+    other = verify.run_onnxruntime(path, {**feeds, "use_cache_branch": ~feeds["use_cache_branch"]})
+    if past:
+        assert verify.relative_error(other[0], refs[0]) > 1e-2
+    np.savez(tmp_path / "in.npz", **{**feeds, "use_cache_branch": ~feeds["use_cache_branch"]})
+    with pytest.raises(TvmfuseError, match="input 'use_cache_branch' is .* compiled for"):
+        verify.load_inputs(tmp_path / "in.npz", loaded.inputs)
+
+
+def test_a_merged_decoder_needs_the_past_length():
+    from tvmfuse.errors import ModelError
+
+    with pytest.raises(ModelError, match="use_cache_branch' follows the KV cache's length"):
+        load_model(FIXTURES / "llama_merged.onnx", input_shapes={"input_ids": (1, 1)})

@@ -28,6 +28,7 @@ from onnx import helper as onnx_helper
 from tvmfuse.errors import ModelError
 from tvmfuse.frontend.external_data import check_external_data, is_external, load_external_data, tensor_nbytes
 from tvmfuse.frontend.fixups import apply_fixups, value_types
+from tvmfuse.frontend.branches import fix_cache_switch, inline_known_branches
 from tvmfuse.frontend.fold import fold_shape_arithmetic
 from tvmfuse.frontend.precision import check_precision
 from tvmfuse.frontend.precision import convert as convert_precision
@@ -47,16 +48,18 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     high: int | None = None   # an integer input's exclusive upper bound where the graph gives one (value_ranges.py)
+    fixed: tuple | None = None  # the value, flat, an input was fixed to when compiled (branches.py)
 
     def to_json(self) -> dict:
         d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-        return d if self.high is None else {**d, "high": self.high}
+        d = d if self.high is None else {**d, "high": self.high}
+        return d if self.fixed is None else {**d, "fixed": list(self.fixed)}
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorSpec":
-        high = d.get("high")
+        high, fixed = d.get("high"), d.get("fixed")
         return cls(name=d["name"], shape=tuple(int(x) for x in d["shape"]), dtype=d["dtype"],
-                   high=None if high is None else int(high))
+                   high=None if high is None else int(high), fixed=None if fixed is None else tuple(fixed))
 
 
 @dataclass(frozen=True)
@@ -305,13 +308,18 @@ def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict, 
         raise _too_large(f"{path.name} with its external data", (external + path.stat().st_size) * _MEMORY_FACTOR, budget)
     _check_embedded(model)
     fixups = apply_fixups(model, value_types(_skeleton(model, folder)))
+    fixed = fix_cache_switch(model, input_shapes)
     shapes = bind_input_shapes(model, input_shapes)
-    folded = 0
+    folded = inlined = 0
     for _ in range(_FOLD_ROUNDS):   # a folded value can make the next shapes static (a reshape's output)
+        branches = inline_known_branches(model)
         more = fold_shape_arithmetic(model, _inferred(_skeleton(model, folder)))
-        folded += more
-        if not more:
+        folded, inlined = folded + more, inlined + branches
+        if not more and not branches:
             break
+    fixups += tuple(f"input-fixed {name}={value.ravel()[0]}" for name, value in fixed.items())
+    if inlined:
+        fixups += (f"branches-inlined x{inlined}",)
     if folded:
         fixups += (f"shape-arithmetic-folded x{folded}",)
     inferred = _validate(model, path.name, folder)
@@ -323,7 +331,7 @@ def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict, 
     bounds = index_bounds(model)
     inputs = tuple(
         TensorSpec(vi.name, shapes[vi.name], _dtype_name(vi.type.tensor_type.elem_type, f"input '{vi.name}'"),
-                   bounds.get(vi.name))
+                   bounds.get(vi.name), tuple(fixed[vi.name].ravel().tolist()) if vi.name in fixed else None)
         for vi in model.graph.input if vi.name not in init_names
     )
     inferred_out = {vi.name: vi for vi in inferred.graph.output}

@@ -53,7 +53,10 @@ def random_inputs(specs, *, seed: int = 0) -> dict[str, np.ndarray]:
     for s in specs:
         name, shape, dtype = (s["name"], s["shape"], s["dtype"]) if isinstance(s, dict) else (s.name, s.shape, s.dtype)
         high = s.get("high") if isinstance(s, dict) else getattr(s, "high", None)
-        if np.issubdtype(np.dtype(dtype), np.floating):
+        fixed = s.get("fixed") if isinstance(s, dict) else getattr(s, "fixed", None)
+        if fixed is not None:   # the value the input was compiled for (optimum's use_cache_branch)
+            out[name] = np.array(fixed, dtype=dtype).reshape(shape)
+        elif np.issubdtype(np.dtype(dtype), np.floating):
             out[name] = rng.standard_normal(shape).astype(dtype)
         elif "mask" in name.lower():
             out[name] = padding_mask(shape).astype(dtype)
@@ -78,6 +81,13 @@ def load_inputs(path: str | Path, specs) -> dict[str, np.ndarray]:
     missing = [n for n in names if n not in data]
     if missing:
         raise TvmfuseError(f"{path.name} lacks input(s) {', '.join(missing)}", hint="its keys are " + ", ".join(sorted(data)))
+    for s in specs:
+        name = s["name"] if isinstance(s, dict) else s.name
+        fixed = s.get("fixed") if isinstance(s, dict) else getattr(s, "fixed", None)
+        if fixed is not None and np.asarray(data[name]).ravel().tolist() != list(fixed):
+            raise TvmfuseError(f"{path.name}: input '{name}' is {np.asarray(data[name]).ravel().tolist()}, but the model "
+                               f"was compiled for {list(fixed)}",
+                               hint="compile it again with the shapes of this step (the KV cache's length decides it)")
     return {n: data[n] for n in names}
 
 
