@@ -16,6 +16,7 @@ from onnx import helper as onnx_helper
 from onnx import numpy_helper
 
 from tvmfuse.errors import ModelError
+from tvmfuse.frontend.external_data import is_external
 
 CACHE_SWITCH = "use_cache_branch"   # optimum's merged decoders
 
@@ -66,12 +67,23 @@ def _rename_reads(graph: onnx.GraphProto, rename: dict[str, str]) -> None:
                 _rename_reads(sub, rename)
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    found = {t.name: t for t in graph.initializer if int(np.prod(t.dims, dtype=np.int64)) <= 16}
+def _conditions(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The values the main graph's ``If`` conditions read, where they are constants."""
+    wanted = {n.input[0] for n in graph.node if n.op_type == "If" and n.input}
+    found = {t.name: t for t in graph.initializer if t.name in wanted}
     for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+        if node.op_type == "Constant" and node.output[0] in wanted and node.attribute \
+                and node.attribute[0].name == "value":
             found[node.output[0]] = node.attribute[0].t
-    return {name: numpy_helper.to_array(t) for name, t in found.items()}
+    values = {}
+    for name, t in found.items():
+        if is_external(t):
+            continue
+        try:
+            values[name] = numpy_helper.to_array(t)
+        except Exception:  # noqa: BLE001 - data that does not fit its dims: the checker reports it next
+            continue
+    return values
 
 
 def _names(graph: onnx.GraphProto) -> set[str]:
@@ -86,7 +98,7 @@ def inline_known_branches(model: onnx.ModelProto) -> int:
     """Replace each ``If`` of the main graph whose condition is a constant by its taken branch's nodes; return
     how many were replaced."""
     graph = model.graph
-    consts = _constants(graph)
+    consts = _conditions(graph)
     taken_names = _names(graph)
     nodes, inlined = [], 0
     for node in graph.node:
