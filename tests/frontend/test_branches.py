@@ -51,3 +51,25 @@ def test_a_branch_chosen_by_the_bound_shape_is_inlined(tmp_path):
         ours = ort.InferenceSession(loaded.proto.SerializeToString()).run(None, {"x": x})[0]
         np.testing.assert_allclose(ours, got, rtol=1e-6)
         np.testing.assert_allclose(ours, 4 * (x * 2 if rows > 4 else x), rtol=1e-6)
+
+
+def test_the_taken_branch_decides_an_outputs_shape(tmp_path):
+    # optimum's seq2seq merge: on the with-past branch the encoder's K/V outputs are empty constants, while the
+    # graph declares them (batch, heads, encoder length, head dim)
+    from onnx import numpy_helper as nh
+
+    empty = h.make_graph([h.make_node("Constant", [], ["e"], value=nh.from_array(np.zeros((0, 3), np.float32), "e"))],
+                         "then", [], [h.make_tensor_value_info("e", TP.FLOAT, [0, 3])])
+    full = h.make_graph([h.make_node("Identity", ["x"], ["f"])], "else", [],
+                        [h.make_tensor_value_info("f", TP.FLOAT, ["n", 3])])
+    g = h.make_graph([h.make_node("If", ["use_cache_branch"], ["y"], then_branch=empty, else_branch=full),
+                      h.make_node("Relu", ["x"], ["z"])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, ["n", 3]),
+                      h.make_tensor_value_info("past_key_values.0.key", TP.FLOAT, ["n", "past_sequence_length"]),
+                      h.make_tensor_value_info("use_cache_branch", TP.BOOL, [1])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["n", 3]), h.make_tensor_value_info("z", TP.FLOAT, ["n", 3])])
+    path = tmp_path / "merged.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    loaded = load_model(path, input_shapes={"x": (2, 3), "past_key_values.0.key": (2, 5)})
+    assert [s.shape for s in loaded.outputs] == [(0, 3), (2, 3)]
+    assert next(s for s in loaded.inputs if s.name == "use_cache_branch").fixed == (True,)

@@ -100,7 +100,7 @@ def inline_known_branches(model: onnx.ModelProto) -> int:
     graph = model.graph
     consts = _conditions(graph)
     taken_names = _names(graph)
-    nodes, inlined = [], 0
+    nodes, inlined, results = [], 0, {}
     for node in graph.node:
         cond = consts.get(node.input[0]) if node.op_type == "If" and node.domain in ("", "ai.onnx") else None
         if cond is None or cond.size != 1:
@@ -109,10 +109,25 @@ def inline_known_branches(model: onnx.ModelProto) -> int:
         branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(cond.ravel()[0])
                                                                   else "else_branch"))
         nodes += _branch_nodes(graph, branch, node, taken_names)
+        results.update({result: out.type for result, out in zip(node.output, branch.output)})
         inlined += 1
     if inlined:
         del graph.node[:]
         graph.node.extend(nodes)
+        # the If's outputs were declared for either branch; the taken one decides: optimum's seq2seq merge returns
+        # an empty constant for the encoder's K/V on the with-past branch, where the declaration says (batch, heads,
+        # encoder length, head dim)
+        kept = [vi for vi in graph.value_info if vi.name not in results]
+        del graph.value_info[:]
+        graph.value_info.extend(kept)
+        for out in graph.output:
+            if out.name in results:
+                declared = results[out.name]
+                if declared.tensor_type.HasField("shape"):
+                    out.type.CopyFrom(declared)
+                else:   # any size, same rank: inference fills it in
+                    for d in out.type.tensor_type.shape.dim:
+                        d.Clear()
     return inlined
 
 
