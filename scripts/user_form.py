@@ -243,7 +243,8 @@ def export(out: Path, names: list[str], tiny: bool, full: bool = False, opset: i
 # text-generation-with-past``), the way most published decoder ONNX files were made: input_ids, attention_mask,
 # position_ids and every layer's past_key_values.N.key / .value in, the logits and present.N.* out, the past's
 # length a dynamic axis (0 on the first step)
-OPTIMUM = ["llama", "gpt2"]
+OPTIMUM = ["llama", "gpt2", "t5", "bart"]
+SEQ2SEQ = ["t5", "bart"]   # encoder_model.onnx, decoder_model.onnx, decoder_with_past_model.onnx and the merged one
 
 
 def export_optimum(out: Path, names: list[str], tiny: bool) -> int:
@@ -261,6 +262,13 @@ def export_optimum(out: Path, names: list[str], tiny: bool) -> int:
                                                             num_hidden_layers=2, vocab_size=vocab)),
         "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=width, n_head=4, n_layer=2, vocab_size=vocab,
                                                          n_positions=256)),
+        # relative-position bias, cross-attention
+        "t5": lambda: tf.T5ForConditionalGeneration(tf.T5Config(d_model=width, d_ff=2 * width, num_layers=2,
+                                                                num_decoder_layers=2, num_heads=4,
+                                                                d_kv=width // 4, vocab_size=vocab)),
+        "bart": lambda: tf.BartForConditionalGeneration(tf.BartConfig(
+            d_model=width, encoder_ffn_dim=2 * width, decoder_ffn_dim=2 * width, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, vocab_size=vocab)),
     }
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
@@ -269,15 +277,21 @@ def export_optimum(out: Path, names: list[str], tiny: bool) -> int:
         t0 = time.time()
         with tempfile.TemporaryDirectory() as tmp:
             builders[name]().save_pretrained(f"{tmp}/model")
+            task = "text2text-generation-with-past" if name in SEQ2SEQ else "text-generation-with-past"
             try:
-                main_export(f"{tmp}/model", f"{tmp}/onnx", task="text-generation-with-past")  # its default opset
+                main_export(f"{tmp}/model", f"{tmp}/onnx", task=task)  # its default opset
             except Exception as err:  # noqa: BLE001 - report the model and go on with the rest
-                print(f"FAILED {name}_past: {type(err).__name__}: {str(err)[:200]}", flush=True)
+                print(f"FAILED {name}: {type(err).__name__}: {str(err)[:200]}", flush=True)
                 failed += 1
                 continue
-            Path(f"{tmp}/onnx/model.onnx").replace(out / f"{name}_past.onnx")
-            _merge(out / f"{name}_past.onnx", out / f"{name}_merged.onnx")
-        print(f"exported {name}_past.onnx and {name}_merged.onnx ({time.time() - t0:.1f} s)", flush=True)
+            if name in SEQ2SEQ:   # optimum merges these itself
+                made = {"encoder_model": "encoder", "decoder_model_merged": "merged"}
+                for stem, suffix in made.items():
+                    Path(f"{tmp}/onnx/{stem}.onnx").replace(out / f"{name}_{suffix}.onnx")
+            else:
+                Path(f"{tmp}/onnx/model.onnx").replace(out / f"{name}_past.onnx")
+                _merge(out / f"{name}_past.onnx", out / f"{name}_merged.onnx")
+        print(f"exported {name} ({time.time() - t0:.1f} s)", flush=True)
     return 1 if failed else 0
 
 

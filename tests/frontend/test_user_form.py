@@ -152,3 +152,31 @@ def test_a_merged_decoder_needs_the_past_length():
 
     with pytest.raises(ModelError, match="use_cache_branch' follows the KV cache's length"):
         load_model(FIXTURES / "llama_merged.onnx", input_shapes={"input_ids": (1, 1)})
+
+
+@pytest.mark.parametrize("past", [0, 4])
+def test_a_merged_seq2seq_decoder_verifies_on_either_branch(past, llvm_target):
+    # optimum's T5 decoder_model_merged.onnx: cross-attention K/V from the encoder's states on the first step, read
+    # from the cache after it, where the merge returns them as empty constants
+    path = FIXTURES / "t5_merged.onnx"
+    rng = np.random.default_rng(past)
+    seq, enc = (3, 7) if past == 0 else (1, 7)
+    feeds = {"encoder_attention_mask": np.ones((2, enc), np.int64),
+             "input_ids": rng.integers(0, 256, (2, seq), dtype=np.int64),
+             "encoder_hidden_states": rng.standard_normal((2, enc, 32)).astype(np.float32)}
+    for layer in range(2):
+        for part, length in (("decoder", past), ("encoder", enc)):
+            for kv in ("key", "value"):
+                feeds[f"past_key_values.{layer}.{part}.{kv}"] = rng.standard_normal((2, 4, length, 8)).astype(np.float32)
+    loaded = load_model(path, input_shapes={k: v.shape for k, v in feeds.items()})
+    feeds["use_cache_branch"] = np.array([past > 0])
+    fused, _ = partition(import_model(loaded), target=llvm_target)
+    built = build(fused, target=llvm_target, database=None)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)
+    refs = verify.run_onnxruntime(path, feeds)
+    assert len(out) == len(refs) == 9   # the logits and each layer's decoder and encoder K/V
+    for got, ref, spec in zip(out, refs, loaded.outputs):
+        assert got.shape == ref.shape == spec.shape, spec.name
+        if ref.size:
+            assert verify.relative_error(got.numpy(), ref) < 1e-4, spec.name
