@@ -321,12 +321,16 @@ def run_bench(cfg: BenchConfig) -> dict:
             report["verification"] = {"reference": None, "reason": str(err)[:200]}
         if refs is not None:
             out_names = [s["name"] if isinstance(s, dict) else s.name for s in loaded.outputs]
+            loose = PRECISION_TOLERANCE.get(cfg.precision, 0.0)
+            if verify.is_quantized(loaded.proto):
+                floor = verify.quantization_floor(loaded.path, feeds_d, refs)
+                loose = max(loose, verify.QUANTIZED_SLACK * floor)
+                report["verification"] = {"quantization_floor": floor, "slack": verify.QUANTIZED_SLACK}
             for r in results:
                 got = outputs.get(r["backend"])
                 if got is None:
                     continue
-                checks = verify.compare(got, refs, out_names,
-                                        min_tolerance=PRECISION_TOLERANCE.get(cfg.precision, 0.0))
+                checks = verify.compare(got, refs, out_names, min_tolerance=loose)
                 r["rel_error"] = max(c.rel_error for c in checks)
                 r["ok"] = all(c.ok for c in checks)
             if cfg.precision in PRECISION_TOLERANCE:

@@ -77,3 +77,7 @@ def _print_table(model: Path, report: dict, precision: str) -> None:
                      f"{r['median_ms'] / fast:.2f}x" if fast else "-", check, note])
     out.print(table(f"{model.name} on {report['device']}, {report['threads']} thread(s)",
                     ["backend", "median ms", "p90 ms", "vs fastest", "vs onnxruntime", "note"], rows))
+    quantized = (report.get("verification") or {}).get("quantization_floor")
+    if quantized is not None:
+        out.print(f"quantized graph: checked against onnxruntime's basic run within "
+                  f"{(report['verification']['slack'])}x its optimised run's own drift ({quantized:.1e})")

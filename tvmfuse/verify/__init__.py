@@ -97,10 +97,39 @@ def run_onnxruntime(model_path: str | Path, inputs: dict[str, np.ndarray]) -> li
     try:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        # the graph's own semantics: basic rewrites (constant folding, dead nodes) keep them; the extended fusions
+        # do not always (a dynamically quantized BERT-base's MatMulIntegerToFloat fusion moves its output 1.8e-2)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
         return [np.asarray(x) for x in sess.run(None, inputs)]
     except Exception as err:  # noqa: BLE001
         raise ModelError(f"onnxruntime could not run {Path(model_path).name}: {str(err).splitlines()[0][:300]}") from None
+
+
+# integer quantization: a value's rounding to its int8 / uint8 grid follows the last bit of the float computed
+# before it, so two faithful implementations drift apart by whole quanta, layer after layer
+QUANTIZED_OPS = frozenset({"DynamicQuantizeLinear", "QuantizeLinear", "MatMulInteger", "ConvInteger",
+                           "QLinearMatMul", "QLinearConv"})
+QUANTIZED_SLACK = 1.25
+
+
+def is_quantized(model) -> bool:
+    """Whether an ONNX model (proto) rounds values to an integer grid on the way (onnxruntime's quantize_dynamic
+    and QDQ exports)."""
+    return any(n.op_type in QUANTIZED_OPS for n in model.graph.node)
+
+
+def quantization_floor(model_path: str | Path, inputs: dict[str, np.ndarray], refs: list[np.ndarray]) -> float:
+    """How far onnxruntime's own fully optimised run of ``model_path`` is from the reference run (its basic
+    rewrites only): the drift of two faithful implementations of the graph's rounding, which a quantized model's
+    check allows (``QUANTIZED_SLACK`` times it). A dynamically quantized BERT-base with random weights drifts
+    1.8e-2; a two-layer one 1e-7."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
+    return max(relative_error(np.asarray(a), b) for a, b in zip(sess.run(None, inputs), refs))
 
 
 @dataclass(frozen=True)

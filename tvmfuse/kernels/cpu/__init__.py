@@ -13,6 +13,7 @@ from __future__ import annotations
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.cpu.activations import pad_and_pack
+from tvmfuse.kernels.cpu.reduce_all import reduces_whole, scalar_block, schedule_whole_reductions
 from tvmfuse.kernels.cpu.schedule import (inner_spatial_extent, loops_are_iters, dtype_bits, is_contraction,
                                           pack_weights, schedule_contraction, schedule_norm_rows, schedule_pointwise,
                                           schedule_rows)
@@ -39,11 +40,19 @@ def cpu_schedule(mod, target, cores: int):
         return None
     # only flat kernels: each block under its own loops, one per iteration variable, nothing nested (a kernel
     # written with serial in-place loops, the planner's attention, is not what these rules read)
-    if any(sch.get_child_blocks(b) or not loops_are_iters(sch, b) for b in blocks):
+    if any(sch.get_child_blocks(b) or not (loops_are_iters(sch, b) or scalar_block(sch, b)) for b in blocks):
         return None
     if not reductions:
         schedule_pointwise(sch, lanes_of, cores)
         return sch, "pointwise"
+    if all(reduces_whole(sch, b) for b in reductions):   # DynamicQuantizeLinear's min and max: no rows, no tiles
+        trial = sch.copy()
+        try:
+            names = [sch.get(b).name_hint for b in reductions]
+            schedule_whole_reductions(trial, [trial.get_sblock(n) for n in names], lanes_of(dtype_bits(trial, reductions[0])))
+            return trial, "whole-reduction"
+        except Exception:  # noqa: BLE001 - a ragged extent: TVM's plain lowering, as before
+            return None
     contractions = [b for b in reductions if is_contraction(sch, b)]
     # one reduction along an axis that is not the output's innermost (a GEMM, a conv, a pooling window): tiles
     # vectorised along the output's innermost axis
