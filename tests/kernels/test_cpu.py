@@ -170,10 +170,21 @@ def norm_transpose():   # a LayerNorm whose rows are transposed for the next op 
     return _model(nodes, [("x", [4, 64, 200])], ("y", [4, 200, 64]), [_w("g", [200]), _w("b", [200])])
 
 
+def quantized():   # onnxruntime's quantize_dynamic: a whole-tensor min and max (DynamicQuantizeLinear), MatMulInteger
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["mm"]),
+             helper.make_node("Cast", ["mm"], ["mf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["xs", "ws"], ["sc"]), helper.make_node("Mul", ["mf", "sc"], ["y"])]
+    w = np.random.default_rng(5).integers(-127, 128, (128, 64)).astype(np.int8)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0, np.int8), "wz"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "ws")]
+    return _model(nodes, [("x", [32, 128])], ("y", [32, 64]), inits)
+
+
 MODELS = {"pointwise": pointwise, "rows": rows, "gemm": gemm, "cnn": cnn, "activations": activations,
           "ragged_cnn": ragged_cnn, "ragged_gemm": ragged_gemm, "odd_depthwise": odd_depthwise,
           "grouped": grouped, "dense_concat": dense_concat, "scores": scores, "conv1d": conv1d,
-          "grouped_kv": grouped_kv, "norm_transpose": norm_transpose}
+          "grouped_kv": grouped_kv, "norm_transpose": norm_transpose, "quantized": quantized}
 # per model, the kernels that keep TVM's plain lowering: the activations model's softmax along an outer axis (the
 # rows rules read rows along the innermost axis)
 PLAIN = {"activations": ("softmax",)}

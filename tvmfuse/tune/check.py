@@ -133,6 +133,12 @@ def gathered_rows(func) -> int | None:
     return min(found) if found else None
 
 
+def _unwritten(dtype) -> int:
+    """The value an integer output starts as, to tell unwritten elements: -7, or 249 where the type is unsigned
+    (a quantized uint8 tensor, its zero point)."""
+    return -7 if np.issubdtype(np.dtype(dtype), np.signedinteger) else 249
+
+
 def random_args(func, rng) -> tuple[list[np.ndarray], list[int]]:
     outs = output_names(func)
     rows = gathered_rows(func)
@@ -142,7 +148,7 @@ def random_args(func, rng) -> tuple[list[np.ndarray], list[int]]:
         if name in outs:
             out_idx.append(i)
             arrays.append(np.full(shape, np.nan, dtype) if np.issubdtype(np.dtype(dtype), np.floating)
-                          else np.full(shape, -7, dtype))
+                          else np.full(shape, _unwritten(dtype), dtype))
         elif np.issubdtype(np.dtype(dtype), np.floating):
             arrays.append(rng.standard_normal(shape).astype(dtype))
         else:
@@ -183,7 +189,8 @@ def check_kernel(mod, tuned_mod, target_info, *, name: str = "main", seed: int =
             if np.issubdtype(o.dtype, np.floating):
                 unwritten += int(np.count_nonzero(np.isnan(o) & ~np.isnan(r)))
             else:
-                unwritten += int(np.count_nonzero((o == -7) & (r != -7)))
+                mark = _unwritten(o.dtype)
+                unwritten += int(np.count_nonzero((o == mark) & (r != mark)))
             worst = max(worst, relative_error(o, r))
             tol = max(tol, tolerance(str(o.dtype)))   # the tuned kernel's output type, not a float32 reference's
         result = KernelCheck(name, worst, tol, unwritten, ref_of.precision)
