@@ -16,6 +16,12 @@ from tvmfuse.plan.graph import INJECTIVE_K, NORM, REDUCE, Graph, Node, tensor_sh
 from tvmfuse.target import TargetInfo, vector_lanes
 
 
+def _has_vnni(target: TargetInfo) -> bool:
+    from tvmfuse.kernels.cpu.int8 import has_vnni
+
+    return has_vnni(target.target)
+
+
 def _gpu_attention_decline(spec) -> str | None:
     from tvmfuse.plan.attention import gpu_misfit
 
@@ -89,6 +95,8 @@ class CostModel:
         templates and the CPU default's row rules store one; a second (an embedding's sum kept as the residual
         beside its RMSNorm) left the kernel to dlight's Fallback, one thread an output, or on the CPU to TVM's
         plain lowering
+    int8_dot : the target multiplies uint8 by int8 vectors into int32 sums (x86 VNNI): quantized GEMMs are rewritten
+        to read their 8-bit operands (``rewrites.int8_gemm``)
     rows_keep_order : a kernel holding a normalization or reduction takes no transpose (CPUs: the CPU default's
         row rules read and write rows along the output's innermost axis; a LayerNorm or GroupNorm whose result is
         transposed for a channels-last conv or a window partition, Swin's and wav2vec2's, kept TVM's plain
@@ -111,6 +119,7 @@ class CostModel:
     pad_channels_to: int = 0
     reduction_results: int = 0
     rows_keep_order: bool = False
+    int8_dot: bool = False
 
     @classmethod
     def for_target(cls, target: TargetInfo, **overrides) -> "CostModel":
@@ -141,7 +150,7 @@ class CostModel:
             # none the CPU default's row rules read: it ran TVM's plain lowering, scalar and on one thread
             # (417 us at 128 x 2048); split, each part takes a default
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1),
-                       reduction_results=1, rows_keep_order=True,
+                       reduction_results=1, rows_keep_order=True, int8_dot=_has_vnni(target),
                        conv_layout="NHWC", conv_kernel_layout="HWIO", conv1d_kernel_layout="WIO",
                        pad_channels_to=vector_lanes(target.target),
                        attention_decline="on CPUs the unfused GEMMs and softmax run the CPU default schedules, "

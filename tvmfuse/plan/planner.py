@@ -224,6 +224,9 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
         dump("fold_batchnorm", mod)
     mod = rewrites.TrimDeadTaps(log=log)(mod)
     dump("dead_taps", mod)
+    if getattr(cost_model, "int8_dot", False):
+        mod = rewrites.Int8Gemms(log=log)(mod)
+        dump("int8_gemms", mod)
     layout = getattr(cost_model, "conv_layout", None)
     if layout == "NHWC":
         mod = rewrites.channels_last(mod, log=log,

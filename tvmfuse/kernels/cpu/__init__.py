@@ -13,10 +13,11 @@ from __future__ import annotations
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.cpu.activations import pad_and_pack
+from tvmfuse.kernels.cpu.int8 import has_vnni, is_int8_gemm, schedule_int8_gemm
 from tvmfuse.kernels.cpu.reduce_all import reduces_whole, scalar_block, schedule_whole_reductions
 from tvmfuse.kernels.cpu.schedule import (inner_spatial_extent, loops_are_iters, dtype_bits, is_contraction,
-                                          pack_weights, schedule_contraction, schedule_norm_rows, schedule_pointwise,
-                                          schedule_rows)
+                                          pack_weights, pointwise_block, schedule_contraction, schedule_norm_rows,
+                                          schedule_pointwise, schedule_rows)
 from tvmfuse.kernels.cpu.sketch import contraction_sketches
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, is_attention, iter_types
 from tvmfuse.target import vector_lanes, vector_registers
@@ -61,6 +62,16 @@ def cpu_schedule(mod, target, cores: int):
         (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if REDUCE in iter_types(sch, b)]
         if not loops_are_iters(sch, block):
             return None
+        if is_int8_gemm(sch, block) and has_vnni(target):   # a quantized GEMM: VNNI's uint8 x int8 dot products
+            trial = sch.copy()
+            try:
+                schedule_int8_gemm(trial, trial.get_sblock(sch.get(block).name_hint), cores)
+                for epilogue in trial.get_output_blocks(trial.get_sblock("root")):   # scale and bias, after
+                    if REDUCE not in iter_types(trial, epilogue):
+                        pointwise_block(trial, epilogue, lanes_of(32), cores)
+                return trial, "int8"
+            except Exception:  # noqa: BLE001 - a shape VNNI's 16 x 4 steps do not tile: the int32 default below
+                pass
         lanes, registers = lanes_of(dtype_bits(sch, block)), vector_registers(target)
         block = pad_and_pack(sch, block, lanes, registers)
         schedule_contraction(sch, block, lanes, registers=registers, cores=cores)

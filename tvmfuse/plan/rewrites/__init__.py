@@ -21,6 +21,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   conv template takes (fp32, or a few output pixels) as GEMMs.
 - :func:`pad_output_channels` / :func:`PadOutputChannels` (``pad_channels``): GEMMs and convs whose output
   channels no vector divides run on a zero-padded weight, the extra channels sliced off (CPUs).
+- :func:`int8_gemms` / :func:`Int8Gemms` (``int8_gemm``): quantized GEMMs (MatMulInteger) on their uint8 / int8
+  operands, the zero point's share subtracted after, where the CPU has a VNNI dot product.
 - :class:`FuseAttention` (``fuse_attention``): MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V)
   becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores;
   a constant causal mask becomes the spec's ``causal`` flag and K/V heads repeated for GQA are read in place
@@ -38,6 +40,7 @@ from tvmfuse.plan.rewrites.compose_transposes import ComposeTransposes, compose_
 from tvmfuse.plan.rewrites.dead_taps import TrimDeadTaps, trim_dead_taps
 from tvmfuse.plan.rewrites.fold_batchnorm import FoldBatchNorm
 from tvmfuse.plan.rewrites.fuse_attention import FuseAttention
+from tvmfuse.plan.rewrites.int8_gemm import Int8Gemms, int8_gemms
 from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
 from tvmfuse.plan.rewrites.identities import DropInferenceIdentities, drop_inference_identities
 from tvmfuse.plan.rewrites.im2col import Im2colNarrowConvs, im2col_narrow_convs
@@ -49,5 +52,5 @@ __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
     "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
     "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema", "pairwise_extrema", "PointwiseConvsAsGemms",
-    "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps", "trim_dead_taps",
+    "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps", "trim_dead_taps", "Int8Gemms", "int8_gemms",
 ]
