@@ -4,6 +4,7 @@ reference, and the untuned build matches onnxruntime at fp32 1e-4."""
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 import re
 
 import numpy as np
@@ -585,3 +586,35 @@ def test_an_rmsnorm_row_keeps_vector_partial_sums(llvm_target):
     sch = get("cpu").traced_kernel(mod, llvm_target.target)
     assert "ss_rf = T.sblock_alloc_buffer" in sch.mod.script(), sch.mod.script()
     assert check_kernel(mod, sch.mod, llvm_target).ok
+
+
+def test_a_quantized_gemm_runs_on_vnni_where_the_cpu_has_it(tmp_path, llvm_target):
+    """onnxruntime's quantize_dynamic of a BERT (TorchScript export, the user-form fixture): the zero point moves
+    out of each MatMulInteger (plan/rewrites/int8_gemm.py) and the GEMM runs vpdpbusd (kernels/cpu/int8.py);
+    the build matches onnxruntime's run of the quantized model."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.kernels.cpu.int8 import has_vnni
+    from tvmfuse.plan.partition import partition
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"
+    quantize_dynamic(str(fixtures / "bert.onnx"), str(tmp_path / "q.onnx"), weight_type=QuantType.QInt8)
+    feeds = dict(np.load(fixtures / "bert.inputs.npz"))
+    loaded = load_model(tmp_path / "q.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    assert verify.is_quantized(loaded.proto)
+    fused, plan = partition(import_model(loaded), target=llvm_target)
+    vnni = has_vnni(llvm_target.target)
+    assert any("quantized GEMMs read their uint8" in n for n in plan.rewrites) == vnni
+    built = build(fused, target=llvm_target, database=None)
+    assert all(k.schedule == "cpu-default" for k in built.kernels), built.kernels
+    if vnni:
+        asm = "".join(m.inspect_source("asm") for m in built.executable.mod.imports if m.kind == "llvm")
+        assert "vpdpbusd" in asm
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    ref = verify.run_onnxruntime(tmp_path / "q.onnx", feeds)[0]
+    assert verify.relative_error(got, ref) < 1e-4

@@ -55,6 +55,11 @@ def _register() -> None:
     _registered = True
 
 
+# registered on import: a tuning record's trace names the intrinsic, and replaying it (the database's best, a
+# builder process) needs it before any schedule here ran
+_register()
+
+
 def is_int8_gemm(sch, block) -> bool:
     """A block summing uint8 x int8 products into int32 (``matmul(a_u8, w_i8, out_dtype=int32)``)."""
     stmt = sch.get(block)
@@ -83,15 +88,16 @@ def schedule_int8_gemm(sch, block, cores: int) -> None:
     sch.annotate(packed, "meta_schedule.layout_rewrite_preproc", True)
     sch.transform_layout(block, ("read", w_index),
                          lambda kk, nn: (nn // 16, kk // 4, nn % 16, kk % 4))
-    m = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    m_ext = int(sch.get(m).extent)
-    mr = _pick(m_ext, (8, 6, 4, 3, 2, 1))
+    # the rows' last axis is tiled; the batch axes before it stay loops of their own (fused with it, their div and
+    # mod bindings keep tensorize from blockizing the 16 x 4 step)
+    *batch, m = rows
+    mr = _pick(int(sch.get(m).extent), (8, 6, 4, 3, 2, 1))
     nb = _pick(n_ext // 16, (2, 1))
     mo, mi = sch.split(m, [None, mr])
     no, nbl, ni = sch.split(n, [None, nb, 16])
     ko, ki = sch.split(k, [None, 4])
-    sch.reorder(no, mo, ko, mi, nbl, ni, ki)
-    sch.parallel(sch.fuse(no, mo))
+    sch.reorder(no, *batch, mo, ko, mi, nbl, ni, ki)
+    sch.parallel(sch.fuse(no, *batch, mo))
     init = sch.decompose_reduction(block, ko)
     sch.vectorize(sch.get_loops(init)[-1])
     sch.tensorize(ni, INTRIN)
