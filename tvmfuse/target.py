@@ -337,3 +337,13 @@ def vector_registers(target) -> int:
         return 32 if codegen.target_has_features("avx512f", target) else 16
     except Exception:  # noqa: BLE001 - no answer from LLVM: the smaller register file
         return 16
+
+
+def has_vnni(target) -> bool:
+    """Whether the llvm ``target``'s CPU has AVX-512 VNNI (Ice Lake, Sapphire Rapids, Zen 4 and 5)."""
+    if target.kind.name != "llvm":
+        return False
+    try:
+        return bool(tvm.target.codegen.target_has_features("avx512vnni", target))
+    except Exception:  # noqa: BLE001 - a target LLVM cannot describe (a cross build's triple): no VNNI assumed
+        return False

@@ -67,7 +67,8 @@ def test_the_taken_branch_decides_an_outputs_shape(tmp_path):
                      [h.make_tensor_value_info("x", TP.FLOAT, ["n", 3]),
                       h.make_tensor_value_info("past_key_values.0.key", TP.FLOAT, ["n", "past_sequence_length"]),
                       h.make_tensor_value_info("use_cache_branch", TP.BOOL, [1])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, ["n", 3]), h.make_tensor_value_info("z", TP.FLOAT, ["n", 3])])
+                     [h.make_tensor_value_info("y", TP.FLOAT, ["n", 3]),
+                      h.make_tensor_value_info("z", TP.FLOAT, ["n", 3])])
     path = tmp_path / "merged.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
     loaded = load_model(path, input_shapes={"x": (2, 3), "past_key_values.0.key": (2, 5)})

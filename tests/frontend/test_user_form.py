@@ -167,7 +167,8 @@ def test_a_merged_seq2seq_decoder_verifies_on_either_branch(past, llvm_target):
     for layer in range(2):
         for part, length in (("decoder", past), ("encoder", enc)):
             for kv in ("key", "value"):
-                feeds[f"past_key_values.{layer}.{part}.{kv}"] = rng.standard_normal((2, 4, length, 8)).astype(np.float32)
+                value = rng.standard_normal((2, 4, length, 8)).astype(np.float32)
+                feeds[f"past_key_values.{layer}.{part}.{kv}"] = value
     loaded = load_model(path, input_shapes={k: v.shape for k, v in feeds.items()})
     feeds["use_cache_branch"] = np.array([past > 0])
     fused, _ = partition(import_model(loaded), target=llvm_target)

@@ -597,7 +597,7 @@ def test_a_quantized_gemm_runs_on_vnni_where_the_cpu_has_it(tmp_path, llvm_targe
     from tvmfuse import verify
     from tvmfuse.compile import build
     from tvmfuse.frontend import import_model, load_model
-    from tvmfuse.kernels.cpu.int8 import has_vnni
+    from tvmfuse.target import has_vnni
     from tvmfuse.plan.partition import partition
 
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"

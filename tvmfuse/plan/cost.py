@@ -13,13 +13,7 @@ import numpy as np
 
 from tvmfuse.plan.cluster import bytes_fused, external_inputs
 from tvmfuse.plan.graph import INJECTIVE_K, NORM, REDUCE, Graph, Node, tensor_shape
-from tvmfuse.target import TargetInfo, vector_lanes
-
-
-def _has_vnni(target: TargetInfo) -> bool:
-    from tvmfuse.kernels.cpu.int8 import has_vnni
-
-    return has_vnni(target.target)
+from tvmfuse.target import TargetInfo, has_vnni, vector_lanes
 
 
 def _gpu_attention_decline(spec) -> str | None:
@@ -150,7 +144,7 @@ class CostModel:
             # none the CPU default's row rules read: it ran TVM's plain lowering, scalar and on one thread
             # (417 us at 128 x 2048); split, each part takes a default
             base = cls(launch_bytes=64 * 1024, shared_memory_bytes=1 << 20, min_parallel_units=max(cores, 1),
-                       reduction_results=1, rows_keep_order=True, int8_dot=_has_vnni(target),
+                       reduction_results=1, rows_keep_order=True, int8_dot=has_vnni(target.target),
                        conv_layout="NHWC", conv_kernel_layout="HWIO", conv1d_kernel_layout="WIO",
                        pad_channels_to=vector_lanes(target.target),
                        attention_decline="on CPUs the unfused GEMMs and softmax run the CPU default schedules, "

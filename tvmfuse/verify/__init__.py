@@ -85,8 +85,8 @@ def load_inputs(path: str | Path, specs) -> dict[str, np.ndarray]:
         name = s["name"] if isinstance(s, dict) else s.name
         fixed = s.get("fixed") if isinstance(s, dict) else getattr(s, "fixed", None)
         if fixed is not None and np.asarray(data[name]).ravel().tolist() != list(fixed):
-            raise TvmfuseError(f"{path.name}: input '{name}' is {np.asarray(data[name]).ravel().tolist()}, but the model "
-                               f"was compiled for {list(fixed)}",
+            given = np.asarray(data[name]).ravel().tolist()
+            raise TvmfuseError(f"{path.name}: input '{name}' is {given}, but the model was compiled for {list(fixed)}",
                                hint="compile it again with the shapes of this step (the KV cache's length decides it)")
     return {n: data[n] for n in names}
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.cpu.activations import pad_and_pack
-from tvmfuse.kernels.cpu.int8 import has_vnni, is_int8_gemm, schedule_int8_gemm
+from tvmfuse.kernels.cpu.int8 import is_int8_gemm, schedule_int8_gemm
 from tvmfuse.kernels.cpu.reduce_all import reduces_whole, scalar_block, schedule_whole_reductions
 from tvmfuse.kernels.cpu.schedule import (inner_spatial_extent, loops_are_iters, dtype_bits, is_contraction,
                                           pack_weights, pointwise_block, schedule_contraction, schedule_norm_rows,
                                           schedule_pointwise, schedule_rows)
 from tvmfuse.kernels.cpu.sketch import contraction_sketches
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, is_attention, iter_types
-from tvmfuse.target import vector_lanes, vector_registers
+from tvmfuse.target import has_vnni, vector_lanes, vector_registers
 
 __all__ = ["CpuTemplate", "cpu_schedule", "vector_lanes"]
 
@@ -50,7 +50,8 @@ def cpu_schedule(mod, target, cores: int):
         trial = sch.copy()
         try:
             names = [sch.get(b).name_hint for b in reductions]
-            schedule_whole_reductions(trial, [trial.get_sblock(n) for n in names], lanes_of(dtype_bits(trial, reductions[0])))
+            schedule_whole_reductions(trial, [trial.get_sblock(n) for n in names],
+                                      lanes_of(dtype_bits(trial, reductions[0])))
             return trial, "whole-reduction"
         except Exception:  # noqa: BLE001 - a ragged extent: TVM's plain lowering, as before
             return None

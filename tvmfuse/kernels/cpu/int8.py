@@ -18,16 +18,6 @@ INTRIN = "tvmfuse_dot_16x4_vnni"
 _registered = False
 
 
-def has_vnni(target) -> bool:
-    """Whether the llvm ``target``'s CPU has AVX-512 VNNI (Ice Lake, Sapphire Rapids, Zen 4 and 5)."""
-    if target.kind.name != "llvm":
-        return False
-    try:
-        return bool(tvm.target.codegen.target_has_features("avx512vnni", target))
-    except Exception:  # noqa: BLE001 - a target LLVM cannot describe (a cross build's triple): no VNNI assumed
-        return False
-
-
 def _register() -> None:
     global _registered
     if _registered:
