@@ -15,6 +15,11 @@ _KEEPS_VALUES = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten",
                            "Slice", "Concat", "Tile"})
 
 
+# ops whose output is a constant table's values converted, same shape: a quantized model's embedding table is
+# DequantizeLinear of its int8 rows (onnxruntime's quantize_static)
+_KEEPS_TABLE = frozenset({"DequantizeLinear", "Cast", "Identity"})
+
+
 def _table_lengths(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
     dims = {t.name: tuple(int(d) for d in t.dims) for t in graph.initializer}
     for node in graph.node:
@@ -22,6 +27,8 @@ def _table_lengths(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
             for attr in node.attribute:
                 if attr.name == "value" and attr.HasField("t"):
                     dims[node.output[0]] = tuple(int(d) for d in attr.t.dims)
+        elif node.op_type in _KEEPS_TABLE and node.input and node.input[0] in dims and node.output:
+            dims[node.output[0]] = dims[node.input[0]]
     return dims
 
 
