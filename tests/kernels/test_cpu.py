@@ -618,3 +618,41 @@ def test_a_quantized_gemm_runs_on_vnni_where_the_cpu_has_it(tmp_path, llvm_targe
     got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
     ref = verify.run_onnxruntime(tmp_path / "q.onnx", feeds)[0]
     assert verify.relative_error(got, ref) < 1e-4
+
+
+def test_a_qdq_quantized_gemm_runs_on_its_int8_operands(tmp_path, llvm_target):
+    """onnxruntime's quantize_static (QDQ: QuantizeLinear / DequantizeLinear pairs around fp32 MatMuls, an int8
+    embedding table): each GEMM of a dequantized activation by a dequantized constant weight runs on the integers,
+    scaled after; the build matches onnxruntime within the graph's own rounding drift."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.partition import partition
+    from tvmfuse.target import has_vnni
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"
+    feeds = dict(np.load(fixtures / "bert.inputs.npz"))
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.left = [feeds]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(fixtures / "bert.onnx"), str(tmp_path / "q.onnx"), Calibration(),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    loaded = load_model(tmp_path / "q.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
+    # the token types index a dequantized 2-row table: generated inputs stay inside it
+    assert {s.name: s.high for s in loaded.inputs}["token_type_ids"] == 2
+    fused, plan = partition(import_model(loaded), target=llvm_target)
+    assert any("quantized GEMMs read their uint8" in n for n in plan.rewrites) == has_vnni(llvm_target.target)
+    built = build(fused, target=llvm_target, database=None)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    ref = verify.run_onnxruntime(tmp_path / "q.onnx", feeds)
+    floor = verify.quantization_floor(tmp_path / "q.onnx", feeds, ref)
+    assert verify.relative_error(got, ref[0]) <= max(1e-4, verify.QUANTIZED_SLACK * floor)

@@ -217,6 +217,9 @@ def _legalize(mod, target: TargetInfo):
 def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog, cost_model, dump: _Dump):
     import tvmfuse.plan.rewrites as rewrites
 
+    if getattr(cost_model, "int8_dot", False):   # first: the other rewrites' constant folding dequantizes weights
+        mod = rewrites.Int8Gemms(log=log)(mod)
+        dump("int8_gemms", mod)
     mod = rewrites.PairwiseExtrema(log=log)(mod)
     dump("pairwise_extrema", mod)
     if config.fold_batchnorm:
@@ -224,9 +227,6 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
         dump("fold_batchnorm", mod)
     mod = rewrites.TrimDeadTaps(log=log)(mod)
     dump("dead_taps", mod)
-    if getattr(cost_model, "int8_dot", False):
-        mod = rewrites.Int8Gemms(log=log)(mod)
-        dump("int8_gemms", mod)
     layout = getattr(cost_model, "conv_layout", None)
     if layout == "NHWC":
         mod = rewrites.channels_last(mod, log=log,

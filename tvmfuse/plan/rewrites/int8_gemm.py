@@ -62,6 +62,42 @@ def _int8_weight(expr, values: dict) -> np.ndarray | None:
     return w.astype(np.int8)
 
 
+def _scalar(expr, values: dict) -> np.ndarray | None:
+    expr = values.get(expr, expr)
+    return const_numpy(expr) if isinstance(expr, RelaxConstant) else None
+
+
+def _qdq_operands(call, values: dict):
+    """``(a_u8, za, w_i8, scale)`` of ``matmul(dequantize(a_u8, sa, za), dequantize(w_i8, sw, 0))`` (a QDQ model's
+    GEMM: onnxruntime's quantize_static), ``scale`` the product of the two scales (per column where ``sw`` is),
+    or None."""
+    if op_name(call) != "relax.matmul" or _dtype(call) != "float32":
+        return None
+    lhs, rhs = (values.get(a, a) for a in call.args[:2])
+    if op_name(lhs) != "relax.dequantize" or op_name(rhs) != "relax.dequantize":
+        return None
+    a, sa, za = lhs.args
+    w, sw, zw = (values.get(x, x) for x in rhs.args)
+    sa, zw, sw = _scalar(sa, values), _scalar(zw, values), _scalar(sw, values)
+    if _dtype(a) != "uint8" or sa is None or sa.size != 1 or zw is None or np.any(zw) \
+            or not isinstance(w, RelaxConstant) or _dtype(w) != "int8" or len(w.ty.shape) != 2 or sw is None:
+        return None
+    n = int(w.ty.shape[1])
+    if sw.size != 1 and (sw.size != n or int(rhs.attrs.axis) not in (1, -1)):
+        return None
+    if tensor_size(values.get(za, za)) != 1:
+        return None
+    return a, za, const_numpy(w), (sa.reshape(()) * sw.reshape(-1 if sw.size > 1 else ())).astype(np.float32)
+
+
+def tensor_size(expr) -> int | None:
+    shape = getattr(expr.ty, "shape", None)
+    try:
+        return int(np.prod([int(d) for d in shape])) if shape is not None else None
+    except TypeError:
+        return None
+
+
 def int8_gemms(mod, *, log: RewriteLog):
     """Every MatMulInteger-shaped int32 matmul (uint8 activations less a zero point, int8 constant weights) on
     its 8-bit operands, the zero point's share subtracted after."""
@@ -72,15 +108,20 @@ def int8_gemms(mod, *, log: RewriteLog):
     plan = {}
     for b in bindings:
         found = _operands(b.value, values)
-        if found is None:
+        qdq = None if found is not None else _qdq_operands(b.value, values)
+        if found is None and qdq is None:
             continue
-        a, za, w = found
+        a, za, w = found if found is not None else qdq[:3]
         colsum = w.astype(np.int32).sum(axis=0)
 
-        def emit(bb, vmap, a=a, za=za, w=w, colsum=colsum):
+        def emit(bb, vmap, a=a, za=za, w=w, colsum=colsum, scale=None if qdq is None else qdq[3]):
             prod = bb.emit(relax.op.matmul(vmap.get(a, a), relax.const(w), out_dtype="int32"))
             shift = bb.emit(relax.op.multiply(relax.op.astype(vmap.get(za, za), "int32"), relax.const(colsum)))
-            return relax.op.subtract(prod, shift)
+            exact = relax.op.subtract(prod, shift)
+            if scale is None:
+                return exact
+            # the QDQ GEMM's float result: the integer sum times both scales
+            return relax.op.multiply(relax.op.astype(bb.emit(exact), "float32"), relax.const(scale))
 
         plan[b.var] = emit
     if not plan:
