@@ -93,6 +93,15 @@ def rebuild_main(mod, plan: dict, skip: set, names: dict | None = None, pre: dic
     return bb.finalize()
 
 
+def replaced(mod, plan: dict, log, note: str) -> tvm.IRModule:
+    """``mod`` with ``plan``'s bindings replaced (:func:`rebuild_main`), cleaned (``CLEAN``), ``note`` logged;
+    ``mod`` itself where the plan is empty."""
+    if not plan:
+        return mod
+    log.notes.append(note)
+    return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set()))
+
+
 def module_pass(name: str, fn: Callable) -> tvm.transform.Pass:
     """``fn(mod) -> mod`` as a Relax module pass named ``name``."""
     return tvm.transform.module_pass(lambda mod, _ctx: fn(mod), opt_level=0, name=name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
 from tvmfuse.plan.graph import tensor_shape
-from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, module_pass, op_name, rebuild_main
+from tvmfuse.plan.rewrites._common import main_bindings, module_pass, op_name, replaced
 from tvmfuse.plan.tags import RewriteLog
 
 
@@ -76,11 +76,8 @@ def trim_dead_taps(mod, *, log: RewriteLog):
                                       str(at.out_dtype))
 
         plan[b.var] = emit
-    if not plan:
-        return mod
-    log.notes.append(f"{len(plan)} dilated convs run on the taps that reach the input "
-                     f"({', '.join(shown)}): the others read only padding")
-    return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set()))
+    return replaced(mod, plan, log, f"{len(plan)} dilated convs run on the taps that reach the input "
+                                    f"({', '.join(shown)}): the others read only padding")
 
 
 def TrimDeadTaps(*, log: RewriteLog) -> tvm.transform.Pass:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
-from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, module_pass, op_name, rebuild_main
+from tvmfuse.plan.rewrites._common import main_bindings, module_pass, op_name, replaced
 from tvmfuse.plan.tags import RewriteLog
 
 
@@ -124,11 +124,8 @@ def int8_gemms(mod, *, log: RewriteLog):
             return relax.op.multiply(relax.op.astype(bb.emit(exact), "float32"), relax.const(scale))
 
         plan[b.var] = emit
-    if not plan:
-        return mod
-    log.notes.append(f"{len(plan)} quantized GEMMs read their uint8 activations and int8 weights (the activation's "
-                     "zero point times the weights' column sums subtracted after)")
-    return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set()))
+    return replaced(mod, plan, log, f"{len(plan)} quantized GEMMs read their uint8 activations and int8 weights (the "
+                    "activation's zero point times the weights' column sums subtracted after)")
 
 
 def Int8Gemms(*, log: RewriteLog) -> tvm.transform.Pass:

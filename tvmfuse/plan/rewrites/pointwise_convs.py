@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvmfuse._tvm import relax, tvm
-from tvmfuse.plan.rewrites._common import CLEAN, channels_last_convs, main_bindings, module_pass, rebuild_main
+from tvmfuse.plan.rewrites._common import channels_last_convs, main_bindings, module_pass, replaced
 from tvmfuse.plan.tags import RewriteLog
 
 
@@ -39,11 +39,8 @@ def pointwise_convs_as_gemms(mod, *, log: RewriteLog, max_rows: int = 64, templa
             return relax.op.matmul(vmap.get(x, x), relax.const(w_mat), out_dtype=out_dtype)
 
         plan[b.var] = emit
-    if not plan:
-        return mod
-    log.notes.append(f"{len(plan)} 1x1 convs run as GEMMs ({', '.join(sorted({str(n) for n in rows_of.values()}, key=int))}"
-                     " pixels): no conv template takes them")
-    return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set()))
+    pixels = ", ".join(sorted({str(n) for n in rows_of.values()}, key=int))
+    return replaced(mod, plan, log, f"{len(plan)} 1x1 convs run as GEMMs ({pixels} pixels): no conv template takes them")
 
 
 def PointwiseConvsAsGemms(*, log: RewriteLog, max_rows: int = 64, template_dtypes=("float16",)) -> tvm.transform.Pass:
