@@ -310,11 +310,11 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
     if verify_against is not None:
         model = load_model(verify_against, input_shapes={s["name"]: tuple(s["shape"]) for s in art.input_specs})
         ort_refs = verify.run_onnxruntime(model.path, feeds)
-        if verify.is_quantized(model.proto):
-            floor = verify.quantization_floor(model.path, feeds, ort_refs)
+        floor = verify.quantization_floor(model.path, feeds, ort_refs) if verify.is_quantized(model.proto) else None
+        if floor is not None:
             loose = max(loose, verify.QUANTIZED_SLACK * floor)
         _verify(report, verify.compare(results, ort_refs, names, min_tolerance=loose), "onnxruntime", "onnxruntime")
-        if verify.is_quantized(model.proto):
+        if floor is not None:
             report["verification"]["quantization_floor"] = floor
     elif refs is not None:
         for name, out in zip(names, results):
