@@ -137,7 +137,8 @@ def _outputs_read_inside(model: onnx.ModelProto) -> int:
     name: fp32 where the converted graph declares fp16 (TVM imports a mixed-type multiply). They now read the
     fp16 value before the cast."""
     fp32, fp16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
-    types = value_types(model)
+    # the types the converter declared (its own shape inference): no second inference over the converted weights
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
     outputs = {o.name for o in model.graph.output}
     before = {}
     for node in model.graph.node:

@@ -44,6 +44,11 @@ def padding_mask(shape) -> np.ndarray:
     return mask
 
 
+def _field(spec, key: str):
+    """A spec's field, from a TensorSpec or its manifest JSON (a dict)."""
+    return spec.get(key) if isinstance(spec, dict) else getattr(spec, key, None)
+
+
 def random_inputs(specs, *, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs the model accepts, by each spec's shape and dtype: standard-normal floats; integers in
     ``[0, high)`` where the spec bounds them (the rows of the table they index), else in ``[0, 4)``; an integer or
@@ -51,9 +56,7 @@ def random_inputs(specs, *, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}
     for s in specs:
-        name, shape, dtype = (s["name"], s["shape"], s["dtype"]) if isinstance(s, dict) else (s.name, s.shape, s.dtype)
-        high = s.get("high") if isinstance(s, dict) else getattr(s, "high", None)
-        fixed = s.get("fixed") if isinstance(s, dict) else getattr(s, "fixed", None)
+        name, shape, dtype, high, fixed = (_field(s, k) for k in ("name", "shape", "dtype", "high", "fixed"))
         if fixed is not None:   # the value the input was compiled for (optimum's use_cache_branch)
             out[name] = np.array(fixed, dtype=dtype).reshape(shape)
         elif np.issubdtype(np.dtype(dtype), np.floating):
@@ -77,29 +80,30 @@ def load_inputs(path: str | Path, specs) -> dict[str, np.ndarray]:
         raise TvmfuseError(f"inputs file not found: {path}") from None
     except Exception as err:  # noqa: BLE001 - zipfile/pickle/ValueError
         raise TvmfuseError(f"not a readable .npz file: {path}: {type(err).__name__}") from None
-    names = [s["name"] if isinstance(s, dict) else s.name for s in specs]
+    names = [_field(s, "name") for s in specs]
     missing = [n for n in names if n not in data]
     if missing:
         raise TvmfuseError(f"{path.name} lacks input(s) {', '.join(missing)}", hint="its keys are " + ", ".join(sorted(data)))
     for s in specs:
-        name = s["name"] if isinstance(s, dict) else s.name
-        fixed = s.get("fixed") if isinstance(s, dict) else getattr(s, "fixed", None)
-        if fixed is not None and np.asarray(data[name]).ravel().tolist() != list(fixed):
-            given = np.asarray(data[name]).ravel().tolist()
+        name, fixed = _field(s, "name"), _field(s, "fixed")
+        given = None if fixed is None else np.asarray(data[name]).ravel().tolist()
+        if given is not None and given != list(fixed):
             raise TvmfuseError(f"{path.name}: input '{name}' is {given}, but the model was compiled for {list(fixed)}",
                                hint="compile it again with the shapes of this step (the KV cache's length decides it)")
     return {n: data[n] for n in names}
 
 
-def run_onnxruntime(model_path: str | Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+def run_onnxruntime(model_path: str | Path, inputs: dict[str, np.ndarray], *, fused: bool = False) -> list[np.ndarray]:
+    """onnxruntime's run of ``model_path`` on the CPU: the reference, with its basic graph rewrites only (constant
+    folding, dead nodes), which keep the graph's semantics; ``fused``: all of them, as onnxruntime deploys it (its
+    extended fusions move a dynamically quantized BERT-base's output 1.8e-2: MatMulIntegerToFloat)."""
     import onnxruntime as ort
 
     try:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        # the graph's own semantics: basic rewrites (constant folding, dead nodes) keep them; the extended fusions
-        # do not always (a dynamically quantized BERT-base's MatMulIntegerToFloat fusion moves its output 1.8e-2)
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        if not fused:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
         return [np.asarray(x) for x in sess.run(None, inputs)]
     except Exception as err:  # noqa: BLE001
@@ -124,12 +128,7 @@ def quantization_floor(model_path: str | Path, inputs: dict[str, np.ndarray], re
     rewrites only): the drift of two faithful implementations of the graph's rounding, which a quantized model's
     check allows (``QUANTIZED_SLACK`` times it). A dynamically quantized BERT-base with random weights drifts
     1.8e-2; a two-layer one 1e-7."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
-    return max(relative_error(np.asarray(a), b) for a, b in zip(sess.run(None, inputs), refs))
+    return max(relative_error(a, b) for a, b in zip(run_onnxruntime(model_path, inputs, fused=True), refs))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
+from tvmfuse.plan.graph import tensor_shape
 from tvmfuse.plan.rewrites._common import main_bindings, module_pass, op_name, replaced
 from tvmfuse.plan.tags import RewriteLog
 
@@ -30,7 +31,7 @@ def _widened(expr, values: dict, dtype: str):
 
 
 def _operands(call, values: dict):
-    """``(a_u8, za, w_i8)`` of ``matmul(astype(a) - astype(za), astype(w) - 0)``, or None."""
+    """``(a_u8, za, w_i8, None)`` of ``matmul(astype(a) - astype(za), astype(w) - 0)`` (MatMulInteger), or None."""
     if op_name(call) != "relax.matmul" or _dtype(call) != "int32":
         return None
     lhs, rhs = (values.get(a, a) for a in call.args[:2])
@@ -40,7 +41,7 @@ def _operands(call, values: dict):
     w = _int8_weight(rhs, values)
     if a is None or za is None or w is None or w.ndim != 2:
         return None
-    return a, za, w
+    return a, za, w, None
 
 
 def _int8_weight(expr, values: dict) -> np.ndarray | None:
@@ -85,36 +86,29 @@ def _qdq_operands(call, values: dict):
     n = int(w.ty.shape[1])
     if sw.size != 1 and (sw.size != n or int(rhs.attrs.axis) not in (1, -1)):
         return None
-    if tensor_size(values.get(za, za)) != 1:
+    za_shape = tensor_shape(values.get(za, za).ty)
+    if za_shape is None or int(np.prod(za_shape, dtype=np.int64)) != 1:
         return None
     return a, za, const_numpy(w), (sa.reshape(()) * sw.reshape(-1 if sw.size > 1 else ())).astype(np.float32)
 
 
-def tensor_size(expr) -> int | None:
-    shape = getattr(expr.ty, "shape", None)
-    try:
-        return int(np.prod([int(d) for d in shape])) if shape is not None else None
-    except TypeError:
-        return None
-
-
 def int8_gemms(mod, *, log: RewriteLog):
-    """Every MatMulInteger-shaped int32 matmul (uint8 activations less a zero point, int8 constant weights) on
-    its 8-bit operands, the zero point's share subtracted after."""
+    """Every quantized GEMM, MatMulInteger's int32 matmul or QDQ's fp32 matmul of dequantized operands (uint8
+    activations with a zero point, int8 constant weights), on its 8-bit operands, the zero point's share subtracted
+    after (and QDQ's scales multiplied)."""
     bindings = main_bindings(mod)
     if bindings is None:
         return mod
     values = {b.var: b.value for b in bindings}
     plan = {}
     for b in bindings:
-        found = _operands(b.value, values)
-        qdq = None if found is not None else _qdq_operands(b.value, values)
-        if found is None and qdq is None:
+        found = _operands(b.value, values) or _qdq_operands(b.value, values)
+        if found is None:
             continue
-        a, za, w = found if found is not None else qdq[:3]
+        a, za, w, scale = found
         colsum = w.astype(np.int32).sum(axis=0)
 
-        def emit(bb, vmap, a=a, za=za, w=w, colsum=colsum, scale=None if qdq is None else qdq[3]):
+        def emit(bb, vmap, a=a, za=za, w=w, colsum=colsum, scale=scale):
             prod = bb.emit(relax.op.matmul(vmap.get(a, a), relax.const(w), out_dtype="int32"))
             shift = bb.emit(relax.op.multiply(relax.op.astype(vmap.get(za, za), "int32"), relax.const(colsum)))
             exact = relax.op.subtract(prod, shift)
