@@ -42,7 +42,7 @@ class ModelConfig:
     db: Path = DEFAULT_DB
     planner: str = DEFAULT_PLANNER
     input_shapes: dict = field(default_factory=dict)
-    precision: str = "model"  # model | fp32 | fp16 (tvmfuse.frontend.precision)
+    precision: str = "model"  # model | fp32 | tf32 | fp16 (tvmfuse.frontend.precision)
     threads: int | None = None  # CPU threads of TVM's runtime (None: the physical cores; tvmfuse.threads)
 
 
@@ -62,7 +62,7 @@ def _prepare(cfg: ModelConfig, target=None):
     target = target if target is not None else resolve_target(cfg.target)
     loaded = load_model(cfg.model, input_shapes=cfg.input_shapes, precision=cfg.precision)
     mod = import_model(loaded)
-    fused, plan = partition(mod, target=target, planner=cfg.planner)
+    fused, plan = partition(mod, target=target, planner=cfg.planner, tf32=cfg.precision == "tf32")
     return target, loaded, fused, plan
 
 

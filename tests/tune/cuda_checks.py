@@ -299,3 +299,46 @@ def cuda_source(exe) -> str:
     from tvmfuse._tvm import cuda_sources
 
     return "\n".join(cuda_sources(exe))
+
+
+def copy_bytes(src: str) -> set:
+    """Every raw ``cp.async`` of the generated CUDA ``src`` as (global source, shared byte, global byte) at every
+    thread, block and loop value: which bytes of A and B land where in shared memory, whatever the element type the
+    kernel counts its offsets in (``ptx_cp_async_legacy_cg_16_D_S``: D-byte shared and S-byte global elements)."""
+    import numpy as np
+
+    ranges, python = _cuda_index_env(src)
+    guarded = _guarded_ranges(src, ranges)
+    out = set()
+    for m in re.finditer(r"ptx_cp_async_legacy_cg_16_(\d)_(\d)\(", src):
+        if src[m.start() - 5:m.start()] == "void ":
+            continue   # the helper's definition
+        args = _call_args(src, m.end())
+        here = guarded[src.count("\n", 0, m.start())]
+        exprs = [python(args[1]), python(args[3])]
+        names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", " ".join(exprs))) - {"minimum", "maximum"})
+        env = {n: np.arange(here[n].start, here[n].stop).reshape([-1 if j == k else 1 for j in range(len(names))])
+               for k, n in enumerate(names)}
+        shared, glob = np.broadcast_arrays(*(np.asarray(eval(e, {"minimum": np.minimum, "maximum": np.maximum}, env))
+                                             for e in exprs))
+        out.update(zip([args[2]] * shared.size, (shared.ravel() * int(m.group(1))).tolist(),
+                       (glob.ravel() * int(m.group(2))).tolist()))
+    return out
+
+
+def kernel_text(src: str) -> list[str]:
+    """The kernel of the generated CUDA ``src`` as lines, for comparing two kernels' structure: the device helpers
+    before it dropped, ``cse`` variables inlined, pointer types and the wgmma and raw ``cp.async`` helpers' names
+    (their instruction and element types) made one."""
+    body = src[src.index('extern "C" __global__'):]
+    defs = dict(re.findall(r"int (cse_v\d+) = (.+);", body))
+    lines = []
+    for line in body.splitlines():
+        if re.match(r"\s*int cse_v\d+ = ", line):
+            continue
+        for _ in range(8):
+            line = re.sub(r"\bcse_v\d+\b", lambda m: f"({defs[m.group(0)]})", line)
+        line = re.sub(r"\b(half|float)\* __restrict__", "T* __restrict__", line)
+        line = re.sub(r"tvm_builtin_ptx_wgmma_\w+_mma_async_\w+\(", "wgmma(", line)
+        lines.append(re.sub(r"ptx_cp_async_legacy_cg_16_\d_\d\(.*", "cp_async(...)", line))
+    return lines

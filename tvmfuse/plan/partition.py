@@ -95,8 +95,12 @@ PLANNERS: dict[str, Planner] = {"fuseops": _fuseops, "tvmfuse": _tvmfuse}
 DEFAULT_PLANNER = "tvmfuse"
 
 
-def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_PLANNER) -> "tuple[tvm.IRModule, Plan]":
+def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_PLANNER,
+              tf32: bool = False) -> "tuple[tvm.IRModule, Plan]":
     """Partition ``mod`` into fused kernels.
+
+    ``tf32`` (``--precision tf32``; GPU targets): the fp32 GEMM and conv kernels are marked for the tensor cores
+    and their weights stored in the order those read them (:mod:`tvmfuse.plan.tf32`).
 
     Returns the module whose ``main`` calls one PrimFunc per fused kernel, and the plan explaining it.
     """
@@ -106,7 +110,16 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
         from tvmfuse.errors import TvmfuseError
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
-    return fn(mod, target)
+    fused, plan = fn(mod, target)
+    if tf32 and target.is_gpu:
+        from dataclasses import replace
+
+        from tvmfuse.plan.tf32 import tf32_kernels
+
+        fused, note = tf32_kernels(fused)
+        if note is not None:
+            plan = replace(plan, rewrites=(*plan.rewrites, note))
+    return fused, plan
 
 
 def plan_model(model, *, target: str | dict | None = "auto", planner: str = DEFAULT_PLANNER,

@@ -63,13 +63,19 @@ def _extents(block) -> list[int]:
     return [int(iv.dom.extent) for iv in block.iter_vars]
 
 
-def analyze(func, dtypes: tuple[str, ...] = ("float16",)) -> tuple[GemmSpec, dict]:
+def analyze(func, dtypes: tuple[str, ...] | None = None) -> tuple[GemmSpec, dict]:
     """The :class:`GemmSpec` of a planner GEMM PrimFunc (its elementwise intermediates inlined), and what the
     kernel generator needs besides: ``a`` / ``b`` (parameter indices of A and B) and ``store`` (the epilogue's
-    store, with the fields of :func:`gemm_source`'s ``store``). ``dtypes``: the operand dtypes taken (wgmma's
-    fp16; the GEMV template also reads fp32 GEMMs through it). Raises :class:`Misfit`."""
+    store, with the fields of :func:`gemm_source`'s ``store``). ``dtypes``: the operand dtypes taken (None:
+    wgmma's, fp16, and fp32 where the planner marked the kernel for TF32; the GEMV template reads fp32 GEMMs
+    through it too). Raises :class:`Misfit`."""
     from tvmfuse._tvm import tvm
     from tvmfuse.kernels.sketch import inline_all_but_outputs
+    from tvmfuse.plan.tf32 import ATTR
+
+    tf32 = bool(func.attrs is not None and func.attrs.get(ATTR))
+    if dtypes is None:
+        dtypes = ("float16", "float32") if tf32 else ("float16",)
 
     sch = tvm.s_tir.Schedule(func)
     reductions = _reduction_blocks(sch)
@@ -100,7 +106,8 @@ def analyze(func, dtypes: tuple[str, ...] = ("float16",)) -> tuple[GemmSpec, dic
         raise Misfit("the reduction is not a multiply-accumulate")
     ext = [int(iv.dom.extent) for iv in spatial]
     if conv:
-        spec, x, y = _conv_spec(value.b, names, red, ext, bufs, params)
+        # (an fp32 conv is read only where marked for TF32: the GEMV template asks for fp32 GEMMs, not convs)
+        spec, x, y = _conv_spec(value.b, names, red, ext, bufs, params, dtypes if tf32 else ("float16",))
         oh, ow = ext[1], ext[2]
         out_idx = ["{row}" + f" // {oh * ow}", "{row}" + f" // {ow} % {oh}", "{row}" + f" % {ow}", "{col}"]
     else:
@@ -166,7 +173,7 @@ def _gemm_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
         raise Misfit("B is batched over part of the batch")
     spec = GemmSpec(batch=tuple(ext[:len(batch)]), m=ext[-2], n=ext[-1], k=int(red.dom.extent),
                     a_batched=bool(batch) and len(ax) > 2, b_batched=bool(batch) and len(bx) > 2,
-                    b_kmajor=b_kmajor)
+                    b_kmajor=b_kmajor, dtype=_same_dtype(x, y, bufs, params))
     if spec.b_batched and not spec.a_batched:
         raise Misfit("B batched but A shared")
     b_dims = [spec.n, spec.k] if b_kmajor else [spec.k, spec.n]
@@ -176,7 +183,15 @@ def _gemm_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
     return spec, x, y
 
 
-def _conv_spec(mul, names, red, ext, bufs, params):
+def _same_dtype(x, y, bufs, params) -> str:
+    """The one dtype of the operand loads ``x`` and ``y`` (:class:`Misfit` where they differ)."""
+    dx, dy = (str(bufs[params[_name(e)]].dtype) for e in (x, y))
+    if dx != dy:
+        raise Misfit(f"the operands' types differ ({dx}, {dy})")
+    return dx
+
+
+def _conv_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
     """(spec, the input's load, the filter's load) of an NHWC conv's multiply ``mul``: the output ``(n, oh, ow,
     f)`` over ``names``, the filter read ``[f, r, s, c]`` and the input ``[n, oh * sh + r * dh - pt, ow * sw + s *
     dw - pl, c]``, zero-padded through an ``if_then_else`` where a window leaves the input."""
@@ -193,7 +208,7 @@ def _conv_spec(mul, names, red, ext, bufs, params):
             if type(zero).__name__ not in ("FloatImm", "IntImm") or float(zero.value) != 0.0:
                 raise Misfit("the conv pads with a nonzero value")
             e = e.args[1]
-        loads.append((_fp16_param(e, bufs, params), guarded))
+        loads.append((_fp16_param(e, bufs, params, dtypes), guarded))
     n, oh, ow, f = names
     r, s_, c = (str(iv.var.name) for iv in red)
     idx = lambda e: [str(t) for t in e.indices]  # noqa: E731
@@ -226,13 +241,15 @@ def _conv_spec(mul, names, red, ext, bufs, params):
                      stride=(sh, sw), pad=(pt, pl), dilation=(dh, dw))
     if g.padded and not guarded:
         raise Misfit("the conv reads outside its input without padding")
-    if g.c % 64:
-        raise Misfit(f"the conv's input channels ({g.c}) are not a multiple of 64")
+    dtype = _same_dtype(x, y, bufs, params)
+    per_step = 64 if dtype == "float16" else 32   # a K step reads 128 bytes of a pixel's channels
+    if g.c % per_step:
+        raise Misfit(f"the conv's input channels ({g.c}) are not a multiple of {per_step}")
     # a 1x1 conv of stride 1 reads its NHWC input as a [rows, channels] matrix, row for row: a GEMM (whose A tiles
     # TMA loads at any image size, where the conv's pixel patches leave 14x14 and 7x7 images to cp.async)
     pointwise = (g.r, g.s, g.stride, g.pad, g.h, g.w) == (1, 1, (1, 1), (0, 0), g.oh, g.ow)
     spec = GemmSpec(batch=(), m=g.n * g.oh * g.ow, n=ext[3], k=g.r * g.s * g.c, a_batched=False, b_batched=False,
-                    b_kmajor=True, conv=None if pointwise else g)
+                    b_kmajor=True, conv=None if pointwise else g, dtype=dtype)
     return spec, x, y
 
 

@@ -17,7 +17,7 @@ class WgmmaConfig:
     warpgroups: int = 2   # warpgroups per block (128 threads each)
     m_tiles: int = 1      # 64-row wgmma tiles per warpgroup
     block_n: int = 128    # columns per block (wgmma's N)
-    block_k: int = 64     # K per stage
+    block_k: int = 64     # K per stage, in 16-bit units (128 bytes of a row: 64 fp16, 32 TF32)
     stages: int = 4       # shared-memory buffers (cp.async runs stages - 1 tiles ahead)
     raster: int = 8       # tile rows launched together (B tiles reused from L2)
     swizzle: int = 128    # shared tiles in wgmma's 128-byte swizzled layout (needs block_k 64), or 0: no swizzle
@@ -59,7 +59,11 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
             max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
     """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
     partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only with 128-byte swizzled tiles,
-    TMA's layout, and for a conv only where its output pixels tile well (:func:`pixel_tile`)."""
+    TMA's layout, and for a conv only where its output pixels tile well (:func:`pixel_tile`). K counts 16-bit
+    units (``block_k`` 64: 128 bytes of a row, 32 TF32 elements); TF32 takes a K-major B only."""
+    if spec.dtype != "float16" and not spec.b_kmajor:
+        return []
+    spec = spec.halves()
     out = []
     for g in warpgroups:
         for mt in m_tiles:
@@ -104,7 +108,7 @@ def pixel_tile(spec: GemmSpec) -> tuple[int, int] | None:
     fewest pixels past the output (ties: the wider); None where the conv is strided (a strided box needs TMA's
     traversal strides, not built), its channels are no multiple of 64, or the patches cover more than 15% more
     pixels than the output has (56 x 56: 8 x 8 patches, none idle; 28 x 28: 4 x 16, 14% idle; 14 x 14: none)."""
-    g = spec.conv
+    g = spec.halves().conv
     if g is None or g.stride != (1, 1) or g.c % 64:
         return None
     best = None

@@ -15,7 +15,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     """TVMScript of the kernel: ``params`` the function's parameter declarations, ``a`` / ``b`` the names of the
     A and B buffers among them, ``store`` the store of one accumulator, a format string with the fields
     ``{bz}`` (flattened batch index), ``{row}``, ``{col}`` (output row within the batch and column) and
-    ``{acc}`` (the fp32 accumulator)."""
+    ``{acc}`` (the fp32 accumulator). A TF32 kernel (fp32 operands) is generated as an fp16 one of twice the K
+    (:meth:`GemmSpec.halves`): the same bytes move, only its wgmmas differ."""
+    spec = spec.halves()
     if cfg.tma:
         return tma_source(spec, cfg, params, a, b, store, **({} if sms is None else {"sms": sms}))
     BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
@@ -46,7 +48,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             o, k, off = chunk(f"(it * {NT} + tx)")
             pred, at = glob(o, k)
             at_smem = f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
-            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', smem.data, {at_smem}, {src}.data, {at}, 16))"
+            # (the source offset counts the source's own elements: a TF32 kernel's fp32 operands halve it)
+            src_at = at if spec.dtype == "float16" else f"({at}) // 2"
+            copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', smem.data, {at_smem}, {src}.data, {src_at}, 16))"
             if pred is not None and zfill and not branch:
                 # 16 zero bytes where the element is not read, without a branch (with a batch in flight ptxas
                 # serializes the wgmmas around one, C7514); the source offset is 0 there

@@ -64,7 +64,8 @@ def _batch_offsets(spec: GemmSpec) -> tuple[str, str]:
 
 def _a_read(spec: GemmSpec, row: str, kbase: str, kin: str, tail: bool) -> tuple[str | None, str]:
     """A's element (``row``, ``kbase + kin``) as (a predicate, None where it always holds; its flat offset in A),
-    for ``kbase`` a multiple of 64 and ``kin`` below 64. False on rows past ``spec.rows`` (``tail``: a partial
+    for ``kbase`` a multiple of a K step (64 in 16-bit units; 32 for the reference's fp32 elements) and ``kin``
+    below it. False on rows past ``spec.rows`` (``tail``: a partial
     last tile row) and, for a conv, on window taps outside the input: the element is zero there."""
     conds = [f"{row} < {spec.rows}"] if tail else []
     if spec.conv is None:

@@ -10,7 +10,8 @@ from tvmfuse.kernels.wgmma.spec import GemmSpec
 def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str,
                    sb_at: int, step: str = "ko") -> tuple[str, str]:
     """TVMScript of one K step's wgmmas (stage ``step % stages``; A's stages at element 0 of ``smem``, B's at
-    ``sb_at``) and of the stores of the accumulators (rows past the last predicated)."""
+    ``sb_at``) and of the stores of the accumulators (rows past the last predicated). ``spec`` in 16-bit units
+    (:meth:`GemmSpec.halves`): each wgmma reads 32 bytes of K, 16 fp16 or 8 TF32 elements."""
     BM, BN, BK, S, MT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles
     a_tile, b_tile = BM * BK, BN * BK
     _, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
@@ -26,7 +27,7 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
             da = desc("smem", f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
                        cfg.swizzle)
             db = desc("smem", f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
-            wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}")
+            wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}", spec.dtype)
 
     # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
     lane, warp = "(tx % 32)", "(tx % 128 // 32)"

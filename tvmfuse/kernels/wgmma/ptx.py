@@ -20,9 +20,13 @@ def _indent(text: str, n: int) -> str:
     return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
 
 
-def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str) -> str:
-    """One ``wgmma.mma_async.m64n{n}k16`` (fp16 in, fp32 accumulate) statement: ``accs`` the accumulators, ``a``
-    a descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates."""
+def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str, dtype: str = "float16") -> str:
+    """One wgmma statement over 32 bytes of K, fp32 accumulate: ``m64n{n}k16`` of fp16, or ``m64n{n}k8`` of TF32
+    (``dtype`` ``tf32``: fp32 operands, K-major, no transpose immediates). ``accs`` the accumulators, ``a`` a
+    descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates."""
+    if dtype == "tf32":
+        return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32({accs}, {a}, {b}, "
+                f"T.ptx.pred(1), {', '.join(flags.split(', ')[:2])}))\n")
     return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16({accs}, {a}, {b}, "
             f"T.ptx.pred(1), {flags}))\n")
 

@@ -16,7 +16,9 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
     _, b_batch = _batch_offsets(spec)
     b_at = f"{b_batch} + col * {K} + kk" if spec.b_kmajor else f"{b_batch} + kk * {N} + col"
     tail = M % 64 != 0   # rows run on to a whole 64-row tile, through the kernel's predicates
-    pred, a_at = _a_read(spec, "row", "kk // 64 * 64", "kk % 64", tail)
+    step = 64 if spec.dtype == "float16" else 32   # K per stage: 128 bytes of a row
+    dtype = "float16" if spec.dtype == "float16" else "float32"
+    pred, a_at = _a_read(spec, "row", f"kk // {step} * {step}", f"kk % {step}", tail)
     mac = f"acc[0] = acc[0] + T.Cast('float32', af[{a_at}]) * T.Cast('float32', bf[{b_at}])"
     if pred is not None:
         mac = f"if {pred}:\n    {mac}"
@@ -28,8 +30,8 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
 def main({", ".join(params)}):
     T.func_attr({{"tirx.noalias": True}})
     acc = T.alloc_buffer((1,), "float32")
-    af = T.decl_buffer(({spec.a_elements},), "float16", data={a}.data)
-    bf = T.decl_buffer(({(spec.grid_batch if spec.b_batched else 1) * N * K},), "float16", data={b}.data)
+    af = T.decl_buffer(({spec.a_elements},), "{dtype}", data={a}.data)
+    bf = T.decl_buffer(({(spec.grid_batch if spec.b_batched else 1) * N * K},), "{dtype}", data={b}.data)
     for bz, row, col in T.grid({spec.grid_batch}, {-(-M // 64) * 64}, {N}):
         acc[0] = T.float32(0)
         for kk in range({K}):

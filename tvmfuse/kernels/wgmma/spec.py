@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class GemmSpec:
     ``batch``: the output's leading dims; A may carry them or not (``a_batched``), B likewise. With B shared by
     the batch and A batched, the batch folds into the rows (``rows = prod(batch) * m``).
     ``b_kmajor``: B stored ``[.., N, K]`` (weights of a Linear, transB); else ``[.., K, N]``.
+    ``dtype``: the operands' type: ``float16``, or ``float32`` read by the tensor cores as TF32 (a kernel the
+    planner marked ``tvmfuse.tf32``; K-major operands only); ``tf32``: a ``float32`` spec counted in 16-bit units
+    (:meth:`halves`), the kernel generator's view of it.
     """
 
     batch: tuple[int, ...]
@@ -52,6 +55,17 @@ class GemmSpec:
     b_batched: bool
     b_kmajor: bool
     conv: ConvGeometry | None = None   # A is a conv's input read as im2col rows (implicit GEMM)
+    dtype: str = "float16"
+
+    def halves(self) -> "GemmSpec":
+        """The spec in 16-bit units, the unit the kernel generator counts K, addresses and shared tiles in: an fp32
+        ``[rows, K]`` operand is, byte for byte, an fp16 ``[rows, 2K]`` one, so a TF32 kernel's copies, tile
+        layouts, descriptors and TMA boxes are the fp16 kernel's at twice the K (and a conv's channels); only the
+        wgmma instruction differs (K 8 in TF32 per 32 bytes, against K 16 in fp16)."""
+        if self.dtype != "float32":
+            return self
+        conv = None if self.conv is None else replace(self.conv, c=2 * self.conv.c)
+        return replace(self, k=2 * self.k, conv=conv, dtype="tf32")
 
     @property
     def fold_batch(self) -> bool:

@@ -21,7 +21,9 @@ def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
     padding and patches past the last image read outside the input, which TMA fills with zeros. B is ``[batch, N,
     K]`` (K-major, one ``[block_n, 64]`` box) or ``[batch, K, N]`` (one ``[64, 64]`` box per 64 columns). Each box
     lands in shared memory 128-byte swizzled: row ``r``'s 16-byte chunk ``c`` at chunk ``r * 8 + (c ^ r % 8)``,
-    :func:`tile_layout`'s layout of the tile. Rows past the tensor read as zero."""
+    :func:`tile_layout`'s layout of the tile. Rows past the tensor read as zero. A TF32 kernel's fp32 operands
+    are mapped as fp16 tensors of twice the K (:meth:`GemmSpec.halves`): the same bytes."""
+    spec = spec.halves()
     BM, BN = cfg.block_m, cfg.block_n
     M, N, K = spec.rows, spec.n, spec.k
     a_rows, a_batch = (spec.m, spec.grid_batch) if spec.a_batched and not spec.fold_batch else (M, 1)

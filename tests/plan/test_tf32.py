@@ -1,0 +1,83 @@
+"""``--precision tf32``: the planner marks the fp32 GEMM and conv kernels for the tensor cores and stores their
+weights K-major (wgmma reads TF32 operands K-major only), and the model still computes what onnxruntime does."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import models
+from tvmfuse._tvm import PrimFunc
+from tvmfuse.compile import build
+from tvmfuse.frontend import import_model, load_model
+from tvmfuse.plan import partition
+from tvmfuse.plan.tf32 import ATTR
+from tvmfuse.target import resolve_target
+from tvmfuse.verify import relative_error, run_onnxruntime
+
+
+def _two_linears(m=64, k=128, n=192) -> onnx.ModelProto:
+    """x @ W1 + b -> GELU (erf) -> @ W2 -> + x: two GEMM kernels, each weight stored [K, N]."""
+    b = models._B(3)
+    h = b.op("Add", [b.op("MatMul", ["x", b.w(k, n, scale=0.1)]), b.const(b.rng.standard_normal(n) * 0.1)])
+    h = b.op("Mul", [b.op("Mul", [h, b.op("Add", [b.op("Erf", [b.op("Div", [h, b.const(1.4142135)])]),
+                                                  b.const(1.0)])]), b.const(0.5)])
+    y = b.op("Add", [b.op("MatMul", [h, b.w(n, k, scale=0.1)]), "x"])
+    return b.model({"x": [m, k]}, y, [m, k])
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return resolve_target("cuda")
+
+
+def _plan(tmp_path, model, target, tf32):
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    return partition(import_model(load_model(path)), target=target, tf32=tf32)
+
+
+def _gemms(fused) -> dict:
+    return {gv.name_hint: f for gv, f in fused.functions.items()
+            if isinstance(f, PrimFunc) and "matmul" in gv.name_hint}
+
+
+def test_tf32_marks_the_gemms_and_stores_their_weights_k_major(tmp_path, cuda, llvm_target):
+    model = _two_linears()
+    fused, plan = _plan(tmp_path, model, cuda, tf32=True)
+    gemms = _gemms(fused)
+    assert len(gemms) == 2 and all(f.attrs.get(ATTR) for f in gemms.values())
+    # each weight parameter is [N, K] now: W1 [128, 192] -> [192, 128], W2 [192, 128] -> [128, 192]
+    shapes = sorted(tuple(int(d) for d in f.params[1].shape) for f in gemms.values())
+    assert shapes == [(128, 192), (192, 128)]
+    assert any(r.startswith("tf32: 2 GEMM/conv kernels") and "transposed to [N, K]" in r for r in plan.rewrites)
+    # fp32 as stored, and off a GPU tf32 changes nothing
+    plain, plain_plan = _plan(tmp_path, model, cuda, tf32=False)
+    assert not any(f.attrs.get(ATTR) for f in _gemms(plain).values())
+    assert not any(r.startswith("tf32") for r in plain_plan.rewrites)
+    on_cpu, _ = _plan(tmp_path, model, llvm_target, tf32=True)
+    assert not any((f.attrs or {}).get(ATTR) for f in _gemms(on_cpu).values())
+
+
+def test_the_transposed_weights_compute_what_onnxruntime_does(tmp_path, cuda, llvm_target):
+    """The kernels and their calls change together: the module planned for the GPU in tf32, built for the CPU (its
+    kernels' TIR, fp32), equals onnxruntime on the same input."""
+    model = _two_linears()
+    fused, _ = _plan(tmp_path, model, cuda, tf32=True)
+    result = build(fused, target=llvm_target, database=None)
+    from tvmfuse._tvm import tvm
+
+    vm = tvm.relax.VirtualMachine(result.executable, tvm.cpu())
+    x = np.random.default_rng(0).standard_normal((64, 128)).astype("float32")
+    params = [tvm.runtime.tensor(np.asarray(p.numpy() if hasattr(p, "numpy") else p)) for p in result.lifted_params]
+    got = vm["main"](tvm.runtime.tensor(x), *params).numpy()
+    (ref,) = run_onnxruntime(tmp_path / "m.onnx", {"x": x})
+    assert relative_error(got, ref) < 1e-5
+
+
+def test_a_conv_is_marked_and_its_filters_are_left_k_major(tmp_path, cuda):
+    fused, plan = _plan(tmp_path, models.conv_bn_relu(n=2, cin=64, cout=64, hw=16), cuda, tf32=True)
+    convs = {gv.name_hint: f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "conv" in gv.name_hint}
+    assert convs and all(f.attrs.get(ATTR) for f in convs.values())
+    note = next(r for r in plan.rewrites if r.startswith("tf32"))
+    assert "transposed" not in note   # OHWI filters: K (r, s, c) contiguous already

@@ -1,0 +1,148 @@
+"""``--precision tf32`` on a GPU: the fp32 GEMM and conv kernels marked for the tensor cores, their weights in the
+order the tensor cores read them.
+
+The graph stays fp32: inputs, outputs, activations, epilogues and every other kernel. A GEMM or conv kernel
+(one fp32 multiply-accumulate over fp32 operands) gets the attribute :data:`ATTR`, and the kernel templates that
+read it (Hopper's wgmma) compute its products in TF32 (fp32 operands rounded to a 10-bit mantissa by the
+tensor core, fp32 accumulation), as cuBLAS and cuDNN do under PyTorch's ``allow_tf32``. The attribute is part of
+the kernel's structure, so its tuning records are apart from the fp32 kernel's.
+
+wgmma reads TF32 operands from shared memory K-major only (the transposed read is fp16 / bf16's): a weight
+stored ``[K, N]`` (what the exporters write for a Linear) is transposed here, once, to ``[N, K]`` at every call
+of its kernel, and the kernel reads it so. A conv's filters are K-major already (channels-last, OHWI).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tvmfuse._tvm import PrimFunc, RelaxConstant, const_numpy, relax, tvm
+
+ATTR = "tvmfuse.tf32"
+
+
+def _load(e):
+    """The buffer load ``e`` is (through a cast), or None."""
+    if type(e).__name__ == "Cast":
+        e = e.value
+    return e if type(e).__name__ in ("TensorLoad", "BufferLoad") else None
+
+
+def _mac_block(func: PrimFunc):
+    """The block of ``func`` that accumulates fp32 products of fp32 operands (``c = c + a * b`` over a reduction
+    axis), and the schedule it was found in; (None, None) where there is not exactly one."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    found = []
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(b)
+        body = block.body
+        if not any(int(iv.iter_type) == 2 for iv in block.iter_vars) or type(body).__name__ != "BufferStore":
+            continue
+        value = body.value
+        if str(body.buffer.dtype) != "float32" or type(value).__name__ != "Add" or type(value.b).__name__ != "Mul":
+            continue
+        operands = [_load(value.b.a), _load(value.b.b)]
+        if all(op is not None and str(op.source.dtype if hasattr(op, "source") else op.buffer.dtype) == "float32"
+               for op in operands):
+            found.append(b)
+    return (found[0], sch) if len(found) == 1 else (None, None)
+
+
+def _kn_weight(func: PrimFunc, sch, block) -> int | None:
+    """The parameter index of a 2-D B that ``block`` reads ``[k, j]`` (the reduction axis, then the output's last
+    axis), or None."""
+    blk = sch.get(block)
+    store = blk.body
+    red = [str(iv.var.name) for iv in blk.iter_vars if int(iv.iter_type) == 2]
+    if len(red) != 1 or not store.indices:
+        return None
+    last = str(store.indices[-1])
+    bufs = [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+    for op in (_load(store.value.b.a), _load(store.value.b.b)):
+        buf = op.source if hasattr(op, "source") else op.buffer
+        idx = [str(i) for i in op.indices]
+        if idx == [red[0], last]:
+            hits = [i for i, p in enumerate(bufs) if p.same_as(buf)]
+            return hits[0] if hits else None
+    return None
+
+
+def _calls(main) -> dict:
+    """{kernel GlobalVar: [the arguments of each of its calls from ``main``]}."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    calls: dict = {}
+
+    @relax.expr_functor.visitor
+    class Calls(relax.PyExprVisitor):
+        def visit_call_(self, call):  # noqa: N802 - the visitor's name
+            if call.op.same_as(call_tir) and isinstance(call.args[0], tvm.ir.GlobalVar):
+                args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+                calls.setdefault(call.args[0], []).append(list(args))
+            super().visit_call_(call)
+
+    Calls().visit_expr(main.body)
+    return calls
+
+
+def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
+    """``mod`` (a partitioned module) with its fp32 GEMM and conv kernels marked :data:`ATTR` and each weight
+    stored ``[K, N]`` transposed to ``[N, K]`` (kernel and calls alike; only where every call passes a constant),
+    and a note for the plan's rewrites (None where no kernel was marked)."""
+    calls = _calls(mod["main"])
+    funcs, transposed = {}, {}
+    for gv, func in mod.functions.items():
+        if not isinstance(func, PrimFunc):
+            continue
+        block, sch = _mac_block(func)
+        if block is None:
+            continue
+        w = _kn_weight(func, sch, block)
+        sites = calls.get(gv, [])
+        if w is not None and sites and all(isinstance(args[w], RelaxConstant) for args in sites):
+            sch.transform_layout(block, ("read", _read_index(sch, block, func, w)), lambda k, n: (n, k))
+            func = sch.mod["main"].with_attr(ATTR, True)
+            # the kernel's signature changed: a GlobalVar of the new type (calls are checked against it)
+            new_gv = tvm.ir.GlobalVar(gv.name_hint)
+            relax.expr._update_type(new_gv, func.ty)
+            transposed[gv] = (w, new_gv)
+            funcs[new_gv] = func
+            continue
+        funcs[gv] = func.with_attr(ATTR, True)
+    if not funcs:
+        return mod, None
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class Transpose(relax.PyExprMutator):
+        def visit_call_(self, call):  # noqa: N802 - the mutator's name
+            call = super().visit_call_(call)
+            if call.op.same_as(call_tir) and call.args[0] in transposed:
+                w, new_gv = transposed[call.args[0]]
+                args = list(call.args[1].fields)
+                args[w] = relax.const(np.ascontiguousarray(const_numpy(args[w]).T))
+                call = relax.Call(call.op, [new_gv, relax.Tuple(args), *call.args[2:]], call.attrs,
+                                  ty_args=call.ty_args)
+            return call
+
+    items = {}
+    for gv, f in mod.functions.items():   # (in the module's order)
+        if gv in transposed:
+            gv = transposed[gv][1]
+        items[gv] = funcs.get(gv, f)
+    out = tvm.IRModule(items, attrs=mod.attrs)
+    if transposed:
+        main_gv = out.get_global_var("main")
+        main = out[main_gv]
+        out[main_gv] = relax.Function(main.params, Transpose().visit_expr(main.body), main.ret_ty, main.is_pure,
+                                      attrs=main.attrs)
+    sites = sum(len(calls.get(gv, [])) for gv in transposed)
+    note = (f"tf32: {len(funcs)} GEMM/conv kernels on the tensor cores in TF32"
+            + (f"; {len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
+               if transposed else ""))
+    return out, note
+
+
+def _read_index(sch, block, func: PrimFunc, param: int) -> int:
+    """The position of parameter ``param``'s buffer among ``block``'s reads (transform_layout's buffer index)."""
+    bufs = [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+    reads = [r.source if hasattr(r, "source") else r.buffer for r in sch.get(block).reads]
+    return next(i for i, r in enumerate(reads) if r.same_as(bufs[param]))
