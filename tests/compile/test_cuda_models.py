@@ -33,11 +33,12 @@ def cuda_target():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "tf32"])
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_model_builds_for_cuda(name, dtype, cuda_target):
-    loaded = load_model(FIXTURES / f"tiny_{name}.{dtype}.onnx")
-    fused, _ = partition(import_model(loaded), target=cuda_target)
+    tf32 = dtype == "tf32"
+    loaded = load_model(FIXTURES / f"tiny_{name}.{'float32' if tf32 else dtype}.onnx", precision="tf32" if tf32 else "model")
+    fused, _ = partition(import_model(loaded), target=cuda_target, tf32=tf32)
     result = build(fused, target=cuda_target, database=None)
     assert result.kernels and all(k.schedule for k in result.kernels)
     # on by default: main's static part is one captured CUDA graph (the VM calls run_or_capture)

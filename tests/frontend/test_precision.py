@@ -61,7 +61,7 @@ def test_fp16_build_verifies_against_the_fp32_model_at_the_fp16_tolerance(tmp_pa
     assert check["ok"] and check["tolerance"] == 1e-2 and 1e-6 < check["rel_error"] < 1e-2   # fp16, not fp32
 
 
-@pytest.mark.parametrize("precision,message", [("tf32", "not available"), ("fp8", "unknown precision")])
+@pytest.mark.parametrize("precision,message", [("fp8", "unknown precision")])
 def test_unavailable_precisions_are_one_line_and_exit_2(tmp_path, precision, message):
     proc = subprocess.run([sys.executable, "-m", "tvmfuse.cli.main", "compile", str(FIXTURES / "tiny_gpt2.float32.onnx"),
                            "-o", str(tmp_path / "a"), "--target", "llvm", "--precision", precision],
@@ -72,8 +72,10 @@ def test_unavailable_precisions_are_one_line_and_exit_2(tmp_path, precision, mes
 def test_fp32_of_an_fp16_model_is_refused():
     from tvmfuse.errors import TvmfuseError
 
-    with pytest.raises(TvmfuseError, match="does not widen"):
-        load_model(FIXTURES / "tiny_gpt2.float16.onnx", precision="fp32")
+    for precision in ("fp32", "tf32"):
+        with pytest.raises(TvmfuseError, match=f"--precision {precision} on a model stored in fp16"):
+            load_model(FIXTURES / "tiny_gpt2.float16.onnx", precision=precision)
+    assert load_model(FIXTURES / "tiny_gpt2.float32.onnx", precision="tf32").precision == "tf32"
     assert np.dtype(load_model(FIXTURES / "tiny_gpt2.float16.onnx").outputs[0].dtype) == np.float16
 
 

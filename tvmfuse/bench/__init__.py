@@ -181,6 +181,9 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
     from tvmfuse.bench.torch_onnx import build_fn
 
     device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+    if device == "cuda" and cfg.precision == "tf32":   # the same math as tvmfuse's: fp32 GEMMs and convs in TF32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     fn = build_fn(model, device)
     if compiled:
         fn = torch.compile(fn, mode=mode)
@@ -195,6 +198,16 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
         with torch.no_grad():
             return one_sample()
     return outs, sample
+
+
+def _torch_tf32() -> dict:
+    """Whether PyTorch ran fp32 GEMMs and convs in TF32 (its defaults: convs yes, matmuls no), on a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {"tf32": {"matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+                     "conv": bool(torch.backends.cudnn.allow_tf32)}}
 
 
 def run_bench(cfg: BenchConfig) -> dict:
@@ -288,7 +301,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         try:
             outs, samplers[name] = _torch(loaded.proto, feeds, target.is_gpu, cfg, compiled, mode)
             outputs[name] = outs
-            results.append({"backend": name})
+            results.append({"backend": name, **_torch_tf32()})
         except ImportError:
             results.append({"backend": name, "median_ms": None, "p90_ms": None, "available": False,
                             "reason": "torch is not importable here"})

@@ -84,10 +84,15 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
     return fused, Plan(planner="fuseops", groups=tuple(groups))
 
 
-def _tvmfuse(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan]":
-    """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``)."""
-    from tvmfuse.plan.planner import plan_tvmfuse
+def _tvmfuse(mod: tvm.IRModule, target: TargetInfo, tf32: bool = False) -> "tuple[tvm.IRModule, Plan]":
+    """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``). ``tf32``: an
+    fp32 conv has a tensor-core template (wgmma in TF32), so it is not made im2col + GEMM for lack of one."""
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
+    if tf32 and target.is_gpu:
+        return plan_tvmfuse(mod, target, config=PlannerConfig(
+            cost_model=CostModel.for_target(target, im2col_untemplated_pixels=0)))
     return plan_tvmfuse(mod, target)
 
 
@@ -110,7 +115,7 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
         from tvmfuse.errors import TvmfuseError
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
-    fused, plan = fn(mod, target)
+    fused, plan = fn(mod, target, tf32) if fn is _tvmfuse else fn(mod, target)
     if tf32 and target.is_gpu:
         from dataclasses import replace
 
