@@ -620,10 +620,12 @@ def test_a_quantized_gemm_runs_on_vnni_where_the_cpu_has_it(tmp_path, llvm_targe
     assert verify.relative_error(got, ref) < 1e-4
 
 
-def test_a_qdq_quantized_gemm_runs_on_its_int8_operands(tmp_path, llvm_target):
+@pytest.mark.parametrize("activations", ["QUInt8", "QInt8"])
+def test_a_qdq_quantized_gemm_runs_on_its_int8_operands(tmp_path, llvm_target, activations):
     """onnxruntime's quantize_static (QDQ: QuantizeLinear / DequantizeLinear pairs around fp32 MatMuls, an int8
     embedding table): each GEMM of a dequantized activation by a dequantized constant weight runs on the integers,
-    scaled after; the build matches onnxruntime within the graph's own rounding drift."""
+    scaled after (int8 activations, quantize_static's default, shifted to uint8 for vpdpbusd); the build matches
+    onnxruntime within the graph's own rounding drift."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     from tvmfuse import verify
@@ -643,12 +645,15 @@ def test_a_qdq_quantized_gemm_runs_on_its_int8_operands(tmp_path, llvm_target):
             return self.left.pop() if self.left else None
 
     quantize_static(str(fixtures / "bert.onnx"), str(tmp_path / "q.onnx"), Calibration(),
-                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                    quant_format=QuantFormat.QDQ, activation_type=getattr(QuantType, activations),
+                    weight_type=QuantType.QInt8)
     loaded = load_model(tmp_path / "q.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
     # the token types index a dequantized 2-row table: generated inputs stay inside it
     assert {s.name: s.high for s in loaded.inputs}["token_type_ids"] == 2
     fused, plan = partition(import_model(loaded), target=llvm_target)
-    assert any("quantized GEMMs read their uint8" in n for n in plan.rewrites) == has_vnni(llvm_target.target)
+    notes = [n for n in plan.rewrites if "quantized GEMMs read their uint8" in n]
+    assert bool(notes) == has_vnni(llvm_target.target)
+    assert all(("int8 activations shifted to uint8" in n) == (activations == "QInt8") for n in notes)
     built = build(fused, target=llvm_target, database=None)
     vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
     out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)

@@ -6,7 +6,8 @@ activations and multiplies 32-bit integers, no faster than an fp32 GEMM. With th
 column sums are constants, computed here once) the matmul reads the uint8 and int8 tensors themselves, the form
 x86's VNNI dot product (``vpdpbusd``: 64 uint8 x int8 products a vector instruction) computes
 (:mod:`tvmfuse.kernels.cpu.int8`). Only weights with a zero point of 0 (onnxruntime's symmetric int8 default) are
-rewritten; the result is the same integers.
+rewritten; the result is the same integers. QDQ's int8 activations (quantize_static's default) are shifted to
+uint8 first: ``a + 128`` with zero point ``za + 128``.
 """
 from __future__ import annotations
 
@@ -69,9 +70,9 @@ def _scalar(expr, values: dict) -> np.ndarray | None:
 
 
 def _qdq_operands(call, values: dict):
-    """``(a_u8, za, w_i8, scale)`` of ``matmul(dequantize(a_u8, sa, za), dequantize(w_i8, sw, 0))`` (a QDQ model's
-    GEMM: onnxruntime's quantize_static), ``scale`` the product of the two scales (per column where ``sw`` is),
-    or None."""
+    """``(a, za, w_i8, scale)`` of ``matmul(dequantize(a, sa, za), dequantize(w_i8, sw, 0))`` (a QDQ model's GEMM:
+    onnxruntime's quantize_static), ``a`` uint8 or int8 (quantize_static's default), ``scale`` the product of the
+    two scales (per column where ``sw`` is), or None."""
     if op_name(call) != "relax.matmul" or _dtype(call) != "float32":
         return None
     lhs, rhs = (values.get(a, a) for a in call.args[:2])
@@ -80,7 +81,7 @@ def _qdq_operands(call, values: dict):
     a, sa, za = lhs.args
     w, sw, zw = (values.get(x, x) for x in rhs.args)
     sa, zw, sw = _scalar(sa, values), _scalar(zw, values), _scalar(sw, values)
-    if _dtype(a) != "uint8" or sa is None or sa.size != 1 or zw is None or np.any(zw) \
+    if _dtype(a) not in ("uint8", "int8") or sa is None or sa.size != 1 or zw is None or np.any(zw) \
             or not isinstance(w, RelaxConstant) or _dtype(w) != "int8" or len(w.ty.shape) != 2 or sw is None:
         return None
     n = int(w.ty.shape[1])
@@ -94,23 +95,31 @@ def _qdq_operands(call, values: dict):
 
 def int8_gemms(mod, *, log: RewriteLog):
     """Every quantized GEMM, MatMulInteger's int32 matmul or QDQ's fp32 matmul of dequantized operands (uint8
-    activations with a zero point, int8 constant weights), on its 8-bit operands, the zero point's share subtracted
-    after (and QDQ's scales multiplied)."""
+    activations with a zero point, or QDQ's int8 ones shifted to uint8; int8 constant weights), on its 8-bit
+    operands, the zero point's share subtracted after (and QDQ's scales multiplied)."""
     bindings = main_bindings(mod)
     if bindings is None:
         return mod
     values = {b.var: b.value for b in bindings}
-    plan = {}
+    plan, shifted = {}, 0
     for b in bindings:
         found = _operands(b.value, values) or _qdq_operands(b.value, values)
         if found is None:
             continue
         a, za, w, scale = found
+        shifted += _dtype(a) == "int8"
         colsum = w.astype(np.int32).sum(axis=0)
 
         def emit(bb, vmap, a=a, za=za, w=w, colsum=colsum, scale=scale):
-            prod = bb.emit(relax.op.matmul(vmap.get(a, a), relax.const(w), out_dtype="int32"))
-            shift = bb.emit(relax.op.multiply(relax.op.astype(vmap.get(za, za), "int32"), relax.const(colsum)))
+            a, za = vmap.get(a, a), relax.op.astype(vmap.get(za, za), "int32")
+            if _dtype(a) == "int8":
+                # vpdpbusd multiplies unsigned by signed bytes: a + 128 is a uint8 of zero point za + 128, and
+                # (a + 128) - (za + 128) is a - za (the add fuses into the kernel that quantizes a)
+                a = bb.emit(relax.op.astype(relax.op.add(relax.op.astype(a, "int32"), relax.const(128, "int32")),
+                                            "uint8"))
+                za = relax.op.add(za, relax.const(128, "int32"))
+            prod = bb.emit(relax.op.matmul(a, relax.const(w), out_dtype="int32"))
+            shift = bb.emit(relax.op.multiply(za, relax.const(colsum)))
             exact = relax.op.subtract(prod, shift)
             if scale is None:
                 return exact
@@ -119,7 +128,8 @@ def int8_gemms(mod, *, log: RewriteLog):
 
         plan[b.var] = emit
     return replaced(mod, plan, log, f"{len(plan)} quantized GEMMs read their uint8 activations and int8 weights (the "
-                    "activation's zero point times the weights' column sums subtracted after)")
+                    "activation's zero point times the weights' column sums subtracted after"
+                    + (f"; {shifted} int8 activations shifted to uint8" if shifted else "") + ")")
 
 
 def Int8Gemms(*, log: RewriteLog) -> tvm.transform.Pass:
