@@ -81,3 +81,24 @@ def test_a_conv_is_marked_and_its_filters_are_left_k_major(tmp_path, cuda):
     assert convs and all(f.attrs.get(ATTR) for f in convs.values())
     note = next(r for r in plan.rewrites if r.startswith("tf32"))
     assert "transposed" not in note   # OHWI filters: K (r, s, c) contiguous already
+
+
+def test_plan_and_inspect_re_plan_in_the_precision_tune_used(tmp_path):
+    """``tvmfuse plan`` and ``tvmfuse inspect --model`` re-plan as ``tune`` did: with ``--precision`` (a tf32 or fp16
+    tune's kernels are other workloads than the model's own); a bad precision is one line and exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_two_linears(), path)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "tvmfuse.cli.main", *args], capture_output=True, text=True,
+                              timeout=300)
+
+    proc = cli("plan", str(path), "--target", "cuda", "--precision", "tf32", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert any(r.startswith("tf32: 2 GEMM/conv kernels") for r in json.loads(proc.stdout)["rewrites"])
+    proc = cli("inspect", str(tmp_path / "none.db"), "--model", str(path), "--precision", "fp8")
+    assert proc.returncode == 2 and "unknown precision" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -28,6 +28,8 @@ def inspect_command(
     bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Memory bandwidth ceiling (GB/s) to use instead of the known/measured one."),
     planner: Optional[str] = typer.Option(None, "--planner", help="Planner used by tune (to re-plan --model)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224, as given to tune (repeatable)."),
+    precision: str = typer.Option("model", "--precision", help="model | fp32 | tf32 | fp16, as given to tune (to "
+                                  "re-plan --model)."),
     trust_unsigned: bool = typer.Option(False, "--trust-unsigned", help="Run an --artifact whose manifest is unsigned "
                                         "or signed with another key (its library's code runs)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,
@@ -35,12 +37,13 @@ def inspect_command(
     """Per fused kernel: pattern, shapes, trials, first and best latency, bandwidth; per model: kernel sum vs end to end."""
     with handle_errors(verbose):
         from tvmfuse.frontend import parse_input_shapes
+        from tvmfuse.frontend.precision import check_precision
         from tvmfuse.inspect import InspectConfig, inspect_database
 
         report = inspect_database(InspectConfig(
             db=db, target=target, model=model, kernel=kernel, artifact=artifact, e2e_ms=e2e_ms,
             bandwidth_gbs=bandwidth_gbs, planner=planner, input_shapes=parse_input_shapes(input_shape),
-            trust_unsigned=trust_unsigned))
+            precision=check_precision(precision), trust_unsigned=trust_unsigned))
         if json_out:
             emit_json(report)
             return

@@ -14,16 +14,18 @@ def plan_command(
     target: str = typer.Option("auto", "--target", help="auto | llvm | cuda | a TVM target JSON object."),
     planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops (TVM's FuseOps)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (repeatable)."),
+    precision: str = typer.Option("model", "--precision", help="model | fp32 | tf32 | fp16, as given to tune."),
     as_json: bool = JsonOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
     """Show the fusion plan: groups (pattern, ops), kernels and HBM bytes before/after, rejected fusions."""
     with handle_errors(verbose):
         from tvmfuse.frontend import parse_input_shapes
+        from tvmfuse.frontend.precision import check_precision
         from tvmfuse.plan.partition import DEFAULT_PLANNER, plan_model
 
         _, plan = plan_model(model, target=target, planner=planner or DEFAULT_PLANNER,
-                             input_shapes=parse_input_shapes(input_shape))
+                             input_shapes=parse_input_shapes(input_shape), precision=check_precision(precision))
         if as_json:
             emit_json(plan.to_json())
             return

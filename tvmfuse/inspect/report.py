@@ -36,7 +36,7 @@ class InspectConfig:
     artifact : an artifact folder to run for the end-to-end time
     e2e_ms : a measured end-to-end time (ms) to compare with, when no artifact is given
     bandwidth_gbs, flops_per_s : ceilings to use instead of the known/measured ones
-    planner, input_shapes : as for ``tune`` (must match it for workloads to match)
+    planner, input_shapes, precision : as for ``tune`` (must match it for workloads to match)
     repeat : timed runs of the artifact
     trust_unsigned : load an artifact whose manifest is unsigned or signed with another key (see tvmfuse.runtime)
     """
@@ -51,6 +51,7 @@ class InspectConfig:
     flops_per_s: float | None = None
     planner: str | None = None
     input_shapes: dict = field(default_factory=dict)
+    precision: str = "model"
     repeat: int = 20
     trust_unsigned: bool = False
 
@@ -89,15 +90,16 @@ def _bind_target(path: Path, spec: str | None) -> TargetInfo:
     return TargetInfo(target=Target(spec_dict), kind=str(spec_dict["kind"]), canonical=canonical, device=device)
 
 
-def _plan_model(model: Path, target: TargetInfo, planner: str | None, input_shapes: dict):
+def _plan_model(model: Path, target: TargetInfo, planner: str | None, input_shapes: dict, precision: str = "model"):
     """Re-plan the model as ``tune`` did: (model label, plan, kernels from ``extract_kernels``)."""
     from tvmfuse.frontend import import_model, load_model
     from tvmfuse.plan import partition
     from tvmfuse.plan.partition import DEFAULT_PLANNER
     from tvmfuse.tune import extract_kernels
 
-    loaded = load_model(model, input_shapes=input_shapes)
-    fused, plan = partition(import_model(loaded), target=target, planner=planner or DEFAULT_PLANNER)
+    loaded = load_model(model, input_shapes=input_shapes, precision=precision)
+    fused, plan = partition(import_model(loaded), target=target, planner=planner or DEFAULT_PLANNER,
+                            tf32=precision == "tf32")
     return loaded.name, plan, extract_kernels(fused, target=target)
 
 
@@ -271,7 +273,8 @@ def inspect_database(config: InspectConfig) -> dict:
         if config.model is not None:
             mpath = Path(config.model)
             if mpath.suffix == ".onnx" or mpath.exists():
-                label, plan, kernels = _plan_model(mpath, target, config.planner, config.input_shapes)
+                label, plan, kernels = _plan_model(mpath, target, config.planner, config.input_shapes,
+                                                     config.precision)
                 by_kernel = _planned_by_kernel(plan)
                 plan_json = {"planner": plan.planner, **plan.totals}
                 for k in kernels:

@@ -128,7 +128,7 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
 
 
 def plan_model(model, *, target: str | dict | None = "auto", planner: str = DEFAULT_PLANNER,
-               input_shapes: dict | None = None) -> "tuple[tvm.IRModule, Plan]":
+               input_shapes: dict | None = None, precision: str = "model") -> "tuple[tvm.IRModule, Plan]":
     """Load an ONNX file, import it and partition it (what ``tvmfuse plan`` shows).
 
     Parameters
@@ -137,10 +137,11 @@ def plan_model(model, *, target: str | dict | None = "auto", planner: str = DEFA
     target : ``auto``, ``llvm``, ``cuda`` or a TVM target JSON
     planner : ``tvmfuse`` or ``fuseops``
     input_shapes : static shapes for dynamic inputs
+    precision : as for ``tune`` (``tvmfuse.frontend.precision``)
     """
     from tvmfuse.frontend import import_model, load_model
     from tvmfuse.target import resolve_target
 
     info = resolve_target(target)
-    mod = import_model(load_model(model, input_shapes=input_shapes))
-    return partition(mod, target=info, planner=planner)
+    mod = import_model(load_model(model, input_shapes=input_shapes, precision=precision))
+    return partition(mod, target=info, planner=planner, tf32=precision == "tf32")
