@@ -14,7 +14,12 @@ ptxas (no GPU).
 1568 rows, a partial last tile row) is checked too, and for TMA configs a 28x28 one (2 x 32 pixel patches, the
 last columns idle).
 
-    python benchmarks/wgmma_gemm.py [--conv] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json] [--build-only]
+``--tf32``: fp32 operands and output, the template's TF32 kernels (``wgmma ... k8 .tf32``; B K-major, as TF32
+needs), checked against torch in fp32 with TF32 off, beside cuBLAS / cuDNN in fp32 with TF32 on (PyTorch's
+``allow_tf32``).
+
+    python benchmarks/wgmma_gemm.py [--conv] [--tf32] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json]
+                                    [--build-only]
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +41,11 @@ from tvmfuse.kernels.wgmma import ConvGeometry, GemmSpec, configs, gemm_source, 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
 
+def _types(spec: GemmSpec) -> tuple[str, str]:
+    """(the TVMScript dtype, torch's name) of the case's operands and output."""
+    return ("float32", "float32") if spec.dtype == "float32" else ("float16", "float16")
+
+
 def conv_spec(n, c, hw, f, r=3, pad=1) -> GemmSpec:
     g = ConvGeometry(n=n, h=hw, w=hw, c=c, oh=hw + 2 * pad - r + 1, ow=hw + 2 * pad - r + 1, r=r, s=r,
                      stride=(1, 1), pad=(pad, pad), dilation=(1, 1))
@@ -42,19 +53,21 @@ def conv_spec(n, c, hw, f, r=3, pad=1) -> GemmSpec:
 
 
 def kernel(spec: GemmSpec, cfg):
+    dt, _ = _types(spec)
+    epilogue = "T.max(T.Cast('%s', {acc}) + bias[{col}], T.%s(0))" % (dt, dt)
     if spec.conv is not None:
         g = spec.conv
-        params = [f"x: T.Buffer(({g.n}, {g.h}, {g.w}, {g.c}), 'float16')",
-                  f"w: T.Buffer(({spec.n}, {g.r}, {g.s}, {g.c}), 'float16')",
-                  f"bias: T.Buffer(({spec.n},), 'float16')", f"out: T.Buffer(({g.n}, {g.oh}, {g.ow}, {spec.n}), 'float16')"]
+        params = [f"x: T.Buffer(({g.n}, {g.h}, {g.w}, {g.c}), '{dt}')",
+                  f"w: T.Buffer(({spec.n}, {g.r}, {g.s}, {g.c}), '{dt}')",
+                  f"bias: T.Buffer(({spec.n},), '{dt}')", f"out: T.Buffer(({g.n}, {g.oh}, {g.ow}, {spec.n}), '{dt}')"]
         store = ("out[{row} // " + f"{g.oh * g.ow}, " + "{row} // " + f"{g.ow} % {g.oh}, " + "{row} % " + f"{g.ow}, "
-                 "{col}] = T.max(T.Cast('float16', {acc}) + bias[{col}], T.float16(0))")
+                 "{col}] = " + epilogue)
         return parse(gemm_source(spec, cfg, params, "x", "w", store))
     M, N, K = spec.m, spec.n, spec.k
     b_shape = (N, K) if spec.b_kmajor else (K, N)
-    params = [f"a: T.Buffer(({M}, {K}), 'float16')", f"w: T.Buffer({b_shape!r}, 'float16')",
-              f"bias: T.Buffer(({N},), 'float16')", f"out: T.Buffer(({M}, {N}), 'float16')"]
-    store = "out[{row}, {col}] = T.max(T.Cast('float16', {acc}) + bias[{col}], T.float16(0))"
+    params = [f"a: T.Buffer(({M}, {K}), '{dt}')", f"w: T.Buffer({b_shape!r}, '{dt}')",
+              f"bias: T.Buffer(({N},), '{dt}')", f"out: T.Buffer(({M}, {N}), '{dt}')"]
+    store = "out[{row}, {col}] = " + epilogue
     return parse(gemm_source(spec, cfg, params, "a", "w", store))
 
 
@@ -116,19 +129,35 @@ def inputs(spec):
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float16, generator=g)  # noqa: E731
+    dtype = getattr(torch, _types(spec)[1])
+    rand = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)  # noqa: E731
     bias = rand(spec.n)
     if spec.conv is not None:
         c = spec.conv
         x, w = rand(c.n, c.h, c.w, c.c), rand(spec.n, c.r, c.s, c.c) * 0.02
-        out = torch.full((c.n, c.oh, c.ow, spec.n), float("nan"), device="cuda", dtype=torch.float16)
-        return x, w, bias, out, lambda: torch.relu(torch.nn.functional.conv2d(
+        out = torch.full((c.n, c.oh, c.ow, spec.n), float("nan"), device="cuda", dtype=dtype)
+        return x, w, bias, out, _exact(lambda: torch.relu(torch.nn.functional.conv2d(
             x.float().permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2), bias.float(), padding=c.pad,
-            stride=c.stride, dilation=c.dilation)).permute(0, 2, 3, 1)
+            stride=c.stride, dilation=c.dilation)).permute(0, 2, 3, 1))
     A = rand(spec.m, spec.k)
     W = rand(*((spec.n, spec.k) if spec.b_kmajor else (spec.k, spec.n))) * 0.02
-    out = torch.full((spec.m, spec.n), float("nan"), device="cuda", dtype=torch.float16)
-    return A, W, bias, out, lambda: torch.relu((A.float() @ (W.t() if spec.b_kmajor else W).float()) + bias.float())
+    out = torch.full((spec.m, spec.n), float("nan"), device="cuda", dtype=dtype)
+    return A, W, bias, out, _exact(lambda: torch.relu((A.float() @ (W.t() if spec.b_kmajor else W).float())
+                                                      + bias.float()))
+
+
+def _exact(reference):
+    """``reference`` run in fp32 with PyTorch's TF32 off (the check of a TF32 kernel is against fp32)."""
+    import torch
+
+    def run():
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        try:
+            return reference()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    return run
 
 
 def torch_us(spec) -> dict:
@@ -149,16 +178,19 @@ def torch_us(spec) -> dict:
             times.append(s.elapsed_time(e) * 1e3 / 20)
         return float(np.median(times))
 
-    b = torch.randn(spec.n, device="cuda", dtype=torch.float16)
+    dtype = getattr(torch, _types(spec)[1])
+    # fp32 baselines in TF32, the math of the TF32 kernels
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    b = torch.randn(spec.n, device="cuda", dtype=dtype)
     if spec.conv is not None:   # cuDNN, channels-last
         c = spec.conv
-        x = torch.randn(c.n, c.c, c.h, c.w, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
-        w = torch.randn(spec.n, c.c, c.r, c.s, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        x = torch.randn(c.n, c.c, c.h, c.w, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
+        w = torch.randn(spec.n, c.c, c.r, c.s, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
         conv = torch.nn.functional.conv2d
         return {"cublas_us": round(t(lambda: conv(x, w, padding=c.pad)), 1),
                 "torch_fused_us": round(t(lambda: torch.relu(conv(x, w, b, padding=c.pad))), 1)}
-    A = torch.randn(spec.m, spec.k, device="cuda", dtype=torch.float16)
-    W = torch.randn(spec.k, spec.n, device="cuda", dtype=torch.float16)
+    A = torch.randn(spec.m, spec.k, device="cuda", dtype=dtype)
+    W = torch.randn(spec.k, spec.n, device="cuda", dtype=dtype)
     return {"cublas_us": round(t(lambda: A @ W), 1), "torch_fused_us": round(t(lambda: torch.relu(A @ W + b)), 1)}
 
 
@@ -169,12 +201,15 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--conv", action="store_true", help="the implicit-GEMM conv instead of the GEMM")
+    ap.add_argument("--tf32", action="store_true", help="fp32 operands on the TF32 kernels (B K-major)")
     a = ap.parse_args()
     if a.conv:
         spec, small = conv_spec(64, 256, 56, 256), conv_spec(32, 512, 7, 512)
     else:
-        spec = GemmSpec(batch=(), m=a.size, n=a.size, k=a.size, a_batched=False, b_batched=False, b_kmajor=False)
+        spec = GemmSpec(batch=(), m=a.size, n=a.size, k=a.size, a_batched=False, b_batched=False, b_kmajor=a.tf32)
         small = GemmSpec((), 1024, 1024, 1024, False, False, True)
+    tf32 = (lambda s: s if s is None or not a.tf32 else replace(s, dtype="float32", b_kmajor=True))  # noqa: E731
+    spec, small = tf32(spec), tf32(small)
     cfgs = [parse_config(c) for c in a.configs] if a.configs else configs(spec)
     if a.build_only:
         for c in cfgs:
@@ -190,8 +225,8 @@ def main() -> int:
     # small checks: the first three configs on a K-major B; TMA configs also on an N-major B with a partial last
     # tile row (TMA's zero fill past the tensor)
     # (a conv: 28 x 28 outputs, TMA's 2 x 32 pixel patches with their last 4 columns idle)
-    tail = conv_spec(8, 128, 28, 128) if a.conv else GemmSpec((), 1000, 1024, 1024, False, False, False)
-    many = None if a.conv else GemmSpec((), 4000, 2048, 512, False, False, True)   # > 132 tiles: persistent blocks
+    tail = tf32(conv_spec(8, 128, 28, 128) if a.conv else GemmSpec((), 1000, 1024, 1024, False, False, False))
+    many = tf32(None if a.conv else GemmSpec((), 4000, 2048, 512, False, False, True))   # > 132 tiles: persistent
     for i, c in enumerate(cfgs):                                                  # take one or two each
         for s in (small, tail, many):
             if s is not None and (i < 3 or c.tma) and c in configs(s, tma=(0, 1), persistent=(0, 1)):
