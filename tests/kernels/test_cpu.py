@@ -661,3 +661,83 @@ def test_a_qdq_quantized_gemm_runs_on_its_int8_operands(tmp_path, llvm_target, a
     ref = verify.run_onnxruntime(tmp_path / "q.onnx", feeds)
     floor = verify.quantization_floor(tmp_path / "q.onnx", feeds, ref)
     assert verify.relative_error(got, ref[0]) <= max(1e-4, verify.QUANTIZED_SLACK * floor)
+
+
+def _three_convs() -> onnx.ModelProto:
+    """16 -> 32 channels 3x3 (padded) -> ReLU -> 32 -> 32 3x3 stride 2 -> ReLU -> 1x1 32 -> 16, on a 1 x 16 x 9 x 9 input."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+    import models
+
+    b = models._B(21)
+    h = b.op("Relu", [b.op("Conv", ["x", b.w(32, 16, 3, 3, scale=0.2), b.const(b.rng.standard_normal(32) * 0.1)],
+                           kernel_shape=[3, 3], pads=[1, 1, 1, 1])])
+    h = b.op("Relu", [b.op("Conv", [h, b.w(32, 32, 3, 3, scale=0.1)], kernel_shape=[3, 3], strides=[2, 2],
+                           pads=[1, 1, 1, 1])])
+    return b.model({"x": [1, 16, 9, 9]}, b.op("Conv", [h, b.w(16, 32, 1, 1, scale=0.2)], kernel_shape=[1, 1]),
+                   [1, 16, 5, 5])
+
+
+@pytest.mark.parametrize("activations", ["QUInt8", "QInt8"])
+def test_qdq_convs_run_as_exact_integer_gemms(tmp_path, llvm_target, activations):
+    """quantize_static's QDQ convs: each an exact integer conv (zero-padded windows corrected by the filter's
+    in-window sums), then uint8 im2col rows by the int8 filter on VNNI; the build matches onnxruntime within the
+    graph's own rounding drift."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.partition import partition
+    from tvmfuse.target import has_vnni
+
+    onnx.save(_three_convs(), tmp_path / "m.onnx")
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, 9, 9)).astype(np.float32)}
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.left = [feeds]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), Calibration(), quant_format=QuantFormat.QDQ,
+                    activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8)
+    loaded = load_model(tmp_path / "q.onnx")
+    fused, plan = partition(import_model(loaded), target=llvm_target)
+    vnni = has_vnni(llvm_target.target)
+    assert any(n.startswith("3 quantized convs run on their uint8") for n in plan.rewrites) == vnni
+    assert any(n.startswith("3 quantized convs run as uint8 im2col rows") for n in plan.rewrites) == vnni
+    built = build(fused, target=llvm_target, database=None)
+    if vnni:
+        asm = "".join(m.inspect_source("asm") for m in built.executable.mod.imports if m.kind == "llvm")
+        assert asm.count("vpdpbusd") >= 3
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params)
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    ref = verify.run_onnxruntime(tmp_path / "q.onnx", feeds)
+    floor = verify.quantization_floor(tmp_path / "q.onnx", feeds, ref)
+    assert verify.relative_error(got, ref[0]) <= max(1e-4, verify.QUANTIZED_SLACK * floor)
+
+
+def test_the_padding_correction_is_the_filter_summed_over_each_windows_taps_inside_the_input():
+    from types import SimpleNamespace
+
+    from tvmfuse.plan.rewrites.int8_conv import _taps
+
+    rng = np.random.default_rng(3)
+    w = rng.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)
+    at = SimpleNamespace(strides=(2, 2), dilation=(1, 1), padding=(1, 1, 1, 1))
+    h = 7
+    oh = (h + 2 - 3) // 2 + 1
+    got = _taps(w, (h, h), (oh, oh), at)
+    ones = np.pad(np.ones((h, h), np.int64), 1)
+    want = np.zeros((4, oh, oh), np.int64)
+    for f in range(4):
+        for y in range(oh):
+            for x in range(oh):
+                want[f, y, x] = (w[f].astype(np.int64).sum(0) * ones[2 * y:2 * y + 3, 2 * x:2 * x + 3]).sum()
+    assert np.array_equal(got[0], want)
+    whole = _taps(w, (h, h), (h - 2, h - 2), SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0)))
+    assert whole.shape == (1, 4, 1, 1) and np.array_equal(whole.ravel(), w.astype(np.int64).sum(axis=(1, 2, 3)))

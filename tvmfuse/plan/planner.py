@@ -217,8 +217,9 @@ def _legalize(mod, target: TargetInfo):
 def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog, cost_model, dump: _Dump):
     import tvmfuse.plan.rewrites as rewrites
 
-    if getattr(cost_model, "int8_dot", False):   # first: the other rewrites' constant folding dequantizes weights
-        mod = rewrites.Int8Gemms(log=log)(mod)
+    int8 = getattr(cost_model, "int8_dot", False)
+    if int8:   # first: the other rewrites' constant folding dequantizes weights
+        mod = rewrites.Int8Convs(log=log)(rewrites.Int8Gemms(log=log)(mod))
         dump("int8_gemms", mod)
     mod = rewrites.PairwiseExtrema(log=log)(mod)
     dump("pairwise_extrema", mod)
@@ -233,6 +234,9 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
                                      kernel_layout=getattr(cost_model, "conv_kernel_layout", "OHWI"),
                                      conv1d_kernel_layout=getattr(cost_model, "conv1d_kernel_layout", None))
         dump("channels_last", mod)
+        if int8:
+            mod = rewrites.Int8ConvsAsGemms(log=log)(mod)
+            dump("int8_convs", mod)
         if getattr(cost_model, "im2col_k", 0):
             mod = rewrites.im2col_narrow_convs(mod, log=log, limit_k=cost_model.im2col_k,
                                                few_pixels=getattr(cost_model, "im2col_pixels", 0),

@@ -111,10 +111,13 @@ def run_onnxruntime(model_path: str | Path, inputs: dict[str, np.ndarray], *, fu
 
 
 # integer quantization: a value's rounding to its int8 / uint8 grid follows the last bit of the float computed
-# before it, so two faithful implementations drift apart by whole quanta, layer after layer
+# before it, so two faithful implementations drift apart by whole quanta, layer after layer. One pair of them is
+# one sample of that drift: a QDQ ResNet-18 (random weights) computed with exact integer convs lands 1.45e-2 from
+# both onnxruntime runs, which are 0.96e-2 apart (its first conv: 2 of 802816 values a quantum off, the twentieth:
+# half of them); BERT-base 1.05x. A wrong zero point, scale or padding is off by the order of the values.
 QUANTIZED_OPS = frozenset({"DynamicQuantizeLinear", "QuantizeLinear", "MatMulInteger", "ConvInteger",
                            "QLinearMatMul", "QLinearConv"})
-QUANTIZED_SLACK = 1.25
+QUANTIZED_SLACK = 2.0
 
 
 def is_quantized(model) -> bool:

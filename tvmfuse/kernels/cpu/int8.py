@@ -75,7 +75,8 @@ def schedule_int8_gemm(sch, block, cores: int) -> None:
     # the rows' last axis is tiled; the batch axes before it stay loops of their own (fused with it, their div and
     # mod bindings keep tensorize from blockizing the 16 x 4 step)
     *batch, m = rows
-    mr = _pick(int(sch.get(m).extent), (8, 6, 4, 3, 2, 1))
+    # (7: a 7 x 7 image's 49 pixels, which no other tile divides: one row a tile read the weight once a row)
+    mr = _pick(int(sch.get(m).extent), (8, 7, 6, 5, 4, 3, 2, 1))
     nb = _pick(n_ext // 16, (2, 1))
     mo, mi = sch.split(m, [None, mr])
     no, nbl, ni = sch.split(n, [None, nb, 16])

@@ -23,6 +23,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   channels no vector divides run on a zero-padded weight, the extra channels sliced off (CPUs).
 - :func:`int8_gemms` / :func:`Int8Gemms` (``int8_gemm``): quantized GEMMs (MatMulInteger) on their uint8 / int8
   operands, the zero point's share subtracted after, where the CPU has a VNNI dot product.
+- :func:`int8_convs` / :func:`Int8Convs`, then :func:`int8_convs_as_gemms` / :func:`Int8ConvsAsGemms`
+  (``int8_conv``): QDQ convs as exact integer convs, then (NHWC) uint8 im2col rows by int8 filters, VNNI GEMMs.
 - :class:`FuseAttention` (``fuse_attention``): MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V)
   becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores;
   a constant causal mask becomes the spec's ``causal`` flag and K/V heads repeated for GQA are read in place
@@ -40,6 +42,7 @@ from tvmfuse.plan.rewrites.compose_transposes import ComposeTransposes, compose_
 from tvmfuse.plan.rewrites.dead_taps import TrimDeadTaps, trim_dead_taps
 from tvmfuse.plan.rewrites.fold_batchnorm import FoldBatchNorm
 from tvmfuse.plan.rewrites.fuse_attention import FuseAttention
+from tvmfuse.plan.rewrites.int8_conv import Int8Convs, Int8ConvsAsGemms, int8_convs, int8_convs_as_gemms
 from tvmfuse.plan.rewrites.int8_gemm import Int8Gemms, int8_gemms
 from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
 from tvmfuse.plan.rewrites.identities import DropInferenceIdentities, drop_inference_identities
@@ -53,4 +56,5 @@ __all__ = [
     "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
     "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema", "pairwise_extrema", "PointwiseConvsAsGemms",
     "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps", "trim_dead_taps", "Int8Gemms", "int8_gemms",
+    "Int8Convs", "int8_convs", "Int8ConvsAsGemms", "int8_convs_as_gemms",
 ]
