@@ -741,3 +741,47 @@ def test_the_padding_correction_is_the_filter_summed_over_each_windows_taps_insi
     assert np.array_equal(got[0], want)
     whole = _taps(w, (h, h), (h - 2, h - 2), SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0)))
     assert whole.shape == (1, 4, 1, 1) and np.array_equal(whole.ravel(), w.astype(np.int64).sum(axis=(1, 2, 3)))
+
+
+def test_a_qdq_conv_the_gemm_kernel_does_not_tile_stays_an_exact_integer_conv(tmp_path, llvm_target):
+    """8 output channels (no multiple of VNNI's 16 lanes): the integer conv is left a conv, and still exact; a conv
+    of 8 input channels stays an fp32 conv of its dequantized input (a stem's case)."""
+    import sys
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.partition import partition
+    from tvmfuse.target import has_vnni
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+    import models
+
+    b = models._B(4)
+    h = b.op("Relu", [b.op("Conv", ["x", b.w(8, 16, 3, 3, scale=0.2)], kernel_shape=[3, 3], pads=[1, 1, 1, 1])])
+    onnx.save(b.model({"x": [1, 16, 6, 6]}, b.op("Conv", [h, b.w(24, 8, 1, 1, scale=0.2)], kernel_shape=[1, 1]),
+                      [1, 24, 6, 6]), tmp_path / "m.onnx")
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, 6, 6)).astype(np.float32)}
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.left = [feeds]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), Calibration(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    fused, plan = partition(import_model(load_model(tmp_path / "q.onnx")), target=llvm_target)
+    if has_vnni(llvm_target.target):
+        assert any(n.startswith("1 quantized convs run on their uint8") for n in plan.rewrites)
+        assert not any("im2col rows x int8" in n for n in plan.rewrites)
+    built = build(fused, target=llvm_target, database=None)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](tvm.runtime.tensor(feeds["x"]), *built.lifted_params)
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    ref = verify.run_onnxruntime(tmp_path / "q.onnx", feeds)
+    assert verify.relative_error(got, ref[0]) <= max(1e-4, verify.QUANTIZED_SLACK * verify.quantization_floor(
+        tmp_path / "q.onnx", feeds, ref))
