@@ -620,14 +620,28 @@ def test_a_quantized_gemm_runs_on_vnni_where_the_cpu_has_it(tmp_path, llvm_targe
     assert verify.relative_error(got, ref) < 1e-4
 
 
+def _quantize_static(src, dst, feeds: dict, activations: str) -> None:
+    """onnxruntime's quantize_static of ``src`` into ``dst``: QDQ, int8 weights, ``activations`` (QUInt8 or QInt8),
+    calibrated on ``feeds``."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.left = [feeds]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    quantize_static(str(src), str(dst), Calibration(), quant_format=QuantFormat.QDQ,
+                    activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8)
+
+
 @pytest.mark.parametrize("activations", ["QUInt8", "QInt8"])
 def test_a_qdq_quantized_gemm_runs_on_its_int8_operands(tmp_path, llvm_target, activations):
     """onnxruntime's quantize_static (QDQ: QuantizeLinear / DequantizeLinear pairs around fp32 MatMuls, an int8
     embedding table): each GEMM of a dequantized activation by a dequantized constant weight runs on the integers,
     scaled after (int8 activations, quantize_static's default, shifted to uint8 for vpdpbusd); the build matches
     onnxruntime within the graph's own rounding drift."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     from tvmfuse import verify
     from tvmfuse.compile import build
     from tvmfuse.frontend import import_model, load_model
@@ -637,16 +651,7 @@ def test_a_qdq_quantized_gemm_runs_on_its_int8_operands(tmp_path, llvm_target, a
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"
     feeds = dict(np.load(fixtures / "bert.inputs.npz"))
 
-    class Calibration(CalibrationDataReader):
-        def __init__(self):
-            self.left = [feeds]
-
-        def get_next(self):
-            return self.left.pop() if self.left else None
-
-    quantize_static(str(fixtures / "bert.onnx"), str(tmp_path / "q.onnx"), Calibration(),
-                    quant_format=QuantFormat.QDQ, activation_type=getattr(QuantType, activations),
-                    weight_type=QuantType.QInt8)
+    _quantize_static(fixtures / "bert.onnx", tmp_path / "q.onnx", feeds, activations)
     loaded = load_model(tmp_path / "q.onnx", input_shapes={k: v.shape for k, v in feeds.items()})
     # the token types index a dequantized 2-row table: generated inputs stay inside it
     assert {s.name: s.high for s in loaded.inputs}["token_type_ids"] == 2
@@ -684,8 +689,6 @@ def test_qdq_convs_run_as_exact_integer_gemms(tmp_path, llvm_target, activations
     """quantize_static's QDQ convs: each an exact integer conv (zero-padded windows corrected by the filter's
     in-window sums), then uint8 im2col rows by the int8 filter on VNNI; the build matches onnxruntime within the
     graph's own rounding drift."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     from tvmfuse import verify
     from tvmfuse.compile import build
     from tvmfuse.frontend import import_model, load_model
@@ -695,15 +698,7 @@ def test_qdq_convs_run_as_exact_integer_gemms(tmp_path, llvm_target, activations
     onnx.save(_three_convs(), tmp_path / "m.onnx")
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, 9, 9)).astype(np.float32)}
 
-    class Calibration(CalibrationDataReader):
-        def __init__(self):
-            self.left = [feeds]
-
-        def get_next(self):
-            return self.left.pop() if self.left else None
-
-    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), Calibration(), quant_format=QuantFormat.QDQ,
-                    activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8)
+    _quantize_static(tmp_path / "m.onnx", tmp_path / "q.onnx", feeds, activations)
     loaded = load_model(tmp_path / "q.onnx")
     fused, plan = partition(import_model(loaded), target=llvm_target)
     vnni = has_vnni(llvm_target.target)
@@ -748,8 +743,6 @@ def test_a_qdq_conv_the_gemm_kernel_does_not_tile_stays_an_exact_integer_conv(tm
     of 8 input channels stays an fp32 conv of its dequantized input (a stem's case)."""
     import sys
 
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     from tvmfuse import verify
     from tvmfuse.compile import build
     from tvmfuse.frontend import import_model, load_model
@@ -765,15 +758,7 @@ def test_a_qdq_conv_the_gemm_kernel_does_not_tile_stays_an_exact_integer_conv(tm
                       [1, 24, 6, 6]), tmp_path / "m.onnx")
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, 6, 6)).astype(np.float32)}
 
-    class Calibration(CalibrationDataReader):
-        def __init__(self):
-            self.left = [feeds]
-
-        def get_next(self):
-            return self.left.pop() if self.left else None
-
-    quantize_static(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), Calibration(), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    _quantize_static(tmp_path / "m.onnx", tmp_path / "q.onnx", feeds, "QInt8")
     fused, plan = partition(import_model(load_model(tmp_path / "q.onnx")), target=llvm_target)
     if has_vnni(llvm_target.target):
         assert any(n.startswith("1 quantized convs run on their uint8") for n in plan.rewrites)

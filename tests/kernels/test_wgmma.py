@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
-from cuda_checks import (EMULATE, assert_copy_sources_disjoint, cuda_source, assert_ptxas_without_spills,  # noqa: E402
-                         assert_shared_offsets_aligned, build_with_record, commit_record)
+from cuda_checks import (assert_copy_sources_disjoint, cuda_source, assert_ptxas_without_spills,  # noqa: E402
+                         assert_shared_offsets_aligned, build_with_record, commit_record, twin_and_kernel_outputs)
 from tvmfuse._tvm import ms, tvm  # noqa: E402
 from tvmfuse.tune.builder import fast_build
 from tvmfuse.bench.cases import CASES  # noqa: E402
@@ -475,17 +475,7 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         assert g is not None and spec.b_kmajor and {f: getattr(g, f) for f in want} == want, g
         assert g.padded == padded and (spec.rows % 64 != 0) == tail and spec.k == g.r * g.s * g.c
         assert hopper.GemmSpec.from_json(spec.to_json()) == spec
-    twin = tvm.compile(tvm.IRModule({"main": hopper.reference_for(func)}), target=EMULATE)
-    fused = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=EMULATE)
-    rng = np.random.default_rng(0)
-    bufs = hopper.analysis._param_buffers(func)
-    inputs = [(rng.standard_normal([int(d) for d in b.shape]) * 0.5).astype(str(b.dtype)) for b in bufs]
-    outs = []
-    for lib in (twin, fused):
-        args = [tvm.runtime.tensor(a.copy()) for a in inputs]
-        args[-1] = tvm.runtime.tensor(np.full(inputs[-1].shape, np.nan, inputs[-1].dtype))
-        lib["main"](*args)
-        outs.append(args[-1].numpy().astype("float32"))
+    outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
     assert not np.isnan(outs[0]).any()
     assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 2e-3
     # the copies and descriptors land 16-byte aligned inside the shared tiles (a misaligned one only shows on

@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
 
 import models  # noqa: E402
-from cuda_checks import EMULATE, assert_ptxas_without_spills, copy_bytes, cuda_source, kernel_text  # noqa: E402
+from cuda_checks import (assert_ptxas_without_spills, copy_bytes, cuda_source, kernel_text,  # noqa: E402
+                         twin_and_kernel_outputs)
 from tvmfuse._tvm import PrimFunc, tvm  # noqa: E402
 from tvmfuse.compile import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -77,17 +78,7 @@ def test_the_twin_of_a_tf32_kernel_computes_the_planners_function(tmp_path, cuda
     assert spec.rows % 64 or case != "conv3x3_stride2_odd"
     assert hopper.GemmSpec.from_json(spec.to_json()) == spec
     assert hopper.untuned_config(func, cuda.target) is not None
-    twin = tvm.compile(tvm.IRModule({"main": hopper.reference_for(func)}), target=EMULATE)
-    fused = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=EMULATE)
-    rng = np.random.default_rng(0)
-    bufs = hopper.analysis._param_buffers(func)
-    inputs = [(rng.standard_normal([int(d) for d in b.shape]) * 0.5).astype(str(b.dtype)) for b in bufs]
-    outs = []
-    for lib in (twin, fused):
-        args = [tvm.runtime.tensor(a.copy()) for a in inputs]
-        args[-1] = tvm.runtime.tensor(np.full(inputs[-1].shape, np.nan, inputs[-1].dtype))
-        lib["main"](*args)
-        outs.append(args[-1].numpy())
+    outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
     assert not np.isnan(outs[0]).any()
     assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 1e-5
 

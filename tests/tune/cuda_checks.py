@@ -342,3 +342,22 @@ def kernel_text(src: str) -> list[str]:
         line = re.sub(r"tvm_builtin_ptx_wgmma_\w+_mma_async_\w+\(", "wgmma(", line)
         lines.append(re.sub(r"ptx_cp_async_legacy_cg_16_\d_\d\(.*", "cp_async(...)", line))
     return lines
+
+
+def twin_and_kernel_outputs(twin, func, seed: int = 0):
+    """The outputs (float32) of two PrimFuncs of one signature, the last parameter the output, built for the CPU
+    (:data:`EMULATE`) and run on the same random inputs, the output filled with NaN first: a template's scalar
+    twin against the planner's function it stands for."""
+    import numpy as np
+
+    bufs = [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+    rng = np.random.default_rng(seed)
+    inputs = [(rng.standard_normal([int(d) for d in b.shape]) * 0.5).astype(str(b.dtype)) for b in bufs]
+    outs = []
+    for f in (twin, func):
+        lib = tvm.compile(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}), target=EMULATE)
+        args = [tvm.runtime.tensor(a.copy()) for a in inputs]
+        args[-1] = tvm.runtime.tensor(np.full(inputs[-1].shape, np.nan, inputs[-1].dtype))
+        lib["main"](*args)
+        outs.append(args[-1].numpy().astype("float32"))
+    return outs

@@ -220,3 +220,20 @@ def static_params(func: PrimFunc) -> bool:
 def kernel_bytes(func: PrimFunc) -> int:
     """HBM bytes a kernel moves at best: each parameter buffer read or written once."""
     return sum(_param_bytes(p) for p in func.params)
+
+
+def kernel_calls(main) -> dict:
+    """{kernel GlobalVar: [the arguments of each of its calls]} over the Relax function ``main``, in order."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    calls: dict = {}
+
+    @relax.expr_functor.visitor
+    class Calls(relax.PyExprVisitor):
+        def visit_call_(self, call):  # noqa: N802 - the visitor's name
+            if call.op.same_as(call_tir) and isinstance(call.args[0], tvm.ir.GlobalVar):
+                args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+                calls.setdefault(call.args[0], []).append(list(args))
+            super().visit_call_(call)
+
+    Calls().visit_expr(main.body)
+    return calls

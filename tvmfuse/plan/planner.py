@@ -19,7 +19,7 @@ from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
 from tvmfuse.plan.graph import (CONV, GEMM, NORM, NOT_KERNEL, REDUCE, Graph, build_graph, kernel_bytes,
-                                static_params)
+                                kernel_calls, static_params)
 from tvmfuse.plan.legality import can_fuse, results_stored, whole_tensor
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify
@@ -335,20 +335,9 @@ def mark_weights(mod: tvm.IRModule) -> tvm.IRModule:
     """Each kernel's ``layout_free_buffers``: the parameters ``main`` passes a constant (a weight) at every call
     that reach a reduction in the kernel (:func:`reduced_params`). (Relax's AttachAttrLayoutFreeBuffers marks every
     constant but renames every kernel it touches.)"""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    consts: dict = {}
-
-    @relax.expr_functor.visitor
-    class Calls(relax.PyExprVisitor):
-        def visit_call_(self, call):  # noqa: N802 - the visitor's name
-            if call.op.same_as(call_tir) and isinstance(call.args[0], tvm.ir.GlobalVar):
-                args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
-                here = {i for i, a in enumerate(args) if isinstance(a, RelaxConstant)}
-                gv = call.args[0]
-                consts[gv] = here if gv not in consts else consts[gv] & here
-            super().visit_call_(call)
-
-    Calls().visit_expr(mod["main"].body)
+    consts = {gv: set.intersection(*({i for i, a in enumerate(args) if isinstance(a, RelaxConstant)}
+                                     for args in sites))
+              for gv, sites in kernel_calls(mod["main"]).items()}
     for gv, idx in consts.items():
         reached = reduced_params(mod[gv]) if idx else None
         if reached is not None:

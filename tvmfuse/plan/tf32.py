@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvmfuse._tvm import PrimFunc, RelaxConstant, const_numpy, relax, tvm
+from tvmfuse.plan.graph import kernel_calls
 
 ATTR = "tvmfuse.tf32"
 
@@ -66,28 +67,11 @@ def _kn_weight(func: PrimFunc, sch, block) -> int | None:
     return None
 
 
-def _calls(main) -> dict:
-    """{kernel GlobalVar: [the arguments of each of its calls from ``main``]}."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    calls: dict = {}
-
-    @relax.expr_functor.visitor
-    class Calls(relax.PyExprVisitor):
-        def visit_call_(self, call):  # noqa: N802 - the visitor's name
-            if call.op.same_as(call_tir) and isinstance(call.args[0], tvm.ir.GlobalVar):
-                args = call.args[1].fields if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
-                calls.setdefault(call.args[0], []).append(list(args))
-            super().visit_call_(call)
-
-    Calls().visit_expr(main.body)
-    return calls
-
-
 def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
     """``mod`` (a partitioned module) with its fp32 GEMM and conv kernels marked :data:`ATTR` and each weight
     stored ``[K, N]`` transposed to ``[N, K]`` (kernel and calls alike; only where every call passes a constant),
     and a note for the plan's rewrites (None where no kernel was marked)."""
-    calls = _calls(mod["main"])
+    calls = kernel_calls(mod["main"])
     funcs, transposed = {}, {}
     for gv, func in mod.functions.items():
         if not isinstance(func, PrimFunc):

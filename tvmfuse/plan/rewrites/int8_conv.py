@@ -20,16 +20,8 @@ from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
 from tvmfuse.plan.graph import tensor_shape
 from tvmfuse.plan.rewrites._common import main_bindings, module_pass, op_name, replaced
 from tvmfuse.plan.rewrites.im2col import _im2col
+from tvmfuse.plan.rewrites.int8_gemm import _dtype, _scalar, as_unsigned, dequantized_operands
 from tvmfuse.plan.tags import RewriteLog
-
-
-def _dtype(expr) -> str:
-    return str(getattr(expr.ty, "dtype", ""))
-
-
-def _scalar(expr, values: dict) -> np.ndarray | None:
-    expr = values.get(expr, expr)
-    return const_numpy(expr) if isinstance(expr, RelaxConstant) else None
 
 
 def _qdq_conv(call, values: dict):
@@ -41,14 +33,12 @@ def _qdq_conv(call, values: dict):
     if (str(at.data_layout), str(at.kernel_layout)) != ("NCHW", "OIHW") or int(at.groups) != 1 \
             or str(at.out_layout) not in ("NCHW", ""):
         return None
-    lhs, rhs = (values.get(a, a) for a in call.args[:2])
-    if op_name(lhs) != "relax.dequantize" or op_name(rhs) != "relax.dequantize":
+    found = dequantized_operands(call, values)
+    if found is None:
         return None
-    x, sx, zx = lhs.args
-    w, sw, zw = (values.get(a, a) for a in rhs.args)
-    sx, zx_v, sw, zw = _scalar(sx, values), _scalar(zx, values), _scalar(sw, values), _scalar(zw, values)
-    if _dtype(x) not in ("uint8", "int8") or sx is None or sx.size != 1 or zx_v is None or zx_v.size != 1 \
-            or zw is None or np.any(zw) or not isinstance(w, RelaxConstant) or _dtype(w) != "int8" or sw is None:
+    x, sx, zx, rhs, w, sw = found
+    zx_v = _scalar(zx, values)
+    if zx_v is None or zx_v.size != 1:
         return None
     f = int(w.ty.shape[0])
     if sw.size != 1 and (sw.size != f or int(rhs.attrs.axis) != 0):
@@ -101,9 +91,8 @@ def int8_convs(mod, *, log: RewriteLog):
 
         def emit(bb, vmap, x=x, w=w, at=at, taps=taps, scale=scale, signed=signed):
             x = vmap.get(x, x)
-            if signed:   # vpdpbusd multiplies unsigned by signed bytes: x + 128 as uint8, zero point + 128
-                x = bb.emit(relax.op.astype(relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32")),
-                                            "uint8"))
+            if signed:   # (its zero point + 128 already)
+                x = as_unsigned(bb, x)
             conv = bb.emit(relax.op.nn.conv2d(x, relax.const(w), strides=[int(v) for v in at.strides],
                                               padding=[int(v) for v in at.padding],
                                               dilation=[int(v) for v in at.dilation], out_dtype="int32"))

@@ -69,12 +69,15 @@ def _scalar(expr, values: dict) -> np.ndarray | None:
     return const_numpy(expr) if isinstance(expr, RelaxConstant) else None
 
 
-def _qdq_operands(call, values: dict):
-    """``(a, za, w_i8, scale)`` of ``matmul(dequantize(a, sa, za), dequantize(w_i8, sw, 0))`` (a QDQ model's GEMM:
-    onnxruntime's quantize_static), ``a`` uint8 or int8 (quantize_static's default), ``scale`` the product of the
-    two scales (per column where ``sw`` is), or None."""
-    if op_name(call) != "relax.matmul" or _dtype(call) != "float32":
-        return None
+def as_unsigned(bb, x):
+    """The int8 tensor ``x`` plus 128, as uint8: vpdpbusd multiplies unsigned by signed bytes, and (x + 128) - (z +
+    128) is x - z (the add fuses into the kernel that quantizes x)."""
+    return bb.emit(relax.op.astype(relax.op.add(relax.op.astype(x, "int32"), relax.const(128, "int32")), "uint8"))
+
+
+def dequantized_operands(call, values: dict):
+    """``(a, sa, za, rhs, w, sw)`` of an op over ``dequantize(a, sa, za)`` (a uint8 or int8, one scale) and ``rhs``
+    = ``dequantize(w, sw, 0)`` (an int8 constant, symmetric), or None; ``sa`` and ``sw`` as numpy."""
     lhs, rhs = (values.get(a, a) for a in call.args[:2])
     if op_name(lhs) != "relax.dequantize" or op_name(rhs) != "relax.dequantize":
         return None
@@ -82,8 +85,21 @@ def _qdq_operands(call, values: dict):
     w, sw, zw = (values.get(x, x) for x in rhs.args)
     sa, zw, sw = _scalar(sa, values), _scalar(zw, values), _scalar(sw, values)
     if _dtype(a) not in ("uint8", "int8") or sa is None or sa.size != 1 or zw is None or np.any(zw) \
-            or not isinstance(w, RelaxConstant) or _dtype(w) != "int8" or len(w.ty.shape) != 2 or sw is None:
+            or not isinstance(w, RelaxConstant) or _dtype(w) != "int8" or sw is None:
         return None
+    return a, sa, za, rhs, w, sw
+
+
+def _qdq_operands(call, values: dict):
+    """``(a, za, w_i8, scale)`` of ``matmul(dequantize(a, sa, za), dequantize(w_i8, sw, 0))`` (a QDQ model's GEMM:
+    onnxruntime's quantize_static), ``a`` uint8 or int8 (quantize_static's default), ``scale`` the product of the
+    two scales (per column where ``sw`` is), or None."""
+    if op_name(call) != "relax.matmul" or _dtype(call) != "float32":
+        return None
+    found = dequantized_operands(call, values)
+    if found is None or len(found[4].ty.shape) != 2:
+        return None
+    a, sa, za, rhs, w, sw = found
     n = int(w.ty.shape[1])
     if sw.size != 1 and (sw.size != n or int(rhs.attrs.axis) not in (1, -1)):
         return None
@@ -113,10 +129,7 @@ def int8_gemms(mod, *, log: RewriteLog):
         def emit(bb, vmap, a=a, za=za, w=w, colsum=colsum, scale=scale):
             a, za = vmap.get(a, a), relax.op.astype(vmap.get(za, za), "int32")
             if _dtype(a) == "int8":
-                # vpdpbusd multiplies unsigned by signed bytes: a + 128 is a uint8 of zero point za + 128, and
-                # (a + 128) - (za + 128) is a - za (the add fuses into the kernel that quantizes a)
-                a = bb.emit(relax.op.astype(relax.op.add(relax.op.astype(a, "int32"), relax.const(128, "int32")),
-                                            "uint8"))
+                a = as_unsigned(bb, a)
                 za = relax.op.add(za, relax.const(128, "int32"))
             prod = bb.emit(relax.op.matmul(a, relax.const(w), out_dtype="int32"))
             shift = bb.emit(relax.op.multiply(za, relax.const(colsum)))
