@@ -37,7 +37,8 @@ def cuda_target():
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_model_builds_for_cuda(name, dtype, cuda_target):
     tf32 = dtype == "tf32"
-    loaded = load_model(FIXTURES / f"tiny_{name}.{'float32' if tf32 else dtype}.onnx", precision="tf32" if tf32 else "model")
+    stored = "float32" if tf32 else dtype
+    loaded = load_model(FIXTURES / f"tiny_{name}.{stored}.onnx", precision="tf32" if tf32 else "model")
     fused, _ = partition(import_model(loaded), target=cuda_target, tf32=tf32)
     result = build(fused, target=cuda_target, database=None)
     assert result.kernels and all(k.schedule for k in result.kernels)
