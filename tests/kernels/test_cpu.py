@@ -770,3 +770,45 @@ def test_a_qdq_conv_the_gemm_kernel_does_not_tile_stays_an_exact_integer_conv(tm
     ref = verify.run_onnxruntime(tmp_path / "q.onnx", feeds)
     assert verify.relative_error(got, ref[0]) <= max(1e-4, verify.QUANTIZED_SLACK * verify.quantization_floor(
         tmp_path / "q.onnx", feeds, ref))
+
+
+def test_the_quantized_gemms_register_block_is_a_searched_knob(tmp_path, llvm_target):
+    """A quantized GEMM's sketch (``template: cpu_contraction``) is the VNNI kernel with its register block sampled:
+    rows dividing the GEMM's (at most 8) by 16-column vectors dividing its columns, the untuned tiles among them;
+    every point matches the kernel's plain lowering."""
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.kernels.cpu.int8 import default_tiles
+    from tvmfuse.kernels.space import postprocessor, tune_context
+    from tvmfuse.plan.partition import partition
+    from tvmfuse.target import has_vnni
+    from tvmfuse.tune.check import check_kernel
+    from tvmfuse.tune.spaces import select_space
+
+    if not has_vnni(llvm_target.target):
+        pytest.skip("no avx512vnni on this CPU")
+    onnx.save(_three_convs(), tmp_path / "m.onnx")
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, 9, 9)).astype(np.float32)}
+    _quantize_static(tmp_path / "m.onnx", tmp_path / "q.onnx", feeds, "QUInt8")
+    fused, _ = partition(import_model(load_model(tmp_path / "q.onnx")), target=llvm_target)
+    gemms = [f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and gv.name_hint.startswith("fused_matmul")]
+    assert gemms
+    rng = np.random.default_rng(2)
+    for func in gemms:
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        choice = select_space(mod, llvm_target.target)
+        assert choice.source == "template:cpu_contraction", choice.note
+        ctx = tune_context(mod, llvm_target.target, choice.generator)
+        (sketch,) = ctx.generate_design_space()
+        cats = [i for i in sketch.trace.insts if i.kind.name == "SampleCategorical"]
+        rows, vectors = ([int(v) for v in c.attrs[0]] for c in cats)
+        assert all(r <= 8 for r in rows) and set(vectors) <= {1, 2, 4}
+        for _ in range(3):
+            trace = sketch.trace
+            for inst in cats:
+                trace = trace.with_decision(inst, int(rng.integers(len(inst.attrs[0]))), remove_postproc=True)
+            sch = tvm.s_tir.Schedule(mod)
+            trace.apply_to_schedule(sch, remove_postproc=True)
+            assert postprocessor(ctx)(sch)
+            check = check_kernel(mod, sch.mod, llvm_target)
+            assert check.ok, f"{check.rel_error:.2e}, {check.unwritten} unwritten"
+    assert default_tiles(49, 512) == (7, 2) and default_tiles(3136, 48) == (8, 1)

@@ -13,10 +13,10 @@ from __future__ import annotations
 from tvmfuse._tvm import tvm
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.cpu.activations import pad_and_pack
-from tvmfuse.kernels.cpu.int8 import is_int8_gemm, schedule_int8_gemm
+from tvmfuse.kernels.cpu.int8 import is_int8_gemm, schedule_int8_kernel
 from tvmfuse.kernels.cpu.reduce_all import reduces_whole, scalar_block, schedule_whole_reductions
 from tvmfuse.kernels.cpu.schedule import (inner_spatial_extent, loops_are_iters, dtype_bits, is_contraction,
-                                          pack_weights, pointwise_block, schedule_contraction, schedule_norm_rows,
+                                          pack_weights, schedule_contraction, schedule_norm_rows,
                                           schedule_pointwise, schedule_rows)
 from tvmfuse.kernels.cpu.sketch import contraction_sketches
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, is_attention, iter_types
@@ -66,10 +66,7 @@ def cpu_schedule(mod, target, cores: int):
         if is_int8_gemm(sch, block) and has_vnni(target):   # a quantized GEMM: VNNI's uint8 x int8 dot products
             trial = sch.copy()
             try:
-                schedule_int8_gemm(trial, trial.get_sblock(sch.get(block).name_hint), cores)
-                for epilogue in trial.get_output_blocks(trial.get_sblock("root")):   # scale and bias, after
-                    if REDUCE not in iter_types(trial, epilogue):
-                        pointwise_block(trial, epilogue, lanes_of(32), cores)
+                schedule_int8_kernel(trial, trial.get_sblock(sch.get(block).name_hint), cores, lanes_of(32))
                 return trial, "int8"
             except Exception:  # noqa: BLE001 - a shape VNNI's 16 x 4 steps do not tile: the int32 default below
                 pass

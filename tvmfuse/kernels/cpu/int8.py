@@ -56,11 +56,19 @@ def _pick(extent: int, options) -> int:
     return next(o for o in options if extent % o == 0)
 
 
-def schedule_int8_gemm(sch, block, cores: int) -> None:
-    """Tile ``block`` (spatial loops ..., N and one reduction K; N a multiple of 16, K of 4) onto VNNI; raises
-    where it cannot."""
+def default_tiles(rows: int, cols: int) -> tuple[int, int]:
+    """The untuned kernel's register block for ``rows`` x ``cols`` outputs: (rows, 16-column vectors), each
+    dividing its axis."""
+    # (7: a 7 x 7 image's 49 pixels, which no other tile divides: one row a tile read the weight once a row)
+    return _pick(rows, (8, 7, 6, 5, 4, 3, 2, 1)), _pick(cols // 16, (2, 1))
+
+
+def schedule_int8_gemm(sch, block, cores: int, rows=None, vectors=None) -> None:
+    """Tile ``block`` (spatial loops ..., N and one reduction K; N a multiple of 16, K of 4) onto VNNI: ``rows`` x
+    ``vectors`` 16-column vectors a register block (ints or a sketch's sampled values; None: :func:`default_tiles`);
+    raises where it cannot."""
     loops = sch.get_loops(block)
-    *rows, n, k = loops
+    *spatial, n, k = loops
     n_ext, k_ext = int(sch.get(n).extent), int(sch.get(k).extent)
     if n_ext % 16 or k_ext % 4:
         raise ValueError(f"N {n_ext} or K {k_ext} not a multiple of 16 or 4")
@@ -74,10 +82,9 @@ def schedule_int8_gemm(sch, block, cores: int) -> None:
                          lambda kk, nn: (nn // 16, kk // 4, nn % 16, kk % 4))
     # the rows' last axis is tiled; the batch axes before it stay loops of their own (fused with it, their div and
     # mod bindings keep tensorize from blockizing the 16 x 4 step)
-    *batch, m = rows
-    # (7: a 7 x 7 image's 49 pixels, which no other tile divides: one row a tile read the weight once a row)
-    mr = _pick(int(sch.get(m).extent), (8, 7, 6, 5, 4, 3, 2, 1))
-    nb = _pick(n_ext // 16, (2, 1))
+    *batch, m = spatial
+    mr, nb = default_tiles(int(sch.get(m).extent), n_ext)
+    mr, nb = mr if rows is None else rows, nb if vectors is None else vectors
     mo, mi = sch.split(m, [None, mr])
     no, nbl, ni = sch.split(n, [None, nb, 16])
     ko, ki = sch.split(k, [None, 4])
@@ -88,3 +95,15 @@ def schedule_int8_gemm(sch, block, cores: int) -> None:
     sch.tensorize(ni, INTRIN)
     sch.unroll(mi)
     sch.unroll(nbl)
+
+
+def schedule_int8_kernel(sch, block, cores: int, lanes: int, rows=None, vectors=None) -> None:
+    """The quantized GEMM ``block`` on VNNI (:func:`schedule_int8_gemm`) and the kernel's elementwise epilogue
+    after it (the zero point's share, the scales, the bias: parallel, ``lanes`` fp32 a vector)."""
+    from tvmfuse.kernels.cpu.schedule import pointwise_block
+    from tvmfuse.kernels.sketch import REDUCE, iter_types
+
+    schedule_int8_gemm(sch, block, cores, rows, vectors)
+    for epilogue in sch.get_output_blocks(sch.get_sblock("root")):
+        if REDUCE not in iter_types(sch, epilogue):
+            pointwise_block(sch, epilogue, lanes, cores)

@@ -19,6 +19,8 @@ contraction the sketch raises and the space falls back to MetaSchedule's stock C
 from __future__ import annotations
 
 from tvmfuse.kernels.cpu.activations import pad_and_pack
+from tvmfuse.kernels.cpu.int8 import default_tiles as int8_default_tiles
+from tvmfuse.kernels.cpu.int8 import is_int8_gemm, schedule_int8_kernel
 from tvmfuse.kernels.cpu.schedule import (contraction_facts, contraction_loops, default_tiles, dtype_bits,
                                           is_contraction, left_to_llvm, row_axis_of, schedule_contraction)
 from tvmfuse.kernels.knobs import Knob, sample
@@ -42,6 +44,8 @@ def contraction_sketches(sch, space, info: dict) -> list:
     if len(reductions) != 1 or not is_contraction(sch, reductions[0]):
         raise ValueError("the cpu_contraction sketch takes one GEMM or conv reduction")
     name = sch.get(reductions[0]).name_hint
+    if info.get("vnni") and is_int8_gemm(sch, reductions[0]):
+        return [_int8_sketch(sch, name, space, info)]
     lanes = max(1, int(info["vector_bits"]) // dtype_bits(sch, reductions[0]))
     registers = int(info.get("vector_registers", 16))
     # padded and packed as the default is, so its tiles are among the sketch's
@@ -84,3 +88,18 @@ def contraction_sketches(sch, space, info: dict) -> list:
                              registers=registers)
         sketches.append(s)
     return sketches
+
+
+def _int8_sketch(sch, name: str, space, info: dict):
+    """The quantized GEMM's VNNI kernel (:mod:`tvmfuse.kernels.cpu.int8`) with its register block sampled: ``rows``
+    (at most 8, dividing the rows) by ``vectors`` of 16 int32 columns (dividing the columns); the untuned tiles are
+    among the values."""
+    loops = sch.get_loops(sch.get_sblock(name))
+    m, n = (int(sch.get(lp).extent) for lp in loops[-3:-1])
+    mr, nb = int8_default_tiles(m, n)
+    rows = _values(space.knobs.get("rows"), (1, 2, 4, 7, 8), lambda r: r <= 8 and m % r == 0, mr)
+    vectors = _values(space.knobs.get("vectors"), (1, 2, 4), lambda v: (n // 16) % v == 0, nb)
+    s = sch.copy()
+    schedule_int8_kernel(s, s.get_sblock(name), int(info.get("cores", 1)), int(info["vector_bits"]) // 32,
+                         rows=sample(s, Knob.uniform("rows", rows)), vectors=sample(s, Knob.uniform("vectors", vectors)))
+    return s
