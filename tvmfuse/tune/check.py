@@ -64,6 +64,34 @@ def output_names(func) -> set[str]:
 
 _HALF = re.compile(r"\b(b?float16)\b")
 
+# A quantize epilogue (a float rounded to an 8-bit grid) may land one quantum off where its float is within the last
+# bit of a rounding boundary: a tiled schedule contracts multiply-adds the plain one does not (QDQ ResNet-50: 28 of
+# 802816 outputs of one conv's kernel, every tuned record and the untuned default alike, rejected as wrong). Such a
+# kernel passes with every output within one quantum and at most this share of them off.
+QUANTUM_SHARE = 1e-3
+
+
+def rounds_to_integers(func) -> bool:
+    """Whether ``func`` casts a floating-point value to an integer type (a quantize: round, clip, cast)."""
+    for block in sblocks(func):
+        body = block.body
+        if type(body).__name__ != "BufferStore":
+            continue
+        for e in subexprs(body.value):
+            if type(e).__name__ == "Cast" and not str(e.ty).startswith(("float", "bfloat")) \
+                    and str(e.value.ty).startswith(("float", "bfloat")):
+                return True
+    return False
+
+
+def _quantum_tolerance(out: np.ndarray, ref: np.ndarray) -> float:
+    """The relative error of :data:`QUANTUM_SHARE` of ``ref``'s elements one quantum off, where no element of
+    ``out`` is further than one quantum from ``ref`` (0 otherwise)."""
+    off = np.abs(out.astype(np.int64) - ref.astype(np.int64))
+    if off.size == 0 or off.max() > 1:
+        return 0.0
+    return float(np.sqrt(QUANTUM_SHARE * off.size) / max(np.linalg.norm(ref.astype(np.float64)), 1.0))
+
 
 def promoted(mod):
     """``mod`` with every fp16 / bf16 buffer, cast and constant in float32 (the module itself where it has none, or
@@ -183,6 +211,7 @@ def check_kernel(mod, tuned_mod, target_info, *, name: str = "main", seed: int =
     arrays, out_idx = random_args(func, rng)
     got = run_kernel(tuned_lib, arrays, out_idx, dev)
     tf32 = bool(func.attrs is not None and func.attrs.get(TF32))
+    quantizes = rounds_to_integers(func)
     best = None
     for ref_of in refs:
         ref = run_kernel(ref_of.lib, arrays, out_idx, dev, dtypes=ref_of.dtypes)
@@ -197,6 +226,8 @@ def check_kernel(mod, tuned_mod, target_info, *, name: str = "main", seed: int =
             tol = max(tol, tolerance(str(o.dtype)))   # the tuned kernel's output type, not a float32 reference's
             if tf32:   # its products in TF32, the 10-bit mantissa of fp16, against the fp32 reference
                 tol = max(tol, tolerance("float16"))
+            if quantizes and not np.issubdtype(o.dtype, np.floating):
+                tol = max(tol, _quantum_tolerance(o, r))
         result = KernelCheck(name, worst, tol, unwritten, ref_of.precision)
         if best is None or (result.ok, -result.rel_error) > (best.ok, -best.rel_error):
             best = result
