@@ -102,3 +102,15 @@ def test_plan_and_inspect_re_plan_in_the_precision_tune_used(tmp_path):
     assert any(r.startswith("tf32: 2 GEMM/conv kernels") for r in json.loads(proc.stdout)["rewrites"])
     proc = cli("inspect", str(tmp_path / "none.db"), "--model", str(path), "--precision", "fp8")
     assert proc.returncode == 2 and "unknown precision" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_stem_runs_as_im2col_and_a_tensor_core_gemm_in_tf32_as_in_fp16(tmp_path, cuda):
+    """A 3-channel 7x7 stem: no conv template takes its 3 channels, so in fp16 and in tf32 it runs as im2col rows by
+    the filter, a GEMM the tensor cores take; in fp32 it stays a conv (the CUDA cores' rules)."""
+    b = models._B(9)
+    c = b.op("Conv", ["x", b.w(64, 3, 7, 7, scale=0.1)], kernel_shape=[7, 7], strides=[2, 2], pads=[3, 3, 3, 3])
+    model = b.model({"x": [1, 3, 64, 64]}, b.op("Relu", [c]), [1, 64, 32, 32])   # 1024 pixels: not "a few"
+    _, tf32 = _plan(tmp_path, model, cuda, tf32=True)
+    _, fp32 = _plan(tmp_path, model, cuda, tf32=False)
+    assert any("runs as im2col + GEMM" in r for r in tf32.rewrites)
+    assert not any("runs as im2col + GEMM" in r for r in fp32.rewrites)

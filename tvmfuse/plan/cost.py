@@ -81,6 +81,8 @@ class CostModel:
         as im2col + GEMM too: a GEMM of that few rows is the gemv template's
     im2col_untemplated_pixels : the same for convs of a type no conv template takes (fp32), up to this many pixels
         (the gemv template takes small fp32 GEMMs of up to 256 rows)
+    tensor_core_dtypes : the input types the tensor-core GEMM and conv templates take (fp16; fp32 too under
+        ``--precision tf32``): a narrow conv (a stem) of these runs as im2col rows and a tensor-core GEMM
     gemm_conv_rows : 1x1 channels-last convs run as GEMMs where they have at most this many output pixels, or
         inputs of a type the tensor-core conv template does not take (fp32); 0: never
     pad_channels_to : GEMMs and channels-last convs with a constant weight whose output channels this many lanes
@@ -109,6 +111,7 @@ class CostModel:
     im2col_k: int = 0
     im2col_pixels: int = 0
     im2col_untemplated_pixels: int = 0
+    tensor_core_dtypes: tuple = ("float16",)
     gemm_conv_rows: int = 0
     pad_channels_to: int = 0
     reduction_results: int = 0

@@ -85,14 +85,16 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
 
 
 def _tvmfuse(mod: tvm.IRModule, target: TargetInfo, tf32: bool = False) -> "tuple[tvm.IRModule, Plan]":
-    """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``). ``tf32``: an
-    fp32 conv has a tensor-core template (wgmma in TF32), so it is not made im2col + GEMM for lack of one."""
+    """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``). ``tf32``: fp32
+    GEMMs and convs have a tensor-core template (wgmma in TF32): a small fp32 conv is not made im2col + GEMM for lack
+    of one, and a narrow one (a stem) is, for the template's GEMM, as in fp16."""
     from tvmfuse.plan.cost import CostModel
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
     if tf32 and target.is_gpu:
         return plan_tvmfuse(mod, target, config=PlannerConfig(
-            cost_model=CostModel.for_target(target, im2col_untemplated_pixels=0)))
+            cost_model=CostModel.for_target(target, im2col_untemplated_pixels=0,
+                                            tensor_core_dtypes=("float16", "float32"))))
     return plan_tvmfuse(mod, target)
 
 

@@ -239,6 +239,7 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
             dump("int8_convs", mod)
         if getattr(cost_model, "im2col_k", 0):
             mod = rewrites.im2col_narrow_convs(mod, log=log, limit_k=cost_model.im2col_k,
+                                               allow_dtypes=getattr(cost_model, "tensor_core_dtypes", ("float16",)),
                                                few_pixels=getattr(cost_model, "im2col_pixels", 0),
                                                untemplated_pixels=getattr(cost_model, "im2col_untemplated_pixels", 0))
             dump("im2col", mod)
