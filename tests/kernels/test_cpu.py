@@ -427,8 +427,7 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
     from tvmfuse.kernels.cpu.schedule import contraction_facts, contraction_loops, default_tiles
     from tvmfuse.target import vector_lanes, vector_registers
     from tvmfuse.kernels.sketch import REDUCE, inline_all_but_outputs, iter_types
-    from tvmfuse.kernels.space import postprocessor, tune_context
-    from tvmfuse.tune.check import check_kernel
+    from tvmfuse.kernels.space import tune_context
     from tvmfuse.tune.spaces import select_space
 
     from tvmfuse.kernels.cpu.activations import pad_and_pack
@@ -457,15 +456,24 @@ def test_the_contraction_sketch_samples_the_defaults_choices_and_every_point_mat
             vectors = [int(c) for c in cats[0].attrs[0]]
             assert rules[len(exts) - 1] in vectors, (vectors, rules)
             assert all(exts[-1] % v == 0 for v in vectors), vectors
-            for _ in range(3):
-                trace = sketch.trace
-                for inst in cats:
-                    trace = trace.with_decision(inst, int(rng.integers(len(inst.attrs[0]))), remove_postproc=True)
-                sch = tvm.s_tir.Schedule(mod)
-                trace.apply_to_schedule(sch, remove_postproc=True)
-                assert postprocessor(ctx)(sch)
-                check = check_kernel(mod, sch.mod, llvm_target)
-                assert check.ok, f"{gv.name_hint}: {check.rel_error:.2e}, {check.unwritten} unwritten"
+            _random_points_match(mod, ctx, sketch, cats, rng, llvm_target, gv.name_hint)
+
+
+def _random_points_match(mod, ctx, sketch, cats, rng, target, name: str, points: int = 3) -> None:
+    """``points`` random decisions of ``sketch``'s categorical knobs ``cats`` post-process and match the kernel's
+    reference (the tuner's kernel check)."""
+    from tvmfuse.kernels.space import postprocessor
+    from tvmfuse.tune.check import check_kernel
+
+    for _ in range(points):
+        trace = sketch.trace
+        for inst in cats:
+            trace = trace.with_decision(inst, int(rng.integers(len(inst.attrs[0]))), remove_postproc=True)
+        sch = tvm.s_tir.Schedule(mod)
+        trace.apply_to_schedule(sch, remove_postproc=True)
+        assert postprocessor(ctx)(sch)
+        check = check_kernel(mod, sch.mod, target)
+        assert check.ok, f"{name}: {check.rel_error:.2e}, {check.unwritten} unwritten"
 
 
 def test_a_contraction_of_two_activations_at_a_ragged_length_runs_padded_to_whole_vectors(tmp_path, llvm_target):
@@ -778,10 +786,9 @@ def test_the_quantized_gemms_register_block_is_a_searched_knob(tmp_path, llvm_ta
     every point matches the kernel's plain lowering."""
     from tvmfuse.frontend import import_model, load_model
     from tvmfuse.kernels.cpu.int8 import default_tiles
-    from tvmfuse.kernels.space import postprocessor, tune_context
+    from tvmfuse.kernels.space import tune_context
     from tvmfuse.plan.partition import partition
     from tvmfuse.target import has_vnni
-    from tvmfuse.tune.check import check_kernel
     from tvmfuse.tune.spaces import select_space
 
     if not has_vnni(llvm_target.target):
@@ -802,13 +809,5 @@ def test_the_quantized_gemms_register_block_is_a_searched_knob(tmp_path, llvm_ta
         cats = [i for i in sketch.trace.insts if i.kind.name == "SampleCategorical"]
         rows, vectors = ([int(v) for v in c.attrs[0]] for c in cats)
         assert all(r <= 8 for r in rows) and set(vectors) <= {1, 2, 4}
-        for _ in range(3):
-            trace = sketch.trace
-            for inst in cats:
-                trace = trace.with_decision(inst, int(rng.integers(len(inst.attrs[0]))), remove_postproc=True)
-            sch = tvm.s_tir.Schedule(mod)
-            trace.apply_to_schedule(sch, remove_postproc=True)
-            assert postprocessor(ctx)(sch)
-            check = check_kernel(mod, sch.mod, llvm_target)
-            assert check.ok, f"{check.rel_error:.2e}, {check.unwritten} unwritten"
+        _random_points_match(mod, ctx, sketch, cats, rng, llvm_target, "int8 GEMM")
     assert default_tiles(49, 512) == (7, 2) and default_tiles(3136, 48) == (8, 1)
