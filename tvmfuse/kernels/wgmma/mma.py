@@ -27,7 +27,9 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
             da = desc("smem", f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
                        cfg.swizzle)
             db = desc("smem", f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
-            wgmmas += wgmma_issue(BN, accs, da, db, f"1, 1, 0, {0 if spec.b_kmajor else 1}", spec.dtype)
+            # scale A and B by 1; fp16 also says whether B is read transposed (TF32 reads K-major only)
+            flags = "1, 1" if spec.dtype == "tf32" else f"1, 1, 0, {0 if spec.b_kmajor else 1}"
+            wgmmas += wgmma_issue(BN, accs, da, db, flags, spec.dtype)
 
     # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
     lane, warp = "(tx % 32)", "(tx % 128 // 32)"

@@ -26,7 +26,7 @@ def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str, dtype: str = "flo
     descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates."""
     if dtype == "tf32":
         return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32({accs}, {a}, {b}, "
-                f"T.ptx.pred(1), {', '.join(flags.split(', ')[:2])}))\n")
+                f"T.ptx.pred(1), {flags}))\n")
     return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16({accs}, {a}, {b}, "
             f"T.ptx.pred(1), {flags}))\n")
 
