@@ -55,8 +55,9 @@ def test_tf32_marks_the_gemms_and_stores_their_weights_k_major(tmp_path, cuda, l
     plain, plain_plan = _plan(tmp_path, model, cuda, tf32=False)
     assert not any(f.attrs.get(ATTR) for f in _gemms(plain).values())
     assert not any(r.startswith("tf32") for r in plain_plan.rewrites)
-    on_cpu, _ = _plan(tmp_path, model, llvm_target, tf32=True)
+    on_cpu, cpu_plan = _plan(tmp_path, model, llvm_target, tf32=True)
     assert not any((f.attrs or {}).get(ATTR) for f in _gemms(on_cpu).values())
+    assert "tf32: no tensor cores on this target; GEMMs and convs run in fp32" in cpu_plan.rewrites
 
 
 def test_the_transposed_weights_compute_what_onnxruntime_does(tmp_path, cuda, llvm_target):

@@ -118,12 +118,13 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
     fused, plan = fn(mod, target, tf32) if fn is _tvmfuse else fn(mod, target)
-    if tf32 and target.is_gpu:
+    if tf32:
         from dataclasses import replace
 
         from tvmfuse.plan.tf32 import tf32_kernels
 
-        fused, note = tf32_kernels(fused)
+        fused, note = tf32_kernels(fused) if target.is_gpu else (fused, "tf32: no tensor cores on this target; "
+                                                                        "GEMMs and convs run in fp32")
         if note is not None:
             plan = replace(plan, rewrites=(*plan.rewrites, note))
     return fused, plan
