@@ -182,7 +182,7 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50,mobilenet_v2,efficientnet_b0,convnext_tiny,bert,gpt2,vit,"
                                         "t5_encoder,llama,whisper_encoder")
     ap.add_argument("--size", default="small", choices=("small", "full"))
-    ap.add_argument("--precisions", default="fp32,fp16")
+    ap.add_argument("--precisions", default="fp32,fp16", help="comma-separated: model, fp32, tf32, fp16")
     ap.add_argument("--batches", default="1")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--budget", type=float, default=120.0,
