@@ -21,7 +21,7 @@ from tvm.tirx import PrimFunc
 __all__ = [
     "tvm", "relax", "ms", "dlight", "tirx", "Target", "PrimFunc", "Tensor", "from_onnx", "Analyzer",
     "structural_hash", "structural_equal", "ensure_tensor_intrinsics", "register_mma_store", "build_context",
-    "tvm_version", "is_scheduled", "sblocks", "subexprs",
+    "tvm_version", "is_scheduled", "param_buffers", "sblocks", "subexprs",
 ]
 
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
@@ -121,6 +121,11 @@ def is_scheduled(func: PrimFunc) -> bool:
     if attrs is None:
         return False
     return any(key in attrs and bool(attrs[key]) for key in ("tirx.is_scheduled", "tir.is_scheduled"))
+
+
+def param_buffers(func: PrimFunc) -> list:
+    """The buffers of ``func``'s parameters (TVM 0.27: the parameters are typed buffers; earlier: ``buffer_map``)."""
+    return [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
 
 
 def sblocks(func: PrimFunc) -> list:

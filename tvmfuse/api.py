@@ -62,7 +62,7 @@ def _prepare(cfg: ModelConfig, target=None):
     target = target if target is not None else resolve_target(cfg.target)
     loaded = load_model(cfg.model, input_shapes=cfg.input_shapes, precision=cfg.precision)
     mod = import_model(loaded)
-    fused, plan = partition(mod, target=target, planner=cfg.planner, tf32=cfg.precision == "tf32")
+    fused, plan = partition(mod, target=target, planner=cfg.planner, precision=cfg.precision)
     return target, loaded, fused, plan
 
 

@@ -124,6 +124,14 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def target_cores(target) -> int:
+    """The cores a CPU target (a TVM target) names (``num-cores``); 1 where it names none."""
+    try:
+        return max(1, int(target.attrs.get("num-cores", 1) or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def _cpu_cores() -> int:
     from tvmfuse.threads import usable_cpus
 

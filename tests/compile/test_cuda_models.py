@@ -39,7 +39,7 @@ def test_zoo_model_builds_for_cuda(name, dtype, cuda_target):
     tf32 = dtype == "tf32"
     stored = "float32" if tf32 else dtype
     loaded = load_model(FIXTURES / f"tiny_{name}.{stored}.onnx", precision="tf32" if tf32 else "model")
-    fused, _ = partition(import_model(loaded), target=cuda_target, tf32=tf32)
+    fused, _ = partition(import_model(loaded), target=cuda_target, precision=loaded.precision)
     result = build(fused, target=cuda_target, database=None)
     assert result.kernels and all(k.schedule for k in result.kernels)
     # on by default: main's static part is one captured CUDA graph (the VM calls run_or_capture)

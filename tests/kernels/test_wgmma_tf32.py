@@ -40,7 +40,7 @@ def cuda():
 def _kernels(tmp_path, model, cuda) -> list:
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    fused, _ = partition(import_model(load_model(path)), target=cuda, tf32=True)
+    fused, _ = partition(import_model(load_model(path)), target=cuda, precision="tf32")
     return [f for f in fused.functions.values() if isinstance(f, PrimFunc) and (f.attrs or {}).get(ATTR)]
 
 
@@ -147,7 +147,7 @@ def test_an_untuned_tf32_build_runs_the_wgmma_kernels_in_tf32(tmp_path, cuda):
     """BERT-shaped projections in tf32 build for sm_90a with the wgmma default on every GEMM it fits."""
     path = tmp_path / "m.onnx"
     onnx.save(_linear_gelu(batch=2, m=128, k=256, n=512), path)
-    fused, _ = partition(import_model(load_model(path)), target=cuda, tf32=True)
+    fused, _ = partition(import_model(load_model(path)), target=cuda, precision="tf32")
     result = build(fused, target=cuda, database=None)
     assert [k.schedule for k in result.kernels if "matmul" in k.name] == ["wgmma-default"]
     assert ".tf32.tf32" in cuda_source(result.executable)

@@ -34,7 +34,7 @@ def cuda():
 def _plan(tmp_path, model, target, tf32):
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    return partition(import_model(load_model(path)), target=target, tf32=tf32)
+    return partition(import_model(load_model(path)), target=target, precision="tf32" if tf32 else "model")
 
 
 def _gemms(fused) -> dict:

@@ -254,7 +254,7 @@ def run_bench(cfg: BenchConfig) -> dict:
 
     mod = import_model(loaded)
     t0 = time.perf_counter()
-    fused, plan = partition(mod, target=target, planner=cfg.planner or DEFAULT_PLANNER, tf32=cfg.precision == "tf32")
+    fused, plan = partition(mod, target=target, planner=cfg.planner or DEFAULT_PLANNER, precision=cfg.precision)
     db = None
     if cfg.db is not None and Path(cfg.db).exists():
         db = open_database(cfg.db, target=target, create=False)

@@ -99,7 +99,7 @@ def _plan_model(model: Path, target: TargetInfo, planner: str | None, input_shap
 
     loaded = load_model(model, input_shapes=input_shapes, precision=precision)
     fused, plan = partition(import_model(loaded), target=target, planner=planner or DEFAULT_PLANNER,
-                            tf32=precision == "tf32")
+                            precision=precision)
     return loaded.name, plan, extract_kernels(fused, target=target)
 
 

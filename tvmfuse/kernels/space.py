@@ -16,12 +16,12 @@ def sketch_info(space, target) -> dict:
 
     info = {"target_kind": target.kind.name, "target_arch": str(target.attrs.get("arch", ""))}
     if target.kind.name == "llvm":   # the CPU sketch's vector width, from the mcpu's features
-        from tvmfuse.target import has_vnni, vector_lanes, vector_registers
+        from tvmfuse.target import has_vnni, target_cores, vector_lanes, vector_registers
 
         info["vector_bits"] = 32 * vector_lanes(target, 32)
         info["vector_registers"] = vector_registers(target)
         info["vnni"] = has_vnni(target)   # quantized GEMMs: the VNNI kernel's tiles (kernels/cpu/int8.py)
-        info["cores"] = max(1, int(target.attrs.get("num-cores", 1) or 1))
+        info["cores"] = target_cores(target)
     if target.kind.name == "cuda":
         fig = device_figures(target)
         info.update(sm_count=int(space.extra.get("sm_count", fig.sm_count)), shared_per_sm=fig.shared_per_sm,

@@ -103,11 +103,12 @@ DEFAULT_PLANNER = "tvmfuse"
 
 
 def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_PLANNER,
-              tf32: bool = False) -> "tuple[tvm.IRModule, Plan]":
+              precision: str = "model") -> "tuple[tvm.IRModule, Plan]":
     """Partition ``mod`` into fused kernels.
 
-    ``tf32`` (``--precision tf32``; GPU targets): the fp32 GEMM and conv kernels are marked for the tensor cores
-    and their weights stored in the order those read them (:mod:`tvmfuse.plan.tf32`).
+    ``precision`` (``--precision``; the graph is converted before, by the loader): under ``tf32`` on a GPU the fp32
+    GEMM and conv kernels are marked for the tensor cores and their weights stored in the order those read them
+    (:mod:`tvmfuse.plan.tf32`).
 
     Returns the module whose ``main`` calls one PrimFunc per fused kernel, and the plan explaining it.
     """
@@ -117,6 +118,7 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
         from tvmfuse.errors import TvmfuseError
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
+    tf32 = precision == "tf32"
     fused, plan = fn(mod, target, tf32) if fn is _tvmfuse else fn(mod, target)
     if tf32:
         from dataclasses import replace
@@ -147,4 +149,4 @@ def plan_model(model, *, target: str | dict | None = "auto", planner: str = DEFA
 
     info = resolve_target(target)
     mod = import_model(load_model(model, input_shapes=input_shapes, precision=precision))
-    return partition(mod, target=info, planner=planner, tf32=precision == "tf32")
+    return partition(mod, target=info, planner=planner, precision=precision)

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tvmfuse._tvm import PrimFunc, RelaxConstant, relax, tvm
+from tvmfuse._tvm import PrimFunc, RelaxConstant, param_buffers, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
@@ -317,9 +317,8 @@ def reduced_params(func: PrimFunc) -> set[int] | None:
     facts = [(any(int(iv.iter_type) == reduce_type for iv in b.iter_vars), [r.source for r in b.reads],
               [w.source for w in b.writes]) for b in map(sch.get, blocks)]
     reached = set()
-    for i, param in enumerate(func.params):
-        # TVM 0.27's parameters are the buffers themselves; earlier ones map to them
-        todo, seen = [func.buffer_map[param] if hasattr(func, "buffer_map") else param], set()
+    for i, buffer in enumerate(param_buffers(func)):
+        todo, seen = [buffer], set()
         while todo and i not in reached:
             buf = todo.pop()
             for j, (reduces, reads, writes) in enumerate(facts):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvmfuse._tvm import PrimFunc, RelaxConstant, const_numpy, relax, tvm
+from tvmfuse._tvm import PrimFunc, RelaxConstant, const_numpy, param_buffers, relax, tvm
 from tvmfuse.plan.graph import kernel_calls
 
 ATTR = "tvmfuse.tf32"
@@ -48,22 +48,23 @@ def _mac_block(func: PrimFunc):
     return (found[0], sch) if len(found) == 1 else (None, None)
 
 
-def _kn_weight(func: PrimFunc, sch, block) -> int | None:
-    """The parameter index of a 2-D B that ``block`` reads ``[k, j]`` (the reduction axis, then the output's last
-    axis), or None."""
+def _kn_weight(func: PrimFunc, sch, block) -> tuple[int, int] | None:
+    """(its parameter index, its position among ``block``'s reads) of a 2-D B that ``block`` reads ``[k, j]`` (the
+    reduction axis, then the output's last axis), or None."""
     blk = sch.get(block)
     store = blk.body
     red = [str(iv.var.name) for iv in blk.iter_vars if int(iv.iter_type) == 2]
     if len(red) != 1 or not store.indices:
         return None
     last = str(store.indices[-1])
-    bufs = [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+    bufs = param_buffers(func)
+    reads = [r.source if hasattr(r, "source") else r.buffer for r in blk.reads]
     for op in (_load(store.value.b.a), _load(store.value.b.b)):
         buf = op.source if hasattr(op, "source") else op.buffer
-        idx = [str(i) for i in op.indices]
-        if idx == [red[0], last]:
-            hits = [i for i, p in enumerate(bufs) if p.same_as(buf)]
-            return hits[0] if hits else None
+        if [str(i) for i in op.indices] == [red[0], last]:
+            param = next((i for i, p in enumerate(bufs) if p.same_as(buf)), None)
+            read = next((i for i, r in enumerate(reads) if r.same_as(buf)), None)
+            return None if param is None or read is None else (param, read)
     return None
 
 
@@ -79,10 +80,11 @@ def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
         block, sch = _mac_block(func)
         if block is None:
             continue
-        w = _kn_weight(func, sch, block)
+        weight = _kn_weight(func, sch, block)
         sites = calls.get(gv, [])
-        if w is not None and sites and all(isinstance(args[w], RelaxConstant) for args in sites):
-            sch.transform_layout(block, ("read", _read_index(sch, block, func, w)), lambda k, n: (n, k))
+        if weight is not None and sites and all(isinstance(args[weight[0]], RelaxConstant) for args in sites):
+            w, read = weight
+            sch.transform_layout(block, ("read", read), lambda k, n: (n, k))
             func = sch.mod["main"].with_attr(ATTR, True)
             # the kernel's signature changed: a GlobalVar of the new type (calls are checked against it)
             new_gv = tvm.ir.GlobalVar(gv.name_hint)
@@ -123,10 +125,3 @@ def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
             + (f"; {len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
                if transposed else ""))
     return out, note
-
-
-def _read_index(sch, block, func: PrimFunc, param: int) -> int:
-    """The position of parameter ``param``'s buffer among ``block``'s reads (transform_layout's buffer index)."""
-    bufs = [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
-    reads = [r.source if hasattr(r, "source") else r.buffer for r in sch.get(block).reads]
-    return next(i for i, r in enumerate(reads) if r.same_as(bufs[param]))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse._gpu_rules import reference_schedule
-from tvmfuse._tvm import build_context, sblocks, subexprs, tvm
+from tvmfuse._tvm import build_context, param_buffers, sblocks, subexprs, tvm
 from tvmfuse.kernels import expand
 from tvmfuse.plan.tf32 import ATTR as TF32
 from tvmfuse.verify import relative_error, tolerance
@@ -44,11 +44,7 @@ class KernelCheck:
 
 def param_specs(func) -> list[tuple[str, tuple, str]]:
     """(name, shape, dtype) of each parameter (TVM 0.27: parameters are typed buffer vars; earlier: buffer_map)."""
-    out = []
-    for p in func.params:
-        buf = func.buffer_map[p] if hasattr(func, "buffer_map") else p
-        out.append((str(buf.name), tuple(int(d) for d in buf.shape), str(buf.dtype)))
-    return out
+    return [(str(buf.name), tuple(int(d) for d in buf.shape), str(buf.dtype)) for buf in param_buffers(func)]
 
 
 def output_names(func) -> set[str]:

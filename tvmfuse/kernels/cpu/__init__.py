@@ -20,7 +20,7 @@ from tvmfuse.kernels.cpu.schedule import (inner_spatial_extent, loops_are_iters,
                                           schedule_pointwise, schedule_rows)
 from tvmfuse.kernels.cpu.sketch import contraction_sketches
 from tvmfuse.kernels.sketch import DATA_PAR, REDUCE, inline_all_but_outputs, is_attention, iter_types
-from tvmfuse.target import has_vnni, vector_lanes, vector_registers
+from tvmfuse.target import has_vnni, target_cores, vector_lanes, vector_registers
 
 __all__ = ["CpuTemplate", "cpu_schedule", "vector_lanes"]
 
@@ -89,13 +89,6 @@ def cpu_schedule(mod, target, cores: int):
     return sch, "rows"
 
 
-def _cores(target) -> int:
-    try:
-        return max(1, int(target.attrs.get("num-cores", 1)))
-    except (TypeError, ValueError):
-        return 1
-
-
 class CpuTemplate(KernelTemplate):
     """Every kernel class on llvm; its untuned kernel is a hand schedule (see ``schedule``); GEMMs and convs also
     have a sketch whose knobs are the hand schedule's choices (``sketch``, ``template: cpu_contraction``)."""
@@ -121,7 +114,7 @@ class CpuTemplate(KernelTemplate):
         if self.fits(mod["main"], target) is not None:
             return None
         try:
-            found = cpu_schedule(mod, target, _cores(target))
+            found = cpu_schedule(mod, target, target_cores(target))
         except Exception:  # noqa: BLE001 - a kernel the rules cannot schedule keeps TVM's plain lowering
             return None
         if found is None:

@@ -44,8 +44,10 @@ def _name(node) -> str:
 
 
 def _param_buffers(func) -> list:
-    """The buffers of ``func``'s parameters (TVM 0.27: the parameters are typed buffers; earlier: buffer_map)."""
-    return [func.buffer_map[p] if hasattr(func, "buffer_map") else p for p in func.params]
+    """The buffers of ``func``'s parameters (:func:`tvmfuse._tvm.param_buffers`)."""
+    from tvmfuse._tvm import param_buffers
+
+    return param_buffers(func)
 
 
 def _param_decls(func) -> list[str]:
