@@ -217,6 +217,8 @@ def _legalize(mod, target: TargetInfo):
 def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog, cost_model, dump: _Dump):
     import tvmfuse.plan.rewrites as rewrites
 
+    mod = rewrites.RedundantRequantize(log=log)(mod)
+    dump("requantize", mod)
     int8 = getattr(cost_model, "int8_dot", False)
     if int8:   # first: the other rewrites' constant folding dequantizes weights
         mod = rewrites.Int8Convs(log=log)(rewrites.Int8Gemms(log=log)(mod))

@@ -23,6 +23,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   channels no vector divides run on a zero-padded weight, the extra channels sliced off (CPUs).
 - :func:`int8_gemms` / :func:`Int8Gemms` (``int8_gemm``): quantized GEMMs (MatMulInteger) on their uint8 / int8
   operands, the zero point's share subtracted after, where the CPU has a VNNI dot product.
+- :func:`redundant_requantize` / :func:`RedundantRequantize` (``qdq``): a quantize / dequantize pair whose input is
+  on its grid already (a reshape or concatenation of quantized values) dropped; exact.
 - :func:`int8_convs` / :func:`Int8Convs`, then :func:`int8_convs_as_gemms` / :func:`Int8ConvsAsGemms`
   (``int8_conv``): QDQ convs as exact integer convs, then (NHWC) uint8 im2col rows by int8 filters, VNNI GEMMs.
 - :class:`FuseAttention` (``fuse_attention``): MatMul(Q, Kᵀ) -> scale -> (mask) -> Softmax -> MatMul(·, V)
@@ -50,11 +52,12 @@ from tvmfuse.plan.rewrites.im2col import Im2colNarrowConvs, im2col_narrow_convs
 from tvmfuse.plan.rewrites.pad_channels import PadOutputChannels, pad_output_channels
 from tvmfuse.plan.rewrites.pairwise_extrema import PairwiseExtrema, pairwise_extrema
 from tvmfuse.plan.rewrites.pointwise_convs import PointwiseConvsAsGemms, pointwise_convs_as_gemms
+from tvmfuse.plan.rewrites.qdq import RedundantRequantize, redundant_requantize
 
 __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
     "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
     "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema", "pairwise_extrema", "PointwiseConvsAsGemms",
     "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps", "trim_dead_taps", "Int8Gemms", "int8_gemms",
-    "Int8Convs", "int8_convs", "Int8ConvsAsGemms", "int8_convs_as_gemms",
+    "Int8Convs", "int8_convs", "Int8ConvsAsGemms", "int8_convs_as_gemms", "RedundantRequantize", "redundant_requantize",
 ]
