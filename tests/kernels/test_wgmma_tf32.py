@@ -6,6 +6,7 @@ is the same, only the wgmma instruction differs); its scalar twin equals the pla
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_c
 
 import models  # noqa: E402
 from cuda_checks import (assert_ptxas_without_spills, copy_bytes, cuda_source, kernel_text,  # noqa: E402
-                         twin_and_kernel_outputs)
+                         thread_chunks, twin_and_kernel_outputs)
 from tvmfuse._tvm import PrimFunc, tvm  # noqa: E402
 from tvmfuse.compile import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -113,28 +114,34 @@ def test_a_tf32_kernel_moves_the_bytes_of_the_fp16_kernel_of_twice_the_k(tmp_pat
     src32, src16 = _source(tf32, cfg, "float32"), _source(fp16, cfg, "float16")
     assert "wgmma.mma_async.sync.aligned.m64n%dk8.f32.tf32.tf32" % cfg.block_n in src32
     assert copy_bytes(src32) == copy_bytes(src16) and len(copy_bytes(src32)) > 1000
-    assert kernel_text(src32) == kernel_text(src16)
+    # each thread rounds to TF32 the chunks it copies (and those it fills with zeros by plain stores: rows past
+    # the last, a conv's padding), after its wait and before the barrier that hands the stage to the wgmmas
+    copied = thread_chunks(src32, r"ptx_cp_async_legacy_cg_16_\d_\d|tvmfuse_cp_async_zfill")
+    rounded = thread_chunks(src32, "tvmfuse_round_tf32_16b")
+    assert copied <= rounded and len(copied) > 1000
+    assert all(at % 16 == 0 and 0 <= at < cfg.shared_bytes() for _, at in rounded)
+    assert rounded == copied or "} else {" in src32
+    text = kernel_text(src32)
+    rounds = [i for i, line in enumerate(text) if "tvmfuse_round_tf32_16b(" in line]
+    wait = next(i for i, line in enumerate(text) if "cp_async_wait_group" in line and i > text.index(
+        next(line for line in text if "for (int ko = 0;" in line)))
+    assert rounds and wait < min(rounds) and max(rounds) < next(i for i in range(wait, len(text))
+                                                                 if "fence_proxy" in text[i])
+    # and every other line is the fp16 kernel's (the shared buffer declared where its base address is taken)
+    def other(lines):
+        return [ln for ln in lines if not re.search(r"tvmfuse_round_tf32_16b\(|smem_base|extern __shared__", ln)]
+
+    assert other(text) == other(kernel_text(src16))
     assert_ptxas_without_spills(src32, tmp_path, "sm_90a")
 
 
-def test_a_tma_tf32_kernel_is_the_fp16_kernel_of_twice_the_k_but_its_wgmmas():
-    """TMA boxes count 16-bit elements of the fp32 operands: the maps and the kernel are the fp16 kernel's."""
-    cfg = hopper.parse_config("g2 m1 n256 k64 s4 r8 z128 f0 t1")
+def test_tf32_takes_no_tma_config():
+    """A TMA tile lands in shared memory without passing a thread that could round it, and wgmma truncates fp32 to
+    TF32 (toward zero: a bias every product shares); only the cp.async kernel, which rounds, is offered."""
     tf32 = hopper.GemmSpec((), 2048, 512, 512, False, False, True, dtype="float32")
     fp16 = dataclasses.replace(tf32, k=1024, dtype="float16")
-    assert cfg in hopper.configs(tf32, tma=(1,))
-    maps32, maps16 = hopper.tma_maps(tf32, cfg), hopper.tma_maps(fp16, cfg)
-    for name in ("a", "b"):
-        assert {k: v for k, v in maps32[name].items() if k != "coords"} == \
-               {k: v for k, v in maps16[name].items() if k != "coords"}
-
-    def text(spec, dtype):
-        decls = [f"a: T.Buffer(({spec.rows}, {spec.k}), '{dtype}')", f"b: T.Buffer(({spec.n}, {spec.k}), '{dtype}')",
-                 f"c: T.Buffer(({spec.rows}, {spec.n}), 'float32')"]
-        src = hopper.gemm_source(spec, cfg, decls, "a", "b", "c[{row}, {col}] = {acc}")
-        return [ln for ln in src.splitlines() if "wgmma.mma_async" not in ln and not ln.startswith("def main")]
-
-    assert text(tf32, "float32") == text(fp16, "float16")
+    assert hopper.configs(fp16, tma=(1,)) and not hopper.configs(tf32, tma=(1,))
+    assert hopper.configs(tf32, tma=(0, 1)) == hopper.configs(tf32) and not hopper.default_config(tf32).tma
 
 
 def test_tf32_takes_k_major_operands_only():

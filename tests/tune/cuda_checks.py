@@ -326,6 +326,61 @@ def copy_bytes(src: str) -> set:
     return out
 
 
+def thread_chunks(src: str, calls: str) -> set:
+    """(thread, shared byte) of every 16-byte chunk that the calls matching the regex ``calls`` of the generated CUDA
+    ``src`` touch, at every thread and loop value: a raw ``cp.async``'s destination (its shared element index times
+    its element size) or a helper's shared address (``smem_base_ptr[0] + ((uint)(bytes))``, its first argument)."""
+    import numpy as np
+
+    ranges, python = _cuda_index_env(src)
+    guarded, conditions = _guarded_ranges(src, ranges), _conditions(src)
+    out = set()
+    for m in re.finditer(rf"({calls})\(", src):
+        if src[m.start() - 5:m.start()] == "void ":
+            continue   # a helper's definition
+        args = _call_args(src, m.end())
+        raw = re.match(r"ptx_cp_async_legacy_cg_16_(\d)_\d$", m.group(1))
+        if raw:
+            expr, scale = python(args[1]), int(raw.group(1))
+        else:
+            expr, scale = python(re.fullmatch(r"\(smem_base_ptr\[0\] \+ \(\(uint\)(.+)\)\)", args[0]).group(1)), 1
+        line = src.count("\n", 0, m.start())
+        here, guards = guarded[line], [(python(c), negated) for c, negated in conditions[line]]
+        names = sorted(set(re.findall(r"\b[A-Za-z_]\w*\b", " ".join([expr, *(c for c, _ in guards)])))
+                       - {"minimum", "maximum"} | {"tx"})
+        env = {n: np.arange(here[n].start, here[n].stop).reshape([-1 if j == k else 1 for j in range(len(names))])
+               for k, n in enumerate(names)}
+        funcs = {"minimum": np.minimum, "maximum": np.maximum}
+        runs = np.ones((), bool)
+        for cond, negated in guards:   # (the threads and steps that reach the call)
+            holds = np.asarray(eval(cond, funcs, env), bool)
+            runs = runs & (~holds if negated else holds)
+        at, tx, runs = np.broadcast_arrays(np.asarray(eval(expr, funcs, env)), env["tx"], runs)
+        out.update(zip(tx[runs].tolist(), (at[runs] * scale).tolist()))
+    return out
+
+
+def _conditions(src: str) -> list[list]:
+    """Per line of the generated CUDA ``src``: the enclosing ``if (cond) {`` conditions, each with whether the line
+    is in its ``else`` branch (the conditions as C text: ``&&``, ``||`` and ``!`` as numpy's ``&``, ``|``, ``~``)."""
+    out, stack = [], []
+    for line in src.splitlines():
+        out.append([c for c in stack if c is not None])
+        stripped = line.strip()
+        if stripped == "} else {":
+            cond = stack.pop()
+            stack.append(None if cond is None else (cond[0], True))
+            continue
+        for _ in range(stripped.count("}")):
+            if stack:
+                stack.pop()
+        if stripped.endswith("{"):
+            m = re.fullmatch(r"if \((.+)\) \{", stripped)
+            cond = None if m is None else m.group(1).replace("&&", "&").replace("||", "|")
+            cond = None if cond is None or "!" in cond.replace("!=", "") else cond
+            stack.append(None if cond is None else (cond, False))
+    return out
+
 def kernel_text(src: str) -> list[str]:
     """The kernel of the generated CUDA ``src`` as lines, for comparing two kernels' structure: the device helpers
     before it dropped, ``cse`` variables inlined, pointer types and the wgmma and raw ``cp.async`` helpers' names

@@ -60,8 +60,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
     """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
     partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only with 128-byte swizzled tiles,
     TMA's layout, and for a conv only where its output pixels tile well (:func:`pixel_tile`). K counts 16-bit
-    units (``block_k`` 64: 128 bytes of a row, 32 TF32 elements); TF32 takes a K-major B only."""
-    if spec.dtype != "float16" and not spec.b_kmajor:
+    units (``block_k`` 64: 128 bytes of a row, 32 TF32 elements); TF32 takes a K-major B only, and no TMA."""
+    tf32 = spec.dtype != "float16"
+    if tf32 and not spec.b_kmajor:
         return []
     spec = spec.halves()
     out = []
@@ -74,7 +75,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                               for t in tma for p in persistent]:
                             c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f),
                                             int(t), int(p))
-                            if c.tma and spec.conv is not None and pixel_tile(spec) is None:
+                            if c.tma and (spec.conv is not None and pixel_tile(spec) is None or tf32):
+                                # (TF32: a TMA tile lands without passing a thread that could round it to
+                                # TF32, and wgmma truncates; the cp.async kernel rounds, see ptx.ROUND_TF32)
                                 continue
                             tiles_m = _tiles_m(spec, c)   # a partial last tile row is predicated
                             if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0

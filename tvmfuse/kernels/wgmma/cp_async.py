@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvmfuse.kernels.wgmma.config import WgmmaConfig, _a_predicated
 from tvmfuse.kernels.wgmma.layout import _a_read, _batch_offsets, _tile_coords, tile_layout
 from tvmfuse.kernels.wgmma.mma import _mma_and_store
-from tvmfuse.kernels.wgmma.ptx import _ZFILL_SOURCE, ZFILL, _indent
+from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, _ZFILL_SOURCE, ROUND_TF32, ZFILL, _indent
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 from tvmfuse.kernels.wgmma.tma import tma_source
 
@@ -63,6 +63,19 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
         return out
 
+    def rounded(slot: str) -> str:
+        """TF32: the 16-byte chunks this thread copied into stage ``slot``, rounded in place once its copies have
+        landed (a thread sees its own cp.async writes after its wait; the barrier after orders them for the
+        wgmmas)."""
+        out = ""
+        for dst, tile, chunk in ((0, a_tile, a_chunk), (sb_at, b_tile, b_chunk)):
+            off = chunk(f"(it * {NT} + tx)")[2]
+            at_smem = f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
+            call = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, smem_base + T.uint32(({at_smem}) * 2), "
+                    f"source_code={_ROUND_TF32_SOURCE!r}))")
+            out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(call, 4)}"
+        return out
+
     wgmmas, stored = _mma_and_store(spec, cfg, store, pid_m, pid_n, sb_at)
     # Loads run L = S - 1 - F tiles ahead: a stage is refilled once the wgmma batches that read it are done
     # (with F batches left in flight at a step's end, the stage read F + 1 steps ago; the barrier at the top
@@ -73,7 +86,10 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # needs a cp.async into sa that it recognizes, or it leaves sa out of the merged allocation.)
     prologue = "".join((copies(str(s_), str(s_), branch=True) if s_ < kt else "")
                        + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
-    base = 'smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n' if zfill else ""
+    tf32 = spec.dtype == "tf32"
+    base = ('smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n'
+            if zfill or tf32 else "")
+    rounding = rounded(f"ko % {S}") if tf32 else ""
     if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
         #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
         refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")
@@ -92,7 +108,7 @@ def main({", ".join(params)}):
                     acc[i] = T.float32(0)
 {_indent(prologue, 16)}                for ko in T.serial({kt}):
                     T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))
-                    T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
+{_indent(rounding, 20)}                    T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
                     T.tvm_storage_sync("shared")
                     T.evaluate(T.ptx.wgmma.fence.sync.aligned())
 {_indent(wgmmas, 20)}                    T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
