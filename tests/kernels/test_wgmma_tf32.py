@@ -132,6 +132,15 @@ def test_a_tf32_kernel_moves_the_bytes_of_the_fp16_kernel_of_twice_the_k(tmp_pat
         return [ln for ln in lines if not re.search(r"tvmfuse_round_tf32_16b\(|smem_base|extern __shared__", ln)]
 
     assert other(text) == other(kernel_text(src16))
+    # B rounded at compile time (a weight): the kernel rounds only A's chunks
+    decls = [f"a: T.Buffer({(tf32.conv.n, tf32.conv.h, tf32.conv.w, tf32.conv.c) if conv else (tf32.rows, tf32.k)}, "
+             f"'float32')", f"b: T.Buffer(({tf32.n}, {tf32.k}), 'float32')",
+             f"c: T.Buffer(({tf32.rows}, {tf32.n}), 'float32')"]
+    func = hopper.parse(hopper.gemm_source(tf32, cfg, decls, "a", "b", "c[{row}, {col}] = {acc}", rounded=("b",)))
+    only_a = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A) \
+        .mod.imports[0].inspect_source()
+    a_bytes = 2 * cfg.stages * cfg.block_m * cfg.block_k
+    assert thread_chunks(only_a, "tvmfuse_round_tf32_16b") == {(t, at) for t, at in rounded if at < a_bytes}
     assert_ptxas_without_spills(src32, tmp_path, "sm_90a")
 
 

@@ -11,7 +11,7 @@ from tvmfuse._tvm import PrimFunc
 from tvmfuse.compile import build
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.plan import partition
-from tvmfuse.plan.tf32 import ATTR
+from tvmfuse.plan.tf32 import ATTR, ROUNDED, tf32_rounded
 from tvmfuse.target import resolve_target
 from tvmfuse.verify import relative_error, run_onnxruntime
 
@@ -60,11 +60,41 @@ def test_tf32_marks_the_gemms_and_stores_their_weights_k_major(tmp_path, cuda, l
     assert "tf32: no tensor cores on this target; GEMMs and convs run in fp32" in cpu_plan.rewrites
 
 
+def test_the_weights_are_rounded_to_tf32_at_compile_time(tmp_path, cuda):
+    """The constant operand of each GEMM (its weight) is rounded once, here, to nearest (cvt.rna's rounding), and the
+    kernel is told so (it rounds only the activations it reads)."""
+    fused, plan = _plan(tmp_path, _two_linears(), cuda, tf32=True)
+    from tvmfuse._tvm import RelaxConstant, const_numpy
+    from tvmfuse.plan.graph import kernel_calls
+
+    by_name = {gv.name_hint: gv for gv in fused.functions}
+    for name, func in _gemms(fused).items():
+        assert [int(i) for i in func.attrs[ROUNDED]] == [1]   # (x is parameter 0, the weight 1)
+        for args in kernel_calls(fused["main"])[by_name[name]]:
+            assert isinstance(args[1], RelaxConstant) and not isinstance(args[0], RelaxConstant)
+            w = const_numpy(args[1])
+            assert not (w.view(np.uint32) & 0x1FFF).any()
+    assert any("2 kernels' constant operands rounded to TF32" in r for r in plan.rewrites)
+    # nearest, ties away from zero, as cvt.rna.tf32.f32; infinities and NaN kept
+    x = np.array([1 + 2 ** -11, 1 + 2 ** -11 - 2 ** -23, -(1 + 2 ** -11), 1 + 3 * 2 ** -11, np.inf, -np.inf],
+                 np.float32)
+    assert tf32_rounded(x)[:4].tolist() == [1 + 2 ** -10, 1.0, -(1 + 2 ** -10), 1 + 4 * 2 ** -11]
+    assert np.isinf(tf32_rounded(x)[4:]).all() and np.isnan(tf32_rounded(np.array([np.nan], np.float32))).all()
+
+
 def test_the_transposed_weights_compute_what_onnxruntime_does(tmp_path, cuda, llvm_target):
     """The kernels and their calls change together: the module planned for the GPU in tf32, built for the CPU (its
-    kernels' TIR, fp32), equals onnxruntime on the same input."""
+    kernels' TIR, fp32), equals onnxruntime on the same input with the weights rounded to TF32 as the planner
+    rounds them."""
+    from onnx import numpy_helper
+
     model = _two_linears()
     fused, _ = _plan(tmp_path, model, cuda, tf32=True)
+    for init in model.graph.initializer:   # (the two weights; the biases are no GEMM operands)
+        w = numpy_helper.to_array(init)
+        if w.ndim == 2:
+            init.CopyFrom(numpy_helper.from_array(tf32_rounded(w), init.name))
+    onnx.save(model, tmp_path / "m.onnx")
     result = build(fused, target=llvm_target, database=None)
     from tvmfuse._tvm import tvm
 

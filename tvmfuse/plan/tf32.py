@@ -19,6 +19,16 @@ from tvmfuse._tvm import PrimFunc, RelaxConstant, const_numpy, param_buffers, re
 from tvmfuse.plan.graph import kernel_calls
 
 ATTR = "tvmfuse.tf32"
+# the operands (parameter indices) rounded to TF32 at compile time: constants at every call (weights)
+ROUNDED = "tvmfuse.tf32_rounded"
+
+
+def tf32_rounded(x: np.ndarray) -> np.ndarray:
+    """fp32 ``x`` rounded to TF32's 10-bit mantissa, to nearest with ties away from zero (PTX's
+    ``cvt.rna.tf32.f32``, what the kernel applies to the operands it reads; infinities and NaNs kept)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    return np.where(finite, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000), bits).astype(np.uint32).view(np.float32)
 
 
 def _load(e):
@@ -48,6 +58,17 @@ def _mac_block(func: PrimFunc):
     return (found[0], sch) if len(found) == 1 else (None, None)
 
 
+def _operand_params(func: PrimFunc, sch, block) -> list[int]:
+    """The parameter indices of the two operands ``block`` multiplies."""
+    bufs = param_buffers(func)
+    value = sch.get(block).body.value
+    out = []
+    for op in (_load(value.b.a), _load(value.b.b)):
+        buf = op.source if hasattr(op, "source") else op.buffer
+        out += [i for i, p in enumerate(bufs) if p.same_as(buf)]
+    return out
+
+
 def _kn_weight(func: PrimFunc, sch, block) -> tuple[int, int] | None:
     """(its parameter index, its position among ``block``'s reads) of a 2-D B that ``block`` reads ``[k, j]`` (the
     reduction axis, then the output's last axis), or None."""
@@ -73,41 +94,49 @@ def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
     stored ``[K, N]`` transposed to ``[N, K]`` (kernel and calls alike; only where every call passes a constant),
     and a note for the plan's rewrites (None where no kernel was marked)."""
     calls = kernel_calls(mod["main"])
-    funcs, transposed = {}, {}
+    funcs, transposed, rounded = {}, {}, {}
     for gv, func in mod.functions.items():
         if not isinstance(func, PrimFunc):
             continue
         block, sch = _mac_block(func)
         if block is None:
             continue
-        weight = _kn_weight(func, sch, block)
         sites = calls.get(gv, [])
-        if weight is not None and sites and all(isinstance(args[weight[0]], RelaxConstant) for args in sites):
+        # operands that are constants at every call are rounded here, once: the kernel rounds only the others
+        consts = [p for p in _operand_params(func, sch, block)
+                  if sites and all(isinstance(args[p], RelaxConstant) for args in sites)]
+        weight = _kn_weight(func, sch, block)
+        if weight is not None and weight[0] in consts:
             w, read = weight
             sch.transform_layout(block, ("read", read), lambda k, n: (n, k))
-            func = sch.mod["main"].with_attr(ATTR, True)
+            func = sch.mod["main"].with_attr(ATTR, True).with_attr(ROUNDED, consts)
             # the kernel's signature changed: a GlobalVar of the new type (calls are checked against it)
             new_gv = tvm.ir.GlobalVar(gv.name_hint)
             relax.expr._update_type(new_gv, func.ty)
             transposed[gv] = (w, new_gv)
+            rounded[gv] = consts
             funcs[new_gv] = func
             continue
-        funcs[gv] = func.with_attr(ATTR, True)
+        funcs[gv] = func.with_attr(ATTR, True).with_attr(ROUNDED, consts)
+        if consts:
+            rounded[gv] = consts
     if not funcs:
         return mod, None
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
     @relax.expr_functor.mutator
-    class Transpose(relax.PyExprMutator):
+    class Operands(relax.PyExprMutator):
         def visit_call_(self, call):  # noqa: N802 - the mutator's name
             call = super().visit_call_(call)
-            if call.op.same_as(call_tir) and call.args[0] in transposed:
-                w, new_gv = transposed[call.args[0]]
-                args = list(call.args[1].fields)
-                args[w] = relax.const(np.ascontiguousarray(const_numpy(args[w]).T))
-                call = relax.Call(call.op, [new_gv, relax.Tuple(args), *call.args[2:]], call.attrs,
-                                  ty_args=call.ty_args)
-            return call
+            gv = call.args[0] if call.op.same_as(call_tir) else None
+            if gv not in rounded:
+                return call
+            w, new_gv = transposed.get(gv, (None, gv))
+            args = list(call.args[1].fields)
+            for p in rounded[gv]:
+                value = const_numpy(args[p])
+                args[p] = relax.const(tf32_rounded(value.T if p == w else value))
+            return relax.Call(call.op, [new_gv, relax.Tuple(args), *call.args[2:]], call.attrs, ty_args=call.ty_args)
 
     items = {}
     for gv, f in mod.functions.items():   # (in the module's order)
@@ -115,13 +144,14 @@ def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
             gv = transposed[gv][1]
         items[gv] = funcs.get(gv, f)
     out = tvm.IRModule(items, attrs=mod.attrs)
-    if transposed:
+    if rounded:
         main_gv = out.get_global_var("main")
         main = out[main_gv]
-        out[main_gv] = relax.Function(main.params, Transpose().visit_expr(main.body), main.ret_ty, main.is_pure,
+        out[main_gv] = relax.Function(main.params, Operands().visit_expr(main.body), main.ret_ty, main.is_pure,
                                       attrs=main.attrs)
     sites = sum(len(calls.get(gv, [])) for gv in transposed)
     note = (f"tf32: {len(funcs)} GEMM/conv kernels on the tensor cores in TF32"
             + (f"; {len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
-               if transposed else ""))
+               if transposed else "")
+            + (f"; {len(rounded)} kernels' constant operands rounded to TF32 at compile time" if rounded else ""))
     return out, note

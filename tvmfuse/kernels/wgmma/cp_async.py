@@ -11,12 +11,13 @@ from tvmfuse.kernels.wgmma.tma import tma_source
 
 
 def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
-                store: str, sms: int | None = None) -> str:
+                store: str, sms: int | None = None, rounded: tuple = ()) -> str:
     """TVMScript of the kernel: ``params`` the function's parameter declarations, ``a`` / ``b`` the names of the
     A and B buffers among them, ``store`` the store of one accumulator, a format string with the fields
     ``{bz}`` (flattened batch index), ``{row}``, ``{col}`` (output row within the batch and column) and
     ``{acc}`` (the fp32 accumulator). A TF32 kernel (fp32 operands) is generated as an fp16 one of twice the K
-    (:meth:`GemmSpec.halves`): the same bytes move, only its wgmmas differ."""
+    (:meth:`GemmSpec.halves`): the same bytes move, its wgmmas differ, and each thread rounds the tiles it copied to
+    TF32 but those of the operands named in ``rounded`` (``"a"``, ``"b"``: rounded at compile time)."""
     spec = spec.halves()
     if cfg.tma:
         return tma_source(spec, cfg, params, a, b, store, **({} if sms is None else {"sms": sms}))
@@ -63,12 +64,13 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
         return out
 
-    def rounded(slot: str) -> str:
+    def round_copied(slot: str) -> str:
         """TF32: the 16-byte chunks this thread copied into stage ``slot``, rounded in place once its copies have
         landed (a thread sees its own cp.async writes after its wait; the barrier after orders them for the
         wgmmas)."""
         out = ""
-        for dst, tile, chunk in ((0, a_tile, a_chunk), (sb_at, b_tile, b_chunk)):
+        for dst, tile, chunk in [t for name, t in (("a", (0, a_tile, a_chunk)), ("b", (sb_at, b_tile, b_chunk)))
+                                 if name not in rounded]:
             off = chunk(f"(it * {NT} + tx)")[2]
             at_smem = f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
             call = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, smem_base + T.uint32(({at_smem}) * 2), "
@@ -86,10 +88,10 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # needs a cp.async into sa that it recognizes, or it leaves sa out of the merged allocation.)
     prologue = "".join((copies(str(s_), str(s_), branch=True) if s_ < kt else "")
                        + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
-    tf32 = spec.dtype == "tf32"
+    tf32 = spec.dtype == "tf32" and set(rounded) != {"a", "b"}
     base = ('smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n'
             if zfill or tf32 else "")
-    rounding = rounded(f"ko % {S}") if tf32 else ""
+    rounding = round_copied(f"ko % {S}") if tf32 else ""
     if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
         #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
         refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")

@@ -11,12 +11,15 @@ from tvmfuse.kernels.wgmma.config import (ANNOTATION, CANDIDATES, SPEC, WgmmaCon
 from tvmfuse.kernels.wgmma.cp_async import gemm_source
 from tvmfuse.kernels.wgmma.ptx import parse
 from tvmfuse.kernels.wgmma.spec import GemmSpec
+from tvmfuse.plan.tf32 import ROUNDED
 
 
 def kernel_for(func, spec: GemmSpec, a: int, b: int, store: str, cfg: WgmmaConfig, sms: int | None = None):
     """The wgmma kernel of ``func`` (its parameters, in order, renamed ``p0, p1, ..``; its global symbol kept);
     ``sms``: the GPU's SMs, a persistent kernel's blocks (None: the H200's)."""
-    kernel = parse(gemm_source(spec, cfg, _param_decls(func), f"p{a}", f"p{b}", store, sms))
+    done = {int(i) for i in ((func.attrs or {}).get(ROUNDED) or [])}   # (operands the planner rounded)
+    rounded = tuple(name for name, p in (("a", a), ("b", b)) if p in done)
+    kernel = parse(gemm_source(spec, cfg, _param_decls(func), f"p{a}", f"p{b}", store, sms, rounded))
     symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
     return kernel.with_attr("global_symbol", symbol) if symbol is not None else kernel
 
