@@ -15,7 +15,8 @@ ptxas (no GPU).
 last columns idle).
 
 ``--tf32``: fp32 operands and output, the template's TF32 kernels (``wgmma ... k8 .tf32``; B K-major, as TF32
-needs), checked against torch in fp32 with TF32 off, beside cuBLAS / cuDNN in fp32 with TF32 on (PyTorch's
+needs; B, the weight, rounded to TF32 beforehand as the planner rounds a model's weights, and the kernel rounding
+A's tiles), checked against torch in fp32 with TF32 off, beside cuBLAS / cuDNN in fp32 with TF32 on (PyTorch's
 ``allow_tf32``).
 
     python benchmarks/wgmma_gemm.py [--conv] [--tf32] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json]
@@ -62,13 +63,26 @@ def kernel(spec: GemmSpec, cfg):
                   f"bias: T.Buffer(({spec.n},), '{dt}')", f"out: T.Buffer(({g.n}, {g.oh}, {g.ow}, {spec.n}), '{dt}')"]
         store = ("out[{row} // " + f"{g.oh * g.ow}, " + "{row} // " + f"{g.ow} % {g.oh}, " + "{row} % " + f"{g.ow}, "
                  "{col}] = " + epilogue)
-        return parse(gemm_source(spec, cfg, params, "x", "w", store))
+        return parse(gemm_source(spec, cfg, params, "x", "w", store, rounded=_weight_rounded(spec)))
     M, N, K = spec.m, spec.n, spec.k
     b_shape = (N, K) if spec.b_kmajor else (K, N)
     params = [f"a: T.Buffer(({M}, {K}), '{dt}')", f"w: T.Buffer({b_shape!r}, '{dt}')",
               f"bias: T.Buffer(({N},), '{dt}')", f"out: T.Buffer(({M}, {N}), '{dt}')"]
     store = "out[{row}, {col}] = " + epilogue
-    return parse(gemm_source(spec, cfg, params, "a", "w", store))
+    return parse(gemm_source(spec, cfg, params, "a", "w", store, rounded=_weight_rounded(spec)))
+
+
+def _weight_rounded(spec) -> tuple:
+    """TF32: the weight comes rounded to TF32 (the planner rounds a model's constants once, at compile time) and
+    the kernel rounds only the activations' tiles, as in a model."""
+    return ("b",) if spec.dtype == "float32" else ()
+
+
+def _tf32_rounded(w):
+    """``w`` (fp32, on the GPU) rounded to TF32 as ``tvmfuse.plan.tf32.tf32_rounded`` rounds (finite values)."""
+    import torch
+
+    return ((w.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
 
 
 def build(spec, cfg):
@@ -135,12 +149,14 @@ def inputs(spec):
     if spec.conv is not None:
         c = spec.conv
         x, w = rand(c.n, c.h, c.w, c.c), rand(spec.n, c.r, c.s, c.c) * 0.02
+        w = _tf32_rounded(w) if _weight_rounded(spec) else w
         out = torch.full((c.n, c.oh, c.ow, spec.n), float("nan"), device="cuda", dtype=dtype)
         return x, w, bias, out, _exact(lambda: torch.relu(torch.nn.functional.conv2d(
             x.float().permute(0, 3, 1, 2), w.float().permute(0, 3, 1, 2), bias.float(), padding=c.pad,
             stride=c.stride, dilation=c.dilation)).permute(0, 2, 3, 1))
     A = rand(spec.m, spec.k)
     W = rand(*((spec.n, spec.k) if spec.b_kmajor else (spec.k, spec.n))) * 0.02
+    W = _tf32_rounded(W) if _weight_rounded(spec) else W
     out = torch.full((spec.m, spec.n), float("nan"), device="cuda", dtype=dtype)
     return A, W, bias, out, _exact(lambda: torch.relu((A.float() @ (W.t() if spec.b_kmajor else W).float())
                                                       + bias.float()))
