@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tvmfuse import verify
@@ -18,9 +19,10 @@ RNG = np.random.default_rng(0)
 C, HW = 16, 8
 
 
-def _block(i: int, x: str) -> tuple[list, list, str]:
+def _block(i: int, x: str, scaled: bool = False) -> tuple[list, list, str]:
     """One ShuffleNet-v2 unit on ``x`` (NCHW, C channels): split, a 1x1 conv + ReLU on one half, concatenate,
-    shuffle the two groups of channels."""
+    (``scaled``: times and plus scalars, as a quantized graph's QuantizeLinear arithmetic sits there) shuffle the
+    two groups of channels."""
     p = f"b{i}_"
     w = numpy_helper.from_array((RNG.standard_normal((C // 2, C // 2, 1, 1)) * 0.4).astype(np.float32), p + "w")
     shapes = [numpy_helper.from_array(np.array(s, np.int64), p + n)
@@ -28,18 +30,22 @@ def _block(i: int, x: str) -> tuple[list, list, str]:
     nodes = [helper.make_node("Split", [x], [p + "keep", p + "branch"], axis=1, num_outputs=2),
              helper.make_node("Conv", [p + "branch", p + "w"], [p + "conv"], kernel_shape=[1, 1]),
              helper.make_node("Relu", [p + "conv"], [p + "relu"]),
-             helper.make_node("Concat", [p + "keep", p + "relu"], [p + "cat"], axis=1),
-             helper.make_node("Reshape", [p + "cat", p + "grouped"], [p + "g"]),
+             helper.make_node("Concat", [p + "keep", p + "relu"], [p + "cat" + ("0" if scaled else "")], axis=1)]
+    if scaled:
+        shapes += [numpy_helper.from_array(np.array(v, np.float32), p + n) for n, v in (("s", 1.5), ("o", 0.25))]
+        nodes += [helper.make_node("Mul", [p + "cat0", p + "s"], [p + "cat1"]),
+                  helper.make_node("Add", [p + "cat1", p + "o"], [p + "cat"])]
+    nodes += [helper.make_node("Reshape", [p + "cat", p + "grouped"], [p + "g"]),
              helper.make_node("Transpose", [p + "g"], [p + "t"], perm=[0, 2, 1, 3, 4]),
              helper.make_node("Reshape", [p + "t", p + "flat"], [p + "out"])]
     return nodes, [w, *shapes], p + "out"
 
 
-def _shufflenet(units: int = 3) -> onnx.ModelProto:
+def _shufflenet(units: int = 3, scaled: bool = False) -> onnx.ModelProto:
     stem = numpy_helper.from_array((RNG.standard_normal((C, 3, 3, 3)) * 0.3).astype(np.float32), "stem_w")
     nodes, inits, x = [helper.make_node("Conv", ["x", "stem_w"], ["s"], kernel_shape=[3, 3], pads=[1] * 4)], [stem], "s"
     for i in range(units):
-        more, weights, x = _block(i, x)
+        more, weights, x = _block(i, x, scaled)
         nodes += more
         inits += weights
     nodes.append(helper.make_node("Identity", [x], ["y"]))
@@ -59,9 +65,10 @@ def _permutes(mod) -> list:
     return found
 
 
-def test_shuffles_run_channels_last_and_match_onnxruntime(tmp_path, llvm_target):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_shuffles_run_channels_last_and_match_onnxruntime(tmp_path, llvm_target, scaled):
     path = tmp_path / "shuffle.onnx"
-    onnx.save(_shufflenet(), path)
+    onnx.save(_shufflenet(scaled=scaled), path)
     mod = import_model(load_model(path))
     log = RewriteLog()
     high = _high_level(mod, llvm_target, PlannerConfig(), log, CostModel.for_target(llvm_target), _Dump(None))

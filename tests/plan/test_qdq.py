@@ -35,7 +35,8 @@ def _model() -> onnx.ModelProto:
                   numpy_helper.from_array(np.array(z, np.uint8), name + "_z")]
     for name in ("wa", "wb", "wc"):
         w = RNG.integers(-127, 128, (C, C, 1, 1)).astype(np.int8)
-        inits += [numpy_helper.from_array(w, name + "_i8"), numpy_helper.from_array(np.array(0.01, np.float32), name + "_s"),
+        inits += [numpy_helper.from_array(w, name + "_i8"),
+                  numpy_helper.from_array(np.array(0.01, np.float32), name + "_s"),
                   numpy_helper.from_array(np.array(0, np.int8), name + "_z")]
     inits += [numpy_helper.from_array(np.array(s, np.int64), n)
               for n, s in (("grouped", [1, 2, C, HW, HW]), ("flat", [1, 2 * C, HW, HW]))]

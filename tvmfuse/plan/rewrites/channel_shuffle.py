@@ -10,7 +10,7 @@ piece transposed; and the transposes that then meet their inverse compose away (
 """
 from __future__ import annotations
 
-from tvmfuse._tvm import relax, tvm
+from tvmfuse._tvm import RelaxConstant, relax, tvm
 from tvmfuse.plan.graph import tensor_shape
 from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, op_name, permute_axes, rebuild_main, users_of
 from tvmfuse.plan.rewrites.compose_transposes import compose_transposes
@@ -90,6 +90,35 @@ def _transposed_concats(bindings) -> dict:
     return found
 
 
+# elementwise ops that commute with a transpose when their other operands are scalars
+_ELEMENTWISE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.round", "relax.minimum",
+                "relax.maximum", "relax.astype", "relax.clip", "relax.nn.relu"}
+
+
+def _is_scalar(e) -> bool:
+    shape = tensor_shape(e.ty) if isinstance(e, RelaxConstant) else None
+    return shape is not None and all(int(d) == 1 for d in shape)
+
+
+def _transposed_elementwise(bindings) -> dict:
+    """``{var: (x, p, call)}`` for an elementwise op (its other operands scalar constants) of ``permute_dims(x,
+    [0, 3, 1, 2])`` read nowhere else. A quantized graph's QuantizeLinear, as its arithmetic, sits between a
+    channels-last concatenation and the transpose to NCHW that ConvertLayout put before the shuffle's reshape;
+    moved past it, the transpose meets the shuffle."""
+    defs, users = {b.var: b.value for b in bindings}, users_of(bindings)
+    found = {}
+    for b in bindings:
+        call = b.value
+        if op_name(call) not in _ELEMENTWISE or not call.args or not isinstance(call.args[0], relax.Var):
+            continue
+        inner = defs.get(call.args[0])
+        if op_name(inner) != "relax.permute_dims" or permute_axes(inner) != _TO_NCHW \
+                or len(users.get(call.args[0], [])) != 1 or not all(_is_scalar(a) for a in call.args[1:]):
+            continue
+        found[b.var] = (inner.args[0], call)
+    return found
+
+
 def _sink_once(mod) -> "tuple[tvm.IRModule, int]":
     """One round: shuffles rewritten channels-last, then splits and concatenations moved before the transposes
     around them; returns the module and how many sites changed."""
@@ -104,6 +133,12 @@ def _sink_once(mod) -> "tuple[tvm.IRModule, int]":
             return relax.op.permute_dims(joined, axes)
 
         plan[var] = concat
+    for var, (x, call) in _transposed_elementwise(bindings).items():
+        def elementwise(bb, vmap, x=x, call=call):
+            moved = bb.emit(relax.Call(call.op, [vmap.get(x, x), *call.args[1:]], call.attrs))
+            return relax.op.permute_dims(moved, _TO_NCHW)
+
+        plan[var] = elementwise
     if plan:
         changed += len(plan)
         mod = tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set()))

@@ -33,8 +33,8 @@ def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_k
     names = " / ".join(layout for layout, _ in layouts.values())
     log.notes.append(f"convolutions run channels-last ({names}): {added} layout transposes added at the edges"
                      + (f"; {cancelled} transposes that undid each other removed" if cancelled else "")
-                     + (f"; {shuffles} channel shuffles, splits and concatenations moved past their layout transposes"
-                        if shuffles else ""))
+                     + (f"; {shuffles} channel shuffles, splits, concatenations and scalar elementwise ops moved past "
+                        "their layout transposes" if shuffles else ""))
     return mod
 
 
