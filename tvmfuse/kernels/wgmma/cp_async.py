@@ -37,6 +37,10 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # lays B's tiles over A's: wrong results at 3 stages with a batch in flight on the H200.)
     sb_at = S * a_tile
 
+    def shared_at(dst: int, slot: str, tile: int, off: str) -> str:
+        """A chunk's shared-memory index (16-bit units): operand ``dst``'s stages, stage ``slot``, offset ``off``."""
+        return f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
+
     def copies(slot: str, step: str, branch: bool = False) -> str:
         out = ""
         for dst, src, tile, chunk, glob in (
@@ -48,7 +52,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
                  (lambda o, k: (None, f"{b_batch} + ({step} * {BK} + {k}) * {N} + {pid_n} * {BN} + {o}")))):
             o, k, off = chunk(f"(it * {NT} + tx)")
             pred, at = glob(o, k)
-            at_smem = f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
+            at_smem = shared_at(dst, slot, tile, off)
             # (the source offset counts the source's own elements: a TF32 kernel's fp32 operands halve it)
             src_at = at if spec.dtype == "float16" else f"({at}) // 2"
             copy = f"T.evaluate(T.s_tir.cp_async_raw('float16', smem.data, {at_smem}, {src}.data, {src_at}, 16))"
@@ -71,8 +75,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
         out = ""
         for dst, tile, chunk in [t for name, t in (("a", (0, a_tile, a_chunk)), ("b", (sb_at, b_tile, b_chunk)))
                                  if name not in rounded]:
-            off = chunk(f"(it * {NT} + tx)")[2]
-            at_smem = f"{dst} + ({slot}) * {tile} + {off}" if dst else f"({slot}) * {tile} + {off}"
+            at_smem = shared_at(dst, slot, tile, chunk(f"(it * {NT} + tx)")[2])
             call = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, smem_base + T.uint32(({at_smem}) * 2), "
                     f"source_code={_ROUND_TF32_SOURCE!r}))")
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(call, 4)}"

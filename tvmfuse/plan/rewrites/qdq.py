@@ -31,13 +31,16 @@ _KEEP_FIRST = {"relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.ex
 _QUANTIZED_READERS = {"relax.nn.conv2d", "relax.matmul"}
 
 
-def _grid_of_dequantize(call, values: dict):
-    """``(scale, zero point, quantized dtype, float dtype)`` of a per-tensor ``dequantize``, or None."""
-    q, scale, zero = call.args
+def _grid(call, values: dict):
+    """``(scale, zero point, quantized dtype, float dtype)`` of a per-tensor ``quantize`` or ``dequantize``, or
+    None."""
+    x, scale, zero = call.args
     s, z = _scalar(scale, values), _scalar(zero, values)
     if s is None or z is None or s.size != 1 or z.size != 1:
         return None
-    return float(s.reshape(())), int(z.reshape(())), _dtype(q), str(call.attrs.out_dtype)
+    out = str(call.attrs.out_dtype)
+    quantized, real = (out, _dtype(x)) if op_name(call) == "relax.quantize" else (_dtype(x), out)
+    return float(s.reshape(())), int(z.reshape(())), quantized, real
 
 
 def _grids(bindings, values: dict) -> dict:
@@ -48,7 +51,7 @@ def _grids(bindings, values: dict) -> dict:
         kind = op_name(call)
         found = None
         if kind == "relax.dequantize":
-            found = _grid_of_dequantize(call, values)
+            found = _grid(call, values)
         elif kind in _KEEP_FIRST:
             found = grid.get(call.args[0])
         elif kind == "relax.concat" and isinstance(call.args[0], relax.Tuple):
@@ -79,12 +82,8 @@ def redundant_requantize(mod, *, log: RewriteLog):
         if op_name(q) != "relax.quantize":
             continue
         t = q.args[0]
-        s, z = _scalar(q.args[1], values), _scalar(q.args[2], values)
-        if s is None or z is None or s.size != 1 or z.size != 1:
-            continue
-        pair = _grid_of_dequantize(b.value, values)
-        requantized = (float(s.reshape(())), int(z.reshape(())), str(q.attrs.out_dtype), _dtype(t))
-        if pair is None or pair != requantized or grid.get(t) != pair \
+        pair = _grid(b.value, values)
+        if pair is None or _grid(q, values) != pair or grid.get(t) != pair \
                 or any(op_name(u.value) in _QUANTIZED_READERS for u in users.get(b.var, [])):
             continue
         plan[b.var] = lambda bb, vmap, t=t: vmap.get(t, t)
