@@ -104,3 +104,31 @@ def test_an_fp16_mean_over_more_elements_than_fp16_counts_runs_in_fp32(tmp_path)
         if widened:
             x = np.random.default_rng(0).standard_normal((2, cols)).astype("float16")
             assert rel_err(run_tvm(mod, [x]), run_ort(model, {"x": x})) < 2e-3
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_conv_integer_runs_as_the_conv_of_its_dequantized_operands(tmp_path, per_channel):
+    """quantize_dynamic's ConvInteger (TVM 0.27 has no converter): the conv of the operands dequantized at scale 1
+    (the weight's zero point one in all, or one per output channel, which onnxruntime's ConvInteger refuses: there
+    the fixed graph run by onnxruntime is the reference), cast back to int32; the same integers as onnxruntime's."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (32, 3, 4, 4)).astype(np.int8)
+    zw = rng.integers(-3, 4, 32).astype(np.int8) if per_channel else np.array(0, np.int8)
+    nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             h.make_node("ConvInteger", ["xq", "w", "xz", "zw"], ["ci"], strides=[4, 4], kernel_shape=[4, 4],
+                         pads=[1, 1, 1, 1]),
+             h.make_node("Cast", ["ci"], ["cf"], to=TP.FLOAT),
+             h.make_node("Mul", ["xs", "ws"], ["sc"]), h.make_node("Mul", ["cf", "sc"], ["y"])]
+    g = h.make_graph(nodes, "ci", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 16, 16])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 32, 4, 4])],
+                     [nh.from_array(w, "w"), nh.from_array(zw, "zw"), nh.from_array(np.array(0.01, np.float32), "ws")])
+    raw = h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+    path = tmp_path / "ci.onnx"
+    onnx.save_model(raw, str(path))
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    loaded = load_model(path)
+    assert loaded.fixups == ("conv-integer x1",)
+    got, fixed = run_tvm(import_model(loaded), [x]), run_ort(loaded.proto, {"x": x})
+    assert np.array_equal(got, fixed)
+    if not per_channel:
+        assert np.array_equal(run_ort(raw, {"x": x}), fixed)

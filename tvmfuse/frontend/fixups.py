@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import onnx
+import onnx.numpy_helper
 from onnx import TensorProto
 from onnx import helper as onnx_helper
 
@@ -86,9 +87,60 @@ def _layernorm_mixed_precision(model: onnx.ModelProto, types: dict[str, int]) ->
     return changed
 
 
+def _conv_integer(model: onnx.ModelProto, types: dict[str, int]) -> int:
+    # onnxruntime's quantize_dynamic writes a quantized conv (a ViT's patch embedding) as ConvInteger, which TVM 0.27
+    # cannot import. ConvInteger(x, w, zx, zw) is the conv of x - zx by w - zw, summed in int32: here the conv of
+    # DequantizeLinear(x, 1, zx) by DequantizeLinear(w, 1, zw), cast back to int32. The planner turns such a conv
+    # of dequantized 8-bit operands into an exact integer conv where the zero point is a constant
+    # (plan/rewrites/int8_conv.py); in floats it is exact while the sums stay below 2^24, and the exporter casts the
+    # int32 result to float next anyway.
+    inits = {i.name: i for i in model.graph.initializer}
+    changed, new_nodes = 0, []
+    for node in model.graph.node:
+        if node.op_type != "ConvInteger" or node.domain not in ("", "ai.onnx"):
+            new_nodes.append(node)
+            continue
+        x, w, *zeros = list(node.input) + ["", ""]
+        per_channel = zeros[1] in inits and int(onnx.numpy_helper.to_array(inits[zeros[1]]).size) > 1
+        if zeros[1] and zeros[1] not in inits and types.get(zeros[1]) is None:
+            new_nodes.append(node)   # a zero point of unknown shape: left for the importer to refuse
+            continue
+        parts = []
+        for value, zero, kind in ((x, zeros[0], "x"), (w, zeros[1], "w")):
+            dtype = types.get(value, TensorProto.UINT8 if kind == "x" else TensorProto.INT8)
+            if not zero:
+                zero = _fresh(model, f"{node.output[0]}_{kind}_zero")
+                model.graph.initializer.append(onnx_helper.make_tensor(zero, dtype, [], [0]))
+            count = int(onnx.numpy_helper.to_array(inits[zero]).size) if kind == "w" and per_channel else 1
+            one = _fresh(model, f"{node.output[0]}_{kind}_unit")
+            model.graph.initializer.append(onnx_helper.make_tensor(one, TensorProto.FLOAT, [count] if count > 1 else [],
+                                                                   [1.0] * count))
+            real = _fresh(model, f"{node.output[0]}_{kind}_real")
+            parts.append(onnx_helper.make_node("DequantizeLinear", [value, one, zero], [real], axis=0,
+                                               name=_fresh(model, f"tvmfuse_{real}")))
+            types[real] = TensorProto.FLOAT
+        conv = _fresh(model, f"{node.output[0]}_real")
+        parts.append(onnx_helper.make_node("Conv", [parts[0].output[0], parts[1].output[0]], [conv],
+                                           name=_fresh(model, f"tvmfuse_{conv}")))
+        parts[-1].attribute.extend(node.attribute)
+        parts.append(onnx_helper.make_node("Cast", [conv], [node.output[0]], to=TensorProto.INT32,
+                                           name=_fresh(model, f"tvmfuse_cast_{conv}")))
+        new_nodes.extend(parts)
+        changed += 1
+    if changed:
+        kept = [onnx.NodeProto() for _ in new_nodes]
+        for dst, src in zip(kept, new_nodes):
+            dst.CopyFrom(src)
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return changed
+
+
 FIXUPS: list[Fixup] = [
     # fp32 X with fp16 Scale/B (or the reverse) from PyTorch fp16 export: insert Casts to X's type
     Fixup("layernorm-mixed-precision", "LayerNormalization with mixed input/scale types", _layernorm_mixed_precision),
+    # quantize_dynamic's quantized convs: the conv of the dequantized operands (scale 1), cast to int32
+    Fixup("conv-integer", "ConvInteger, which TVM 0.27 does not import", _conv_integer),
 ]
 
 
