@@ -57,6 +57,15 @@ def _fresh(model: onnx.ModelProto, base: str) -> str:
     return name
 
 
+def _replace_nodes(model: onnx.ModelProto, nodes: list) -> None:
+    """``model``'s nodes become ``nodes`` (copies: some of them are the graph's own, cleared first)."""
+    kept = [onnx.NodeProto() for _ in nodes]
+    for dst, src in zip(kept, nodes):
+        dst.CopyFrom(src)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+
+
 def _layernorm_mixed_precision(model: onnx.ModelProto, types: dict[str, int]) -> int:
     # PyTorch's fp16 exports (autocast, or a model half()-ed around an fp32 LayerNorm) emit
     # LayerNormalization with an fp32 X and fp16 Scale/B, or the reverse. ONNX requires one type T;
@@ -79,11 +88,7 @@ def _layernorm_mixed_precision(model: onnx.ModelProto, types: dict[str, int]) ->
                 changed += 1
         new_nodes.append(node)
     if changed:
-        kept = [onnx.NodeProto() for _ in new_nodes]
-        for dst, src in zip(kept, new_nodes):
-            dst.CopyFrom(src)
-        del model.graph.node[:]
-        model.graph.node.extend(kept)
+        _replace_nodes(model, new_nodes)
     return changed
 
 
@@ -128,11 +133,7 @@ def _conv_integer(model: onnx.ModelProto, types: dict[str, int]) -> int:
         new_nodes.extend(parts)
         changed += 1
     if changed:
-        kept = [onnx.NodeProto() for _ in new_nodes]
-        for dst, src in zip(kept, new_nodes):
-            dst.CopyFrom(src)
-        del model.graph.node[:]
-        model.graph.node.extend(kept)
+        _replace_nodes(model, new_nodes)
     return changed
 
 
