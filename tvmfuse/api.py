@@ -316,6 +316,7 @@ def run(artifact: Path, *, inputs: Path | None = None, verify_against: Path | No
         _verify(report, verify.compare(results, ort_refs, names, min_tolerance=loose), "onnxruntime", "onnxruntime")
         if floor is not None:
             report["verification"]["quantization_floor"] = floor
+            report["verification"]["degenerate_scales"] = verify.degenerate_scales(model.proto)
     elif refs is not None:
         for name, out in zip(names, results):
             ref = refs[name]

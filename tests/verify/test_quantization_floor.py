@@ -32,3 +32,13 @@ def test_values_on_a_rounding_boundary_widen_the_floor(tmp_path):
     assert verify.quantization_floor(path, {"x": half}, ref) > 1e-2
     inside = (np.arange(64, dtype=np.float32) - 32) + 0.25
     assert verify.quantization_floor(path, {"x": inside}, verify.run_onnxruntime(path, {"x": inside})) == 0
+
+
+def test_scales_that_are_not_finite_are_named(tmp_path):
+    """A calibration that saw a mask's -3.4e38 gives a scale of inf or 1e36: the report names it."""
+    model = onnx.load(_rounding(tmp_path))
+    assert verify.degenerate_scales(model) == []
+    for init in model.graph.initializer:
+        if init.name == "s":
+            init.CopyFrom(numpy_helper.from_array(np.array(np.inf, np.float32), "s"))
+    assert verify.degenerate_scales(model) == ["s"]

@@ -338,7 +338,8 @@ def run_bench(cfg: BenchConfig) -> dict:
             if verify.is_quantized(loaded.proto):
                 floor = verify.quantization_floor(loaded.path, feeds_d, refs)
                 loose = max(loose, verify.QUANTIZED_SLACK * floor)
-                report["verification"] = {"quantization_floor": floor, "slack": verify.QUANTIZED_SLACK}
+                report["verification"] = {"quantization_floor": floor, "slack": verify.QUANTIZED_SLACK,
+                                          "degenerate_scales": verify.degenerate_scales(loaded.proto)}
             for r in results:
                 got = outputs.get(r["backend"])
                 if got is None:

@@ -82,3 +82,8 @@ def _print_table(model: Path, report: dict, precision: str) -> None:
         out.print(f"quantized graph: checked against onnxruntime's basic run within "
                   f"{(report['verification']['slack'])}x the graph's own drift ({quantized:.1e}: onnxruntime's "
                   "optimised run, or its run on inputs moved by 1e-6)")
+        bad = report["verification"].get("degenerate_scales") or []
+        if bad:
+            out.print(f"warning: {len(bad)} quantization scale(s) not finite or above 1e30 (first: {bad[0]}): "
+                      "dequantizing through them gives inf and NaN in onnxruntime's reference too, so no backend's "
+                      "check means much (a calibration that saw a mask's -3.4e38?)")

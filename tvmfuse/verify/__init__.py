@@ -126,6 +126,24 @@ def is_quantized(model) -> bool:
     return any(n.op_type in QUANTIZED_OPS for n in model.graph.node)
 
 
+def degenerate_scales(model) -> list[str]:
+    """The QuantizeLinear / DequantizeLinear scales of an ONNX model (proto) that are constants and not a finite
+    positive number: quantize_static calibrates a tensor holding a mask's -3.4e38 (GPT-Neo's causal scores) to a
+    scale of 1e36 or inf, and dequantizing through it gives inf and NaN (0 * inf), in onnxruntime's run too. A
+    check against such a reference says nothing of the build; the report names these scales."""
+    from onnx import numpy_helper
+
+    consts = {i.name: i for i in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1 \
+                and node.input[1] in consts and node.input[1] not in found:
+            scale = numpy_helper.to_array(consts[node.input[1]]).astype(np.float64)
+            if not np.all(np.isfinite(scale) & (scale > 0) & (scale < 1e30)):
+                found.append(node.input[1])
+    return found
+
+
 def quantization_floor(model_path: str | Path, inputs: dict[str, np.ndarray], refs: list[np.ndarray]) -> float:
     """How far two faithful runs of ``model_path``'s rounding drift apart, which a quantized model's check allows
     (``QUANTIZED_SLACK`` times it): the larger of onnxruntime's fully optimised run's distance from the reference
