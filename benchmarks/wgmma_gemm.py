@@ -79,10 +79,12 @@ def _weight_rounded(spec) -> tuple:
 
 
 def _tf32_rounded(w):
-    """``w`` (fp32, on the GPU) rounded to TF32 as ``tvmfuse.plan.tf32.tf32_rounded`` rounds (finite values)."""
+    """``w`` (fp32, on the GPU) rounded to TF32 by the planner's own rounding (``tvmfuse.plan.tf32``)."""
     import torch
 
-    return ((w.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+    from tvmfuse.plan.tf32 import tf32_rounded
+
+    return torch.from_numpy(tf32_rounded(w.cpu().numpy())).to(w.device)
 
 
 def build(spec, cfg):

@@ -381,6 +381,7 @@ def _conditions(src: str) -> list[list]:
             stack.append(None if cond is None else (cond, False))
     return out
 
+
 def kernel_text(src: str) -> list[str]:
     """The kernel of the generated CUDA ``src`` as lines, for comparing two kernels' structure: the device helpers
     before it dropped, ``cse`` variables inlined, pointer types and the wgmma and raw ``cp.async`` helpers' names

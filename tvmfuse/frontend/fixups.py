@@ -106,10 +106,10 @@ def _conv_integer(model: onnx.ModelProto, types: dict[str, int]) -> int:
             new_nodes.append(node)
             continue
         x, w, *zeros = list(node.input) + ["", ""]
-        per_channel = zeros[1] in inits and int(onnx.numpy_helper.to_array(inits[zeros[1]]).size) > 1
-        if zeros[1] and zeros[1] not in inits and types.get(zeros[1]) is None:
-            new_nodes.append(node)   # a zero point of unknown shape: left for the importer to refuse
+        if zeros[1] and zeros[1] not in inits:
+            new_nodes.append(node)   # a weight zero point computed at run time, of unknown shape: left to refuse
             continue
+        per_channel = zeros[1] in inits and int(onnx.numpy_helper.to_array(inits[zeros[1]]).size) > 1
         parts = []
         for value, zero, kind in ((x, zeros[0], "x"), (w, zeros[1], "w")):
             dtype = types.get(value, TensorProto.UINT8 if kind == "x" else TensorProto.INT8)

@@ -105,21 +105,18 @@ def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
         # operands that are constants at every call are rounded here, once: the kernel rounds only the others
         consts = [p for p in _operand_params(func, sch, block)
                   if sites and all(isinstance(args[p], RelaxConstant) for args in sites)]
-        weight = _kn_weight(func, sch, block)
+        if consts:
+            rounded[gv] = consts
+        weight, key = _kn_weight(func, sch, block), gv
         if weight is not None and weight[0] in consts:
             w, read = weight
             sch.transform_layout(block, ("read", read), lambda k, n: (n, k))
-            func = sch.mod["main"].with_attr(ATTR, True).with_attr(ROUNDED, consts)
+            func = sch.mod["main"]
             # the kernel's signature changed: a GlobalVar of the new type (calls are checked against it)
-            new_gv = tvm.ir.GlobalVar(gv.name_hint)
-            relax.expr._update_type(new_gv, func.ty)
-            transposed[gv] = (w, new_gv)
-            rounded[gv] = consts
-            funcs[new_gv] = func
-            continue
-        funcs[gv] = func.with_attr(ATTR, True).with_attr(ROUNDED, consts)
-        if consts:
-            rounded[gv] = consts
+            key = tvm.ir.GlobalVar(gv.name_hint)
+            relax.expr._update_type(key, func.ty)
+            transposed[gv] = (w, key)
+        funcs[key] = func.with_attr(ATTR, True).with_attr(ROUNDED, consts)
     if not funcs:
         return mod, None
     call_tir = tvm.ir.Op.get("relax.call_tir")

@@ -33,6 +33,7 @@ __forceinline__ __device__ void {ROUND_TF32}(unsigned int at) {{
 }}
 """
 
+
 def _indent(text: str, n: int) -> str:
     return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
 

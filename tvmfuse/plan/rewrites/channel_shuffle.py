@@ -101,7 +101,7 @@ def _is_scalar(e) -> bool:
 
 
 def _transposed_elementwise(bindings) -> dict:
-    """``{var: (x, p, call)}`` for an elementwise op (its other operands scalar constants) of ``permute_dims(x,
+    """``{var: (x, call)}`` for an elementwise ``call`` (its other operands scalar constants) of ``permute_dims(x,
     [0, 3, 1, 2])`` read nowhere else. A quantized graph's QuantizeLinear, as its arithmetic, sits between a
     channels-last concatenation and the transpose to NCHW that ConvertLayout put before the shuffle's reshape;
     moved past it, the transpose meets the shuffle."""
