@@ -7,6 +7,11 @@ timed in the same run. Smaller variants (Kᵀ given transposed, an additive mask
 head dim 64) are checked for correctness only. Prints a table last; ``--json`` writes the rows.
 
     python benchmarks/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap] [--configs NAME ...]
+    python benchmarks/flash_gpu.py --tf32 [--configs NAME ...]
+
+``--tf32``: fp32 attention at BERT-base's shape (8 x 12 heads x 512, head dim 64, a padding mask; Kᵀ given, and K
+given as rows) in TF32 (``mma.sync.m16n8k8``, every config), beside the CUDA-core kernel's default (fp32 exact) and
+SDPA in fp32 with TF32 allowed, all checked against an fp32 reference with TF32 off.
 
 ``--kind wgmma`` includes the overlapped Hopper kernels (`` hp``); ``--kind overlap`` runs only those.
 """
@@ -52,7 +57,8 @@ def run_config(spec: AttentionSpec, cfg, *, time_it: bool, seed: int) -> dict:
                       target=tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
     rec["build_s"] = round(time.time() - t0, 2)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.float16, generator=g)  # noqa: E731
+    dtype = getattr(torch, spec.dtype)
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)  # noqa: E731
     q = rnd(*spec.batch, spec.seq_q, spec.head_dim)
     k = rnd(*spec.batch, spec.seq_k, spec.head_dim) if spec.k_rows else rnd(*spec.batch, spec.head_dim, spec.seq_k)
     v = rnd(*spec.batch, spec.seq_k, spec.head_dim_v)
@@ -61,15 +67,17 @@ def run_config(spec: AttentionSpec, cfg, *, time_it: bool, seed: int) -> dict:
         mask = torch.where(torch.rand(*spec.mask_shape, device="cuda", generator=g) < 0.2,
                            torch.tensor(-10000.0, device="cuda"), torch.tensor(0.0, device="cuda"))
         mask = mask.to(getattr(torch, spec.mask_dtype))
-    out = torch.full((*spec.batch, spec.seq_q, spec.head_dim_v), float("nan"), device="cuda", dtype=torch.float16)
+    out = torch.full((*spec.batch, spec.seq_q, spec.head_dim_v), float("nan"), device="cuda", dtype=dtype)
     args = [tvm.runtime.from_dlpack(t) for t in (q, k, v, *([mask] if mask is not None else []), out)]
     lib["main"](*args)
     torch.cuda.synchronize()
+    torch.backends.cuda.matmul.allow_tf32 = False   # the reference in fp32
     ref = _reference(spec, q, k, v, mask)
     got = out.float()
     rec["unwritten"] = int(torch.isnan(got).sum())
     rec["rel_error"] = float((got - ref).norm() / ref.norm())
-    rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] <= 1e-2
+    # fp16 and TF32 keep 10 mantissa bits; fp32 on the CUDA cores is exact to fp32's
+    rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] <= (1e-2 if spec.dtype == "float16" or spec.tf32 else 1e-5)
     if time_it and rec["ok"]:
         dev = tvm.cuda(0)
         te = lib.mod.time_evaluator("main", dev, number=10, repeat=5)
@@ -80,19 +88,22 @@ def run_config(spec: AttentionSpec, cfg, *, time_it: bool, seed: int) -> dict:
 
 
 def sdpa_us(spec: AttentionSpec) -> float:
+    """SDPA's time at ``spec``'s shape and dtype (fp32: TF32 allowed, with ``spec``'s mask where it has one)."""
     import torch
     import torch.nn.functional as F
 
-    q, k, v = (torch.randn(*spec.batch, spec.seq_q, spec.head_dim, device="cuda", dtype=torch.float16)
-               for _ in range(3))
+    dtype = getattr(torch, spec.dtype)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    q, k, v = (torch.randn(*spec.batch, spec.seq_q, spec.head_dim, device="cuda", dtype=dtype) for _ in range(3))
+    mask = None if spec.mask_shape is None else torch.zeros(*spec.mask_shape, device="cuda", dtype=dtype)
     for _ in range(3):
-        F.scaled_dot_product_attention(q, k, v)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     times = []
     for _ in range(5):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         for _ in range(10):
-            F.scaled_dot_product_attention(q, k, v)
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / 10 * 1e3)
@@ -109,7 +120,10 @@ def main() -> int:
                     help="mma.sync configs, Hopper wgmma configs (' h' and the overlapped ' hp'), only the "
                          "overlapped ones, or all")
     ap.add_argument("--configs", nargs="*", default=None, help="only these config names (e.g. 'w4 m1 n64 s1 h')")
+    ap.add_argument("--tf32", action="store_true", help="fp32 attention at BERT-base's shape in TF32 (see above)")
     a = ap.parse_args()
+    if a.tf32:
+        return tf32_table(a)
 
     def configs(spec):
         mma = all_configs(spec) if a.kind in ("all", "mma") else []
@@ -157,6 +171,42 @@ def main() -> int:
         us, err = r.get("us"), r.get("error", "")[:80]
         timing = f"{us:9.0f} {r['tflops']:8.1f} {sdpa / us:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
         print(f"{r['case']:20s} {r['config']:12s} {str(r.get('ok', 'ERR')):5s} "
+              f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
+    return 0
+
+
+def tf32_table(a) -> int:
+    from dataclasses import replace
+
+    from tvmfuse.kernels.flash.config import configs
+    from tvmfuse.kernels.flash.simt import simt_default
+
+    rows = []
+    base = AttentionSpec(batch=(8, 12), seq_q=512, seq_k=512, head_dim=64, head_dim_v=64, dtype="float32",
+                         scale=0.125, mask_shape=(8, 1, 1, 512), k_rows=False, tf32=True)
+    sdpa = sdpa_us(base)
+    for k_rows in (False, True):
+        spec = replace(base, k_rows=k_rows)
+        case = "B8 H12 S512 D64 " + ("K" if k_rows else "Kt")
+        todo = [c for c in configs(spec) if not a.configs or c.name in a.configs]
+        todo.append((replace(spec, tf32=False), simt_default(replace(spec, tf32=False), 132)))
+        for item in todo:
+            sp, cfg = item if isinstance(item, tuple) else (spec, item)
+            try:
+                rec = run_config(sp, cfg, time_it=True, seed=7)
+            except Exception as err:  # noqa: BLE001 - report and go on
+                rec = {"config": cfg.name, "error": str(err)[-300:]}
+            rec["case"] = case
+            rows.append(rec)
+            print(json.dumps(rec), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"sdpa_us": sdpa, "rows": rows}, indent=1))
+    print(f"\n{'case':22s} {'config':18s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'TFLOP/s':>8s} {'÷ SDPA':>7s}")
+    print(f"{'B8 H12 S512 D64':22s} {'SDPA fp32 (tf32)':18s} {'':5s} {'':>9s} {sdpa:9.1f}")
+    for r in rows:
+        us, err = r.get("us"), r.get("error", "")[:80]
+        timing = f"{us:9.1f} {r['tflops']:8.1f} {us / sdpa:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
+        print(f"{r['case']:22s} {r['config']:18s} {str(r.get('ok', 'ERR')):5s} "
               f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
     return 0
 

@@ -62,9 +62,9 @@ def test_gpu_plans_fuse_attention_where_the_flash_template_fits(tmp_path, cuda):
 
 
 @pytest.mark.parametrize("seq,dim,fp16,why", [(48, 16, True, "sequence lengths 48x48"),
-                                              (64, 18, False, "float32 inputs (the tensor-core template takes fp16); "
-                                                              "head dims 18/18 (the CUDA-core flash kernel takes "
-                                                              "multiples of 4)")])
+                                              (64, 18, False, "float32 inputs (the tensor-core template takes fp16, "
+                                                              "or fp32 under --precision tf32); head dims 18/18 (the "
+                                                              "CUDA-core flash kernel takes multiples of 4)")])
 def test_gpu_plans_leave_attention_unfused_where_it_does_not_fit(tmp_path, cuda, seq, dim, fp16, why):
     """(fp32 attention the CUDA-core kernel takes is fused: tests/kernels/test_flash_simt.py)"""
     fused, plan = partition(_fp16_attention(tmp_path, seq=seq, dim=dim, fp16=fp16), target=cuda)

@@ -36,6 +36,9 @@ class AttentionSpec:
     # broadcast the same way; only with a mask
     bias_shape: tuple[int, ...] | None = None
     bias_dtype: str = "float32"
+    # fp32 attention computed on the tensor cores in TF32 (``--precision tf32``, ``tvmfuse.plan.tf32``); fp32 without
+    # it keeps fp32's precision on the CUDA cores
+    tf32: bool = False
 
     def __post_init__(self):
         if self.bias_shape is not None and self.mask_shape is None:
@@ -83,14 +86,15 @@ class AttentionSpec:
 def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
     """Why the tensor-core flash template (``tvmfuse.tune.flash``) cannot compute ``spec`` (None: it can).
 
-    Its smallest tiles are 64 query rows by 32 keys; its fragments are 16 wide; fp16 in, fp32 accumulate; a
-    thread keeps a 16-row slice of the output accumulator in registers, which caps the head dims at 128.
-    Every spec this accepts has at least one tile config (``tvmfuse.tune.flash.configs``).
+    Its smallest tiles are 64 query rows by 32 keys; its fragments are 16 wide (8 in TF32); fp16 in (or fp32 marked
+    ``tf32``), fp32 accumulate; a thread keeps a 16-row slice of the output accumulator in registers, which caps the
+    head dims at 128. Every spec this accepts has at least one tile config (``tvmfuse.kernels.flash.configs``).
     """
-    if spec.dtype != "float16":
-        return f"{spec.dtype} inputs (the tensor-core template takes fp16)"
-    if spec.head_dim % 16 or spec.head_dim_v % 16 or max(spec.head_dim, spec.head_dim_v) > 128:
-        return f"head dims {spec.head_dim}/{spec.head_dim_v} (the template takes multiples of 16 up to 128)"
+    if spec.dtype != "float16" and not (spec.dtype == "float32" and spec.tf32):
+        return f"{spec.dtype} inputs (the tensor-core template takes fp16, or fp32 under --precision tf32)"
+    width = 8 if spec.tf32 else 16
+    if spec.head_dim % width or spec.head_dim_v % width or max(spec.head_dim, spec.head_dim_v) > 128:
+        return f"head dims {spec.head_dim}/{spec.head_dim_v} (the template takes multiples of {width} up to 128)"
     if spec.seq_q % 64 or spec.seq_k % 32:
         return f"sequence lengths {spec.seq_q}x{spec.seq_k} (the template takes multiples of 64 x 32)"
     return None

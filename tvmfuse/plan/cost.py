@@ -24,6 +24,14 @@ def _gpu_attention_decline(spec) -> str | None:
                                      f"60x slower than the unfused tensor-core GEMMs on the H200")
 
 
+def gpu_tf32_attention_decline(spec) -> str | None:
+    """(``--precision tf32``) as :func:`_gpu_attention_decline`, for fp32 attention the TF32 flash kernel computes
+    (:mod:`tvmfuse.kernels.flash.tf32`; the planner marks it so after partitioning, ``tvmfuse.plan.tf32``)."""
+    from dataclasses import replace
+
+    return _gpu_attention_decline(replace(spec, tf32=True) if spec.dtype == "float32" else spec)
+
+
 def _reorders(n: Node) -> bool:
     """A transpose that moves elements: its non-unit axes come out in another order (a pooled 1 x 1 x C back to
     C is a reshape in effect; a square transpose reads as none, and is let through)."""

@@ -87,14 +87,16 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
 def _tvmfuse(mod: tvm.IRModule, target: TargetInfo, tf32: bool = False) -> "tuple[tvm.IRModule, Plan]":
     """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``). ``tf32``: fp32
     GEMMs and convs have a tensor-core template (wgmma in TF32): a small fp32 conv is not made im2col + GEMM for lack
-    of one, and a narrow one (a stem) is, for the template's GEMM, as in fp16."""
-    from tvmfuse.plan.cost import CostModel
+    of one, and a narrow one (a stem) is, for the template's GEMM, as in fp16; fp32 attention is fused where the TF32
+    flash kernel takes it."""
+    from tvmfuse.plan.cost import CostModel, gpu_tf32_attention_decline
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
     if tf32 and target.is_gpu:
         return plan_tvmfuse(mod, target, config=PlannerConfig(
             cost_model=CostModel.for_target(target, im2col_untemplated_pixels=0,
-                                            tensor_core_dtypes=("float16", "float32"))))
+                                            tensor_core_dtypes=("float16", "float32"),
+                                            attention_decline=gpu_tf32_attention_decline)))
     return plan_tvmfuse(mod, target)
 
 

@@ -1,5 +1,5 @@
 """``--precision tf32`` on a GPU: the fp32 GEMM and conv kernels marked for the tensor cores, their weights in the
-order the tensor cores read them.
+order the tensor cores read them, and fp32 attention marked for the flash template's TF32 kernel.
 
 The graph stays fp32: inputs, outputs, activations, epilogues and every other kernel. A GEMM or conv kernel
 (one fp32 multiply-accumulate over fp32 operands) gets the attribute :data:`ATTR`, and the kernel templates that
@@ -13,9 +13,12 @@ of its kernel, and the kernel reads it so. A conv's filters are K-major already 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from tvmfuse._tvm import PrimFunc, RelaxConstant, const_numpy, param_buffers, relax, tvm
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
 from tvmfuse.plan.graph import kernel_calls
 
 ATTR = "tvmfuse.tf32"
@@ -89,14 +92,29 @@ def _kn_weight(func: PrimFunc, sch, block) -> tuple[int, int] | None:
     return None
 
 
+def tf32_attention(func: PrimFunc):
+    """The TF32 spec of the planner's fp32 attention kernel ``func`` (its :class:`AttentionSpec` with ``tf32`` set,
+    for the flash template's tensor-core kernel), or None where ``func`` is not one."""
+    attrs = func.attrs
+    if attrs is None or SPEC_ATTR not in attrs:
+        return None
+    spec = AttentionSpec.from_json(str(attrs[SPEC_ATTR]))
+    return replace(spec, tf32=True) if spec.dtype == "float32" else None
+
+
 def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
     """``mod`` (a partitioned module) with its fp32 GEMM and conv kernels marked :data:`ATTR` and each weight
     stored ``[K, N]`` transposed to ``[N, K]`` (kernel and calls alike; only where every call passes a constant),
-    and a note for the plan's rewrites (None where no kernel was marked)."""
+    its fp32 attention kernels' specs marked ``tf32`` (:func:`tf32_attention`), and a note for the plan's rewrites (None where no kernel was marked)."""
     calls = kernel_calls(mod["main"])
-    funcs, transposed, rounded = {}, {}, {}
+    funcs, transposed, rounded, attention = {}, {}, {}, 0
     for gv, func in mod.functions.items():
         if not isinstance(func, PrimFunc):
+            continue
+        spec = tf32_attention(func)
+        if spec is not None:
+            funcs[gv] = func.with_attr(SPEC_ATTR, spec.to_json())
+            attention += 1
             continue
         block, sch = _mac_block(func)
         if block is None:
@@ -147,8 +165,9 @@ def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
         out[main_gv] = relax.Function(main.params, Operands().visit_expr(main.body), main.ret_ty, main.is_pure,
                                       attrs=main.attrs)
     sites = sum(len(calls.get(gv, [])) for gv in transposed)
-    note = (f"tf32: {len(funcs)} GEMM/conv kernels on the tensor cores in TF32"
-            + (f"; {len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
-               if transposed else "")
-            + (f"; {len(rounded)} kernels' constant operands rounded to TF32 at compile time" if rounded else ""))
-    return out, note
+    parts = [f"{len(funcs) - attention} GEMM/conv kernels on the tensor cores in TF32" if len(funcs) > attention else "",
+             f"{attention} attention kernels on the TF32 flash kernel (mma.sync)" if attention else "",
+             f"{len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
+             if transposed else "",
+             f"{len(rounded)} kernels' constant operands rounded to TF32 at compile time" if rounded else ""]
+    return out, "tf32: " + "; ".join(p for p in parts if p)

@@ -30,11 +30,12 @@ max, and the tiles launch heaviest first (``blockIdx.y`` reversed). GQA (``kv_gr
 The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. Rows and keys must
 be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`). fp32 attention, which no tensor-core kernel computes
 to fp32's precision, runs a CUDA-core flash kernel instead (:mod:`tvmfuse.kernels.flash.simt`, ragged tiles
-allowed); the planner keeps attention neither fits unfused on GPUs. Tuning picks a config among
+allowed), or under ``--precision tf32`` this kernel with 32-bit operands (:mod:`tvmfuse.kernels.flash.tf32`); the
+planner keeps attention none fits unfused on GPUs. Tuning picks a config among
 :func:`configs` (MetaSchedule samples its index; the builder expands it, see :func:`expand`).
 
 The package: ``config`` (the tile configs, which fit, the default), ``softmax`` (what every flash kernel shares),
-``source`` (the kernel for a config, the swap for a tuned sketch), ``wgmma_tiles`` (the Hopper kernels' tiles and
+``source`` (the kernel for a config, the swap for a tuned sketch), ``tf32`` (the TF32 kernel), ``wgmma_tiles`` (the Hopper kernels' tiles and
 their overlapped variant) and ``sketch`` (the attention class's MetaSchedule sketch).
 """
 from __future__ import annotations

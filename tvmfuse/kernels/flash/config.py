@@ -49,7 +49,16 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
             max_shared_bytes: int = 100 * 1024, wgmma=(False,), overlap=(False,)) -> list[FlashConfig]:
     """The tile configs (from the given choices) that divide ``spec``'s sequences and fit its registers and
     ``max_shared_bytes`` of (dynamic) shared memory. 100 KB leaves room for two blocks on an H200 SM (228 KB).
+    A TF32 spec (``spec.tf32``) takes the ``mma.sync`` kernel of :mod:`tvmfuse.kernels.flash.tf32`: one 16-row tile
+    per warp, no wgmma.
     """
+    if spec.tf32:
+        from tvmfuse.kernels.flash import tf32
+
+        return [c for w in warps for n in block_n for st in stages if 1 in tuple(m_tiles)
+                for c in [FlashConfig(int(w), int(n), int(st), 1)]
+                if spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0
+                and tf32.registers(spec, c) <= tf32.REGISTERS and tf32.shared_bytes(spec, c) <= max_shared_bytes]
     out = []
     for m in m_tiles if False in tuple(wgmma) else ():
         for w in warps:
@@ -116,6 +125,12 @@ def default_config(spec: AttentionSpec, wgmma: bool = False, sm_count: int = SMS
     """
     if tiled_gpu_misfit(spec) is not None:
         return simt_default(spec, sm_count)
+    if spec.tf32:
+        options = configs(spec)
+        for want in (FlashConfig(4, 64, 2, 1), FlashConfig(4, 32, 2, 1)):
+            if want in options:
+                return want
+        return options[0]
     if wgmma:
         options = configs(spec, wgmma=(True,))
         for want in (FlashConfig(4, 64, 1, 1, True), FlashConfig(8, 64, 2, 1, True)):

@@ -25,9 +25,11 @@ def _indent(text: str, n: int) -> str:
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
 
 
-def _online_softmax(M: int, SB: int, OB: int, score: str, acc: str) -> str:
+def _online_softmax(M: int, SB: int, OB: int, score: str, acc: str, p_store: str | None = None) -> str:
     """One key step of the online softmax on the score accumulators ``acc`` (an element expression of ``mt`` and
-    ``i``; ``score`` its scaled, masked value): the running row max and sum, P in ``pf`` (fp16), O rescaled."""
+    ``i``; ``score`` its scaled, masked value): the running row max and sum, P in ``pf`` (fp16; ``p_store``: the
+    statement that stores P instead), O rescaled."""
+    p_store = p_store or f'pf[mt * {SB} + i] = T.Cast("float16", {acc})'
     return f"""# online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
 for h in T.unroll({2 * M}):
     red[h] = T.float32(-1e30)
@@ -46,21 +48,22 @@ for mt in T.unroll({M}):
     for i in T.unroll({SB}):
         {acc} = T.exp2({acc} - mrow[mt * 2 + i % 4 // 2])
         lrow[mt * 2 + i % 4 // 2] = lrow[mt * 2 + i % 4 // 2] + {acc}
-        pf[mt * {SB} + i] = T.Cast("float16", {acc})
+        {p_store}
     for i in T.unroll({OB}):
         oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]
 """
 
 
-def _normalize_and_store(M: int, OB: int, out_at: str) -> str:
-    """The rows' sums across their four lanes, and O / sum stored (``out_at``: the output element of ``mt``, ``i``)."""
+def _normalize_and_store(M: int, OB: int, out_at: str, dtype: str = "float16") -> str:
+    """The rows' sums across their four lanes, and O / sum stored as ``dtype`` (``out_at``: the output element of
+    ``mt``, ``i``)."""
     return f"""for h in T.unroll({2 * M}):
     lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=1)}
     lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=2)}
     lrow[h] = T.float32(1) / lrow[h]
 for mt in T.unroll({M}):
     for i in T.unroll({OB}):
-        {out_at} = T.Cast("float16", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])
+        {out_at} = T.Cast("{dtype}", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])
 """
 
 

@@ -216,5 +216,12 @@ def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig | SimtConfig):
 
     from tvmfuse.plan.attention import _parse
 
-    src = simt_source(spec, cfg, _kernel) if isinstance(cfg, SimtConfig) else flash_source(spec, cfg)
+    if isinstance(cfg, SimtConfig):
+        src = simt_source(spec, cfg, _kernel)
+    elif spec.tf32:
+        from tvmfuse.kernels.flash.tf32 import tf32_source
+
+        src = tf32_source(spec, cfg, _kernel)
+    else:
+        src = flash_source(spec, cfg)
     return _parse(src, {"T": T})

@@ -1,0 +1,205 @@
+"""Flash attention in TF32 on the tensor cores (``--precision tf32``): fp32 inputs, ``mma.sync.m16n8k8`` on TF32
+operands, fp32 accumulation and softmax.
+
+The planner marks fp32 attention for it under ``--precision tf32`` (``AttentionSpec.tf32``); in plain fp32 the
+CUDA-core kernel (:mod:`tvmfuse.kernels.flash.simt`) keeps fp32's precision. The kernel is the fp16 ``mma.sync``
+kernel's (:func:`tvmfuse.kernels.flash.source.flash_source`) with 32-bit operands:
+
+* a warp owns 16 query rows; their Q fragments (``m16k8``, four registers a slice of 8 head dims) stay in registers;
+* each step stages ``block_n`` keys of K and V in shared memory, fp32, rows padded so the fragment reads of a warp
+  hit 32 distinct banks (4 floats where keys are rows, 8 where K comes transposed, ``[d, key]``); with 2 stages the
+  next step's tiles come by ``cp.async`` while this one computes;
+* ``S = Q·Kᵀ`` accumulates in the m16n8 layout of the fp16 kernel, so the online softmax and the store are its code
+  (:mod:`tvmfuse.kernels.flash.softmax`);
+* ``O += P·V``: an m16n8 accumulator holds columns ``2t, 2t + 1`` of its lane's rows where the A operand of
+  ``m16n8k8`` wants columns ``t, t + 4``. The kernel relabels the 8 keys of each slice instead of moving P between
+  lanes: A's key ``t`` is key ``2t`` and A's key ``t + 4`` is key ``2t + 1``, so P's registers feed the mma in place
+  (``pf`` holds them in A's order) and V's fragment reads rows ``2t`` and ``2t + 1``.
+
+Every operand is rounded to TF32 first (to nearest, ties away from zero: what ``cvt.rna.tf32.f32`` gives and what
+cuBLAS and cuDNN read). The tensor core itself truncates the low 13 bits, a bias every product shares
+(:data:`tvmfuse.kernels.wgmma.ptx.ROUND_TF32` says what it did to a ResNet-50). Q and P are rounded in registers;
+K and V on their way into shared memory (single stage) or in place after the thread's ``cp.async`` copies land.
+"""
+from __future__ import annotations
+
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, batch_indices,
+                                           full_steps, key_steps, kv_index)
+from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, ROUND_TF32
+from tvmfuse.plan.attention import AttentionSpec
+
+REGISTERS = 200   # fp32 registers Q's fragments, the scores, P and O may take (of 255): with the addresses and the
+#                   fragments in flight, the kept configs build without spills (ptxas, sm_90a)
+
+
+def rna(x: str) -> str:
+    """TIR for fp32 ``x`` rounded to TF32's 10-bit mantissa, to nearest, ties away from zero (adding half a unit of
+    the 13 dropped bits carries into the mantissa; infinities stay infinite)."""
+    return (f"T.reinterpret((T.reinterpret({x}, dtype='uint32') + T.uint32(4096)) & T.uint32(4294959104), "
+            f"dtype='float32')")
+
+
+# The fragments of ``mma.sync.m16n8k8`` on TF32 for lane ``4 g + t`` (PTX ISA), as index expressions:
+def q_element(r, g, t) -> tuple[str, str]:
+    """A's register ``r``: (row of the 16, column of the 8: a head dim of Q·Kᵀ's slice)."""
+    return f"{g} + {r % 2 * 8}", f"{t} + {r // 2 * 4}"
+
+
+def k_element(h, g, t) -> tuple[str, str]:
+    """B's register ``h`` for Q·Kᵀ: (key of the 8, head dim of the slice)."""
+    return f"{g}", f"{t} + {4 * h}"
+
+
+def v_element(h, g, t) -> tuple[str, str]:
+    """B's register ``h`` for P·V: (key of the slice, column of the 8). A's column ``t + 4h`` stands for key
+    ``2t + h``: the keys an m16n8 accumulator holds in lane ``t`` (see the module's docstring)."""
+    return f"{t} * 2 + {h}", f"{g}"
+
+
+# P's score element ``i`` (the m16n8 accumulator's: row g or g + 8 by ``i % 4 // 2``, key ``2t + i % 2`` of slice
+# ``i // 4``) is A's register ``i % 2 * 2 + i % 4 // 2`` of that slice: rows in A's order, keys relabelled as above
+P_SLOT = "i // 4 * 4 + i % 2 * 2 + i % 4 // 2"
+
+
+def k_stride(spec: AttentionSpec, block_n: int) -> int:
+    """A shared K tile's row in floats: keys as rows (``head_dim`` + 4: the 8 keys of a fragment read start 4 banks
+    apart) or head dims as rows (``block_n`` + 8: the 4 head dims read start 8 banks apart)."""
+    return spec.head_dim + 4 if spec.k_rows else block_n + 8
+
+
+def shared_bytes(spec: AttentionSpec, cfg) -> int:
+    k_tile = cfg.block_n * k_stride(spec, cfg.block_n) if spec.k_rows else spec.head_dim * k_stride(spec, cfg.block_n)
+    return 4 * cfg.stages * (k_tile + cfg.block_n * (spec.head_dim_v + 4))
+
+
+def registers(spec: AttentionSpec, cfg) -> int:
+    """Q's fragments, the scores, P (in A's order) and O: fp32 registers a thread keeps across a step."""
+    return spec.head_dim // 2 + cfg.block_n + spec.head_dim_v // 2
+
+
+def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
+    """TVMScript of the TF32 flash kernel for ``spec`` (fp32, ``tf32``) with tiles ``cfg`` (a
+    :class:`~tvmfuse.kernels.flash.config.FlashConfig` of one 16-row tile per warp; ``kernel``: the grid wrapper,
+    :func:`tvmfuse.kernels.flash.source._kernel`)."""
+    D, DV, BN, BM, NT, S = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m, 32 * cfg.warps, cfg.stages
+    bidx = batch_indices(spec)
+    kvidx = kv_index(spec, bidx)
+    warp, lane = "(tx // 32)", "(tx % 32)"
+    g, t = f"({lane} // 4)", f"({lane} % 4)"
+    kvb = spec.kv_batch
+    q_shape, v_shape, o_shape = (*spec.batch, spec.seq_q, D), (*kvb, spec.seq_k, DV), (*spec.batch, spec.seq_q, DV)
+    k_shape = (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k)
+    buf = lambda name, shp, dt="float32": f"{name}: T.Buffer({tuple(shp)!r}, '{dt}')"  # noqa: E731
+    params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
+    params += [buf(name, shape, dtype) for name, shape, dtype in spec.additive()]
+    params.append(buf("out", o_shape))
+    SB, OB = BN // 2, DV // 2   # score and output accumulator elements per thread
+    row = f"bx * {BM} + {warp} * 16 + {g} + i % 4 // 2 * 8"   # query row of accumulator element i
+    key = f"j * {BN} + i // 4 * 8 + {t} * 2 + i % 2"            # key of score element i
+    KS, VS = k_stride(spec, BN), DV + 4
+    k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
+    k_tile, v_tile = k_rows * KS, BN * VS
+
+    def tiles(step: str, slot: str, mode: str) -> str:
+        """Step ``step``'s K and V tiles into shared slot ``slot``, 16 bytes a thread a round: ``load`` (rounded on
+        the way), ``copy`` (``cp.async``) or ``round`` (the chunks this thread copied, rounded in place)."""
+        out = ""
+        for dst, src, shp, rows, cols, stride, tile, key_axis in (
+                ("ks", "k", k_shape, k_rows, k_cols, KS, k_tile, 0 if spec.k_rows else 1),
+                ("vs", "v", v_shape, BN, DV, VS, v_tile, 0)):
+            vec = cols // 4
+            n = rows * vec
+            rounds, guard = -(-n // NT), n % NT != 0
+            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * 4"
+            src_rc = [r, c]
+            src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
+            at = f"{slot} * {tile} + ({r}) * {stride} + {c}"
+            if mode == "load":
+                body = (f"for e in T.vectorized(4):\n"
+                        f"    {dst}[{at} + e] = {rna(src + '[' + ', '.join([*kvidx, src_rc[0], src_rc[1] + ' + e']) + ']')}\n")
+            elif mode == "copy":
+                body = (f"T.evaluate(T.s_tir.cp_async_raw('float32', {dst}.data, {at}, {src}.data, "
+                        f"{_flat(shp, [*kvidx, *src_rc])}, 16))\n")
+            else:
+                body = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, {dst}_base + T.uint32(({at}) * 4), "
+                        f"source_code={_ROUND_TF32_SOURCE!r}))\n")
+            if guard:
+                body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
+            out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
+        return out
+
+    sync = "T.tvm_storage_sync('shared')\n"
+    nsteps = key_steps(spec, BM, BN)
+    if S == 1:
+        prologue, fill = "", tiles("j", "0", "load") + sync
+    else:   # the next step's tiles are in flight while this step computes; each thread rounds what it copied
+        prologue = tiles("0", "0", "copy") + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+        fill = (f"if j + 1 < {nsteps}:\n" + _indent(tiles("j + 1", "(j + 1) % 2", "copy"), 4)
+                + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+                + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + tiles("j", "j % 2", "round") + sync)
+    kslot, vslot = (f"j % 2 * {k_tile} + ", f"j % 2 * {v_tile} + ") if S > 1 else ("", "")
+    def k_at(h: int) -> str:
+        n, d = k_element(h, g, t)
+        return (f"{kslot}(np * 8 + {n}) * {KS} + kk * 8 + {d}" if spec.k_rows      # ks[key, d]
+                else f"{kslot}(kk * 8 + {d}) * {KS} + np * 8 + {n}")            # ks[d, key]
+
+    def v_at(h: int) -> str:
+        n, c = v_element(h, g, t)
+        return f"{vslot}(kv * 8 + {n}) * {VS} + dp * 8 + {c}"
+    mma = ("T.ptx_legacy.mma('m16n8k8', 'row', 'col', 'tf32', 'tf32', 'fp32', {a}.data, {ao}, {b}.data, 0, "
+           "{c}.data, {co}, False, dtype='float32')")
+    q_at = lambda r: "q[" + ", ".join([*bidx, f"bx * {BM} + {warp} * 16 + {q_element(r, g, t)[0]}",  # noqa: E731
+                                       f"kk * 8 + {q_element(r, g, t)[1]}"]) + "]"
+    q_init = (f"for kk in T.unroll({D // 8}):\n"
+              + "".join(f"    qf[kk * 4 + {r}] = {rna(q_at(r))}\n" for r in range(4)))
+    s_block = f"""for kk in T.unroll({D // 8}):
+    for np in T.unroll({BN // 8}):
+        kf[0] = ks[{k_at(0)}]
+        kf[1] = ks[{k_at(1)}]
+        T.evaluate({mma.format(a="qf", ao="kk * 4", b="kf", c="sacc", co="np * 4")})
+"""
+    pv_block = f"""for kv in T.unroll({BN // 8}):
+    for dp in T.unroll({DV // 8}):
+        vf[0] = vs[{v_at(0)}]
+        vf[1] = vs[{v_at(1)}]
+        T.evaluate({mma.format(a="pf", ao="kv * 4", b="vf", c="oacc", co="dp * 4")})
+"""
+    p_store = f"pf[{P_SLOT}] = {rna('sacc[i]')}"
+    score = _score(spec, bidx, row, key, "sacc[i]")
+
+    def step(sc: str) -> str:
+        return (f"{_indent(fill, 4)}    for i in T.unroll({SB}):\n        sacc[i] = T.float32(0)\n"
+                + _indent(s_block, 4) + _indent(_online_softmax(1, SB, OB, sc, "sacc[i]", p_store=p_store), 4)
+                + _indent(pv_block, 4) + _indent(sync, 4))
+
+    if spec.causal:   # the steps whose keys every row of the tile sees skip the mask
+        from dataclasses import replace
+
+        plain = _score(replace(spec, causal=False), bidx, row, key, "sacc[i]")
+        full = full_steps(spec, BM, BN)
+        key_loop = f"for j in T.serial({full}):\n{step(plain)}for j in T.serial({full}, {nsteps}):\n{step(score)}"
+    else:
+        key_loop = f"for j in T.serial({nsteps}):\n{step(score)}"
+    bases = ("" if S == 1 else
+             'ks_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(ks[0]))\n'
+             'vs_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(vs[0]))\n')
+    out_at = f"out[{', '.join([*bidx, row, f'i // 4 * 8 + {t} * 2 + i % 2'])}]"
+    body = f"""ks = T.alloc_buffer(({S * k_tile},), "float32", scope="shared.dyn", align=16)
+vs = T.alloc_buffer(({S * v_tile},), "float32", scope="shared.dyn", align=16)
+qf = T.alloc_buffer(({D // 2},), "float32", scope="local")
+kf = T.alloc_buffer((2,), "float32", scope="local")
+vf = T.alloc_buffer((2,), "float32", scope="local")
+pf = T.alloc_buffer(({SB},), "float32", scope="local")
+sacc = T.alloc_buffer(({SB},), "float32", scope="local")
+oacc = T.alloc_buffer(({OB},), "float32", scope="local")
+mrow = T.alloc_buffer((2,), "float32", scope="local")
+lrow = T.alloc_buffer((2,), "float32", scope="local")
+red = T.alloc_buffer((2,), "float32", scope="local")
+alpha = T.alloc_buffer((2,), "float32", scope="local")
+{bases}{q_init}for i in T.unroll({OB}):
+    oacc[i] = T.float32(0)
+for h in T.unroll(2):
+    mrow[h] = T.float32(-1e30)
+    lrow[h] = T.float32(0)
+{prologue}{key_loop}{_normalize_and_store(1, OB, out_at, dtype="float32")}"""
+    return kernel(spec, cfg, params, body)
