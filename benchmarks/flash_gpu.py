@@ -9,6 +9,8 @@ head dim 64) are checked for correctness only. Prints a table last; ``--json`` w
     python benchmarks/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap] [--configs NAME ...]
     python benchmarks/flash_gpu.py --tf32 [--configs NAME ...]
 
+``--ragged``: sequences that are no whole number of tiles (ViT's 197 tokens, Whisper's 1500 frames, 1000 keys with Kᵀ
+given and a padding mask, a causal 200), fp16 and TF32, every ``mma.sync`` config checked and timed beside SDPA.
 ``--tf32``: fp32 attention at BERT-base's shape (8 x 12 heads x 512, head dim 64, a padding mask; Kᵀ given, and K
 given as rows) in TF32 (``mma.sync.m16n8k8``, every config), beside the CUDA-core kernel's default (fp32 exact) and
 SDPA in fp32 with TF32 allowed, all checked against an fp32 reference with TF32 off.
@@ -43,6 +45,10 @@ def _reference(spec: AttentionSpec, q, k, v, mask):
         s = s * scale + mask.float()
     else:
         s = (s + mask.float()) * scale
+    if spec.causal:
+        hidden = torch.arange(spec.seq_k, device=s.device)[None, :] > (torch.arange(spec.seq_q, device=s.device)[:, None]
+                                                                      + spec.causal_offset)
+        s = s.masked_fill(hidden, float("-inf"))
     return torch.softmax(s, dim=-1) @ v.float()
 
 
@@ -121,9 +127,12 @@ def main() -> int:
                          "overlapped ones, or all")
     ap.add_argument("--configs", nargs="*", default=None, help="only these config names (e.g. 'w4 m1 n64 s1 h')")
     ap.add_argument("--tf32", action="store_true", help="fp32 attention at BERT-base's shape in TF32 (see above)")
+    ap.add_argument("--ragged", action="store_true", help="sequences of no whole tiles (see above)")
     a = ap.parse_args()
     if a.tf32:
         return tf32_table(a)
+    if a.ragged:
+        return ragged_table(a)
 
     def configs(spec):
         mma = all_configs(spec) if a.kind in ("all", "mma") else []
@@ -207,6 +216,47 @@ def tf32_table(a) -> int:
         us, err = r.get("us"), r.get("error", "")[:80]
         timing = f"{us:9.1f} {r['tflops']:8.1f} {us / sdpa:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
         print(f"{r['case']:22s} {r['config']:18s} {str(r.get('ok', 'ERR')):5s} "
+              f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
+    return 0
+
+
+def ragged_table(a) -> int:
+    from dataclasses import replace
+
+    from tvmfuse.kernels.flash.config import configs, default_config
+
+    cases = [("ViT B8 H12 S197 D64", AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64, head_dim_v=64,
+                                                   dtype="float16", scale=0.125, mask_shape=None, k_rows=True)),
+             ("Whisper B8 H8 S1500", AttentionSpec(batch=(8, 8), seq_q=1500, seq_k=1500, head_dim=64, head_dim_v=64,
+                                                   dtype="float16", scale=0.125, mask_shape=None, k_rows=True)),
+             ("B8 H8 S1000 Kt+mask", AttentionSpec(batch=(8, 8), seq_q=1000, seq_k=1000, head_dim=64, head_dim_v=64,
+                                                   dtype="float16", scale=0.125, mask_shape=(8, 1, 1, 1000),
+                                                   k_rows=False)),
+             ("causal B8 H12 S200 D64", AttentionSpec(batch=(8, 12), seq_q=200, seq_k=200, head_dim=64, head_dim_v=64,
+                                                      dtype="float16", scale=0.125, mask_shape=None, k_rows=True,
+                                                      causal=True))]
+    rows = []
+    for name, spec in cases:
+        for sp, tag in ((spec, "fp16"), (replace(spec, dtype="float32", tf32=True), "tf32")):
+            sdpa = sdpa_us(replace(sp, causal=False))
+            default = default_config(sp, wgmma=True)
+            todo = [c for c in configs(sp) if not a.configs or c.name in a.configs]
+            for cfg in todo:
+                try:
+                    rec = run_config(sp, cfg, time_it=True, seed=3)
+                except Exception as err:  # noqa: BLE001 - report and go on
+                    rec = {"config": cfg.name, "error": str(err)[-300:]}
+                rec.update(case=f"{name} {tag}", sdpa_us=sdpa, default=cfg == default)
+                rows.append(rec)
+                print(json.dumps(rec), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows}, indent=1))
+    print(f"\n{'case':34s} {'config':16s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'SDPA us':>8s} {'÷ SDPA':>7s}")
+    for r in rows:
+        us, err = r.get("us"), r.get("error", "")[:80]
+        timing = f"{us:9.1f} {r['sdpa_us']:8.1f} {us / r['sdpa_us']:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
+        name = r["config"] + (" (default)" if r.get("default") else "")
+        print(f"{r['case']:34s} {name:16s} {str(r.get('ok', 'ERR')):5s} "
               f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
     return 0
 

@@ -23,7 +23,7 @@ from tvmfuse.tune.builder import fast_build
 from tvmfuse.compile.build import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
-from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec  # noqa: E402
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit  # noqa: E402
 from tvmfuse.target import resolve_target  # noqa: E402
 from tvmfuse.tune import extract_kernels  # noqa: E402
 from tvmfuse.kernels import flash  # noqa: E402
@@ -61,7 +61,27 @@ def test_gpu_plans_fuse_attention_where_the_flash_template_fits(tmp_path, cuda):
     assert spec.mask_shape == (2, 1, 1, 64)
 
 
-@pytest.mark.parametrize("seq,dim,fp16,why", [(48, 16, True, "sequence lengths 48x48"),
+def test_ragged_sequences_fuse_and_build_the_guarded_mma_sync_kernel(tmp_path, cuda):
+    """48 tokens: no whole tile of rows or keys; the Hopper kernels take whole tiles only, so the default is an
+    mma.sync one, its last tiles guarded (rows past the end not stored, keys past the end -inf)."""
+    fused, plan = partition(_fp16_attention(tmp_path, seq=48, dim=16), target=cuda)
+    assert [g.pattern for g in plan.groups] == ["attention"]
+    (func,) = _attention_funcs(fused)
+    spec = flash.spec_of(func)
+    cfg = flash.default_config(spec, wgmma=True)
+    assert not cfg.wgmma and all(not c.wgmma for c in flash.all_configs(spec, wgmma=True))
+    src = flash.flash_source(spec, cfg)
+    assert "< 48" in src and "T.float32('-inf')" in src
+    result = build(fused, target=cuda)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in cuda_source(result.executable)
+    # Kᵀ is copied 8 keys (16 bytes) at a time: its keys must fill whole vectors (K as rows: any count)
+    kt = AttentionSpec(batch=(2, 8), seq_q=1500, seq_k=1500, head_dim=64, head_dim_v=64, dtype="float16", scale=0.125,
+                       mask_shape=None, k_rows=False)
+    assert "1500 keys in Kᵀ's rows" in tiled_gpu_misfit(kt)
+    assert tiled_gpu_misfit(AttentionSpec(**{**kt.__dict__, "k_rows": True})) is None
+
+
+@pytest.mark.parametrize("seq,dim,fp16,why", [(48, 24, True, "head dims 24/24 (the template takes multiples of 16"),
                                               (64, 18, False, "float32 inputs (the tensor-core template takes fp16, "
                                                               "or fp32 under --precision tf32); head dims 18/18 (the "
                                                               "CUDA-core flash kernel takes multiples of 4)")])
@@ -178,6 +198,12 @@ SPECS = {
                                scale=0.125, mask_shape=(2, 1, 1, 256), k_rows=True),
     "kT": AttentionSpec(batch=(8,), seq_q=128, seq_k=192, head_dim=128, head_dim_v=128, dtype="float16",
                         scale=None, mask_shape=(128, 192), scale_first=False, k_rows=False),
+    # ViT-base's 197 tokens: a ragged last tile of rows and of keys, guarded
+    "ragged": AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64, head_dim_v=64, dtype="float16",
+                            scale=0.125, mask_shape=None, k_rows=True),
+    # 1000 keys with Kᵀ given: its 8-key vectors stay whole
+    "ragged-kT": AttentionSpec(batch=(2, 8), seq_q=1000, seq_k=1000, head_dim=64, head_dim_v=64, dtype="float16",
+                               scale=0.125, mask_shape=(2, 1, 1, 1000), k_rows=False),
 }
 
 
@@ -185,7 +211,10 @@ SPECS = {
 @pytest.mark.parametrize("case,cfg", [("rows+mask", flash.FlashConfig(4, 64, 2, 1)),
                                       ("rows+mask", flash.FlashConfig(8, 32, 1, 2)),
                                       ("kT", flash.FlashConfig(4, 32, 2, 2)),
-                                      ("kT", flash.FlashConfig(8, 64, 1, 1))])
+                                      ("kT", flash.FlashConfig(8, 64, 1, 1)),
+                                      ("ragged", flash.FlashConfig(4, 32, 1, 2)),
+                                      ("ragged", flash.FlashConfig(8, 128, 2, 1)),
+                                      ("ragged-kT", flash.FlashConfig(4, 64, 2, 2))])
 def test_flash_kernels_build_for_sm90_without_register_spills(tmp_path, case, cfg):
     spec = SPECS[case]
     assert cfg in flash.configs(spec)
@@ -296,7 +325,9 @@ def test_every_hopper_configs_copies_and_descriptors_land_aligned_in_its_shared_
     spec = SPECS.get(case) or AttentionSpec(batch=(2, 4), seq_q=256, seq_k=256, head_dim=64, head_dim_v=64,
                                             dtype="float16", scale=0.125, mask_shape=(2, 1, 1, 256), k_rows=False)
     cfgs = [c for c in flash.configs(spec, wgmma=(True,), overlap=(True,), max_shared_bytes=227 * 1024) if c.wgmma]
-    assert any(c.overlap for c in cfgs) or case == "kT"   # kT's 192 keys do not pair
+    if case.startswith("ragged"):   # the Hopper kernels take whole tiles only
+        assert not cfgs
+    assert any(c.overlap for c in cfgs) or case in ("kT", "ragged", "ragged-kT")   # kT's 192 keys do not pair
     for cfg in cfgs:
         assert assert_shared_offsets_aligned(flash.flash_primfunc(spec, cfg)) >= 10, cfg.name
 

@@ -56,8 +56,8 @@ def test_a_causal_tile_walks_every_key_it_sees_and_no_tile_past_its_diagonal(off
     spec = _spec(seq_k=seq_k, causal_offset=offset)
     assert _all_configs(spec)
     for cfg in _all_configs(spec):
-        full = spec.seq_k // cfg.block_n
-        for bx in range(spec.seq_q // cfg.block_m):
+        full = -(-spec.seq_k // cfg.block_n)   # (an mma.sync config's last key step may be ragged)
+        for bx in range(-(-spec.seq_q // cfg.block_m)):
             n = _steps(spec, cfg, bx)
             last_row = bx * cfg.block_m + cfg.block_m - 1
             visible = min(spec.seq_k, last_row + offset + 1)      # keys the tile's last row sees
@@ -74,6 +74,10 @@ def test_a_causal_tile_walks_every_key_it_sees_and_no_tile_past_its_diagonal(off
     assert _steps(_spec(causal=False), flash.parse_config("w4 m1 n64 s1"), 0) == 4
 
 
+def _rows_or_zeros(x, rows):
+    return np.stack([x[r] if r < len(x) else np.zeros(x.shape[1:]) for r in rows])
+
+
 def _emulate(spec: AttentionSpec, cfg, q, k, v):
     """The flash kernel's algorithm in numpy at tile granularity: per query tile ``bx``, ``key_steps`` key blocks, the
     first ``full_steps`` unmasked and the rest with scores past the diagonal at -inf before the running max (which
@@ -82,30 +86,35 @@ def _emulate(spec: AttentionSpec, cfg, q, k, v):
     log2e = 1.4426950408889634
     for h in range(q.shape[0]):
         kh, vh = k[h // spec.kv_group], v[h // spec.kv_group]
-        for bx in range(spec.seq_q // cfg.block_m):
-            rows = np.arange(bx * cfg.block_m, (bx + 1) * cfg.block_m)
+        for bx in range(-(-spec.seq_q // cfg.block_m)):
+            rows = np.arange(bx * cfg.block_m, min((bx + 1) * cfg.block_m, spec.seq_q))
             m = np.full(len(rows), -1e30)
             lsum = np.zeros(len(rows))
             acc = np.zeros((len(rows), spec.head_dim_v))
             for j in range(_steps(spec, cfg, bx)):
                 cols = np.arange(j * cfg.block_n, (j + 1) * cfg.block_n)
-                s = q[h, rows] @ kh[cols].T * (spec.scale * log2e)
+                # a ragged last step's keys past the end are zeros in shared memory
+                s = q[h, rows] @ _rows_or_zeros(kh, cols).T * (spec.scale * log2e)
                 if j >= _full(spec, cfg, bx):
                     s = np.where(cols[None, :] > rows[:, None] + spec.causal_offset, -np.inf, s)
+                    s = np.where(cols[None, :] >= spec.seq_k, -np.inf, s)
                 red = np.maximum(m, s.max(axis=1))
                 alpha = np.exp2(m - red)
                 m = red
                 p = np.exp2(s - m[:, None])
                 lsum = lsum * alpha + p.sum(axis=1)
-                acc = acc * alpha[:, None] + p @ vh[cols]
+                acc = acc * alpha[:, None] + p @ _rows_or_zeros(vh, cols)
             out[h, rows] = acc / lsum[:, None]
     return out
 
 
-@pytest.mark.parametrize("cfg", ["w4 m2 n32 s1", "w8 m1 n128 s2", "w4 m1 n64 s1 h", "w4 m1 n64 s2 hp"])
+@pytest.mark.parametrize("cfg,seq", [("w4 m2 n32 s1", 256), ("w8 m1 n128 s2", 256), ("w4 m1 n64 s1 h", 256),
+                                     ("w4 m1 n64 s2 hp", 256), ("w4 m2 n32 s1", 200), ("w8 m1 n128 s2", 200),
+                                     ("w4 m1 n64 s1", 17)])
 @pytest.mark.parametrize("offset,group", [(0, 1), (128, 4)])
-def test_the_skipping_loop_in_numpy_matches_masked_softmax_without_nans(cfg, offset, group):
-    spec = _spec(batch=(8,), seq_q=256, seq_k=256 + offset, causal_offset=offset, kv_group=group)
+def test_the_skipping_loop_in_numpy_matches_masked_softmax_without_nans(cfg, seq, offset, group):
+    """(``seq`` 200, 17: ragged last tiles of rows and keys, which only the mma.sync kernels take)"""
+    spec = _spec(batch=(8,), seq_q=seq, seq_k=seq + offset, causal_offset=offset, kv_group=group)
     cfg = flash.parse_config(cfg)
     assert cfg in _all_configs(spec)
     rng = np.random.default_rng(1)

@@ -44,6 +44,13 @@ SPECS = {
     # head dim 80 (multiples of 8 in TF32), mask before the scale
     "d80": AttentionSpec(batch=(4,), seq_q=64, seq_k=96, head_dim=80, head_dim_v=80, dtype="float32", scale=0.1,
                          mask_shape=(64, 96), scale_first=False, k_rows=True, tf32=True),
+    # ViT-base's 197 tokens: ragged last tiles of rows and keys
+    "ragged": AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64, head_dim_v=64, dtype="float32",
+                            scale=0.125, mask_shape=None, k_rows=True, tf32=True),
+    # Whisper's 1500 frames with Kᵀ given (its 4-key vectors whole in fp32) and a padding mask, read at the last row /
+    # key past the end
+    "ragged-kT": AttentionSpec(batch=(2, 8), seq_q=1500, seq_k=1500, head_dim=64, head_dim_v=64, dtype="float32",
+                               scale=0.125, mask_shape=(2, 1, 1, 1500), k_rows=False, tf32=True),
 }
 
 
@@ -128,7 +135,8 @@ def test_the_kernels_rounding_is_the_planners_tf32_rounding():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("case,name", [("bert", None), ("bert", "w8 m1 n128 s1"), ("bert", "w4 m1 n32 s1"),
-                                       ("causal-gqa", None), ("t5", None), ("d80", "w4 m1 n32 s2")])
+                                       ("causal-gqa", None), ("t5", None), ("d80", "w4 m1 n32 s2"),
+                                       ("ragged", None), ("ragged-kT", "w8 m1 n64 s2")])
 def test_tf32_flash_kernels_build_for_sm90a_without_spills(tmp_path, case, name):
     spec = SPECS[case]
     cfg = flash.parse_config(name) if name else flash.default_config(spec, wgmma=True)

@@ -54,24 +54,26 @@ for mt in T.unroll({M}):
 """
 
 
-def _normalize_and_store(M: int, OB: int, out_at: str, dtype: str = "float16") -> str:
+def _normalize_and_store(M: int, OB: int, out_at: str, dtype: str = "float16", guard: str | None = None) -> str:
     """The rows' sums across their four lanes, and O / sum stored as ``dtype`` (``out_at``: the output element of
-    ``mt``, ``i``)."""
+    ``mt``, ``i``; ``guard``: the condition it is stored under, a ragged last tile's rows in the tensor)."""
+    store = f'{out_at} = T.Cast("{dtype}", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])\n'
+    if guard is not None:
+        store = f"if {guard}:\n" + _indent(store, 4)
     return f"""for h in T.unroll({2 * M}):
     lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=1)}
     lrow[h] = lrow[h] + {_SHFL.format(v="lrow[h]", m=2)}
     lrow[h] = T.float32(1) / lrow[h]
 for mt in T.unroll({M}):
     for i in T.unroll({OB}):
-        {out_at} = T.Cast("{dtype}", oacc[mt * {OB} + i] * lrow[mt * 2 + i % 4 // 2])
-"""
+{_indent(store, 8)}"""
 
 
 def key_steps(spec: AttentionSpec, block_m: int, block_n: int, multiple: int = 1) -> str:
     """The key steps query tile ``bx`` walks, as an expression: every ``seq_k / block_n`` of them, or with a causal
     mask only those up to the tile's diagonal (its last row's last visible key), rounded up to ``multiple`` (the
     overlapped kernel takes steps in pairs; a step past the diagonal is wholly masked and adds nothing)."""
-    nsteps = spec.seq_k // block_n
+    nsteps = -(-spec.seq_k // block_n)   # a ragged last step included
     if not spec.causal:
         return str(nsteps)
     upto = f"(bx * {block_m} + {block_m + spec.causal_offset + block_n - 1}) // {block_n}"
@@ -81,9 +83,37 @@ def key_steps(spec: AttentionSpec, block_m: int, block_n: int, multiple: int = 1
 
 
 def full_steps(spec: AttentionSpec, block_m: int, block_n: int) -> str:
-    """(causal) The key steps of query tile ``bx`` that every row of it sees whole, as an expression: those before
-    the first step holding a key past its first row's diagonal. They need no mask."""
+    """The key steps of query tile ``bx`` that every row of it sees whole, as an expression: the whole tiles of keys,
+    and with a causal mask only those before the first step holding a key past its first row's diagonal. They need
+    no mask."""
+    if not spec.causal:
+        return str(spec.seq_k // block_n)
     return f"T.min({spec.seq_k // block_n}, (bx * {block_m} + {spec.causal_offset + 1}) // {block_n})"
+
+
+def tile_scores(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: str, block_m: int,
+                block_n: int) -> tuple[str, str]:
+    """The score of ``acc`` (query ``row``, key ``col``) in the key steps every row sees whole
+    (:func:`full_steps`), and in the others: past a causal diagonal, or past the keys' end in a ragged last step
+    (-inf, its mask read at the last key). A ragged last query tile reads the mask at the last row."""
+    from dataclasses import replace
+
+    mrow = f"T.min({row}, {spec.seq_q - 1})" if spec.seq_q % block_m else row
+    mcol = f"T.min({col}, {spec.seq_k - 1})" if spec.seq_k % block_n else col
+    plain = _score(replace(spec, causal=False), bidx, mrow, mcol, acc)
+    masked = _score(spec, bidx, mrow, mcol, acc, seen_row=row)
+    if spec.seq_k % block_n:
+        masked = f"T.Select({col} >= {spec.seq_k}, T.float32('-inf'), {masked})"
+    return plain, masked
+
+
+def key_loop(spec: AttentionSpec, block_m: int, block_n: int, step) -> str:
+    """The loop over query tile ``bx``'s key steps ``j``: ``step(masked)`` gives a step's body, where only the steps
+    past :func:`full_steps` (a causal diagonal's, a ragged last one) apply the mask."""
+    nsteps, full = key_steps(spec, block_m, block_n), full_steps(spec, block_m, block_n)
+    if not spec.causal and spec.seq_k % block_n == 0:
+        return f"for j in T.serial({nsteps}):\n{step(False)}"
+    return f"for j in T.serial({full}):\n{step(False)}for j in T.serial({full}, {nsteps}):\n{step(True)}"
 
 
 def kv_index(spec: AttentionSpec, bidx: list[str]) -> list[str]:

@@ -3,15 +3,13 @@ tuned sketch's annotation."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
 from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
 from tvmfuse.kernels.wgmma.config import SMS
-from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, batch_indices,
-                                           full_steps,
-                                           key_steps, kv_index)
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
+                                           key_steps, kv_index, tile_scores)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -53,7 +51,11 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     row = f"bx * {BM} + {warp} * {16 * M} + mt * 16 + {g} + i % 4 // 2 * 8"   # query row of element i of tile mt
     params += [buf(name, shape, dtype) for name, shape, dtype in spec.additive()]
     params.append(buf("out", o_shape))
-    score = _score(spec, bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[mt * {SB} + i]")
+    # (mma.sync configs) a ragged last query tile's rows past the end read zeros and are not stored; a ragged last
+    # key step's keys past the end are zeros in shared memory and -inf as scores
+    ragged_q, ragged_k = spec.seq_q % BM != 0, spec.seq_k % BN != 0
+    plain, score = tile_scores(spec, bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[mt * {SB} + i]",
+                               BM, BN)
 
     # shared tiles (rows padded by 8 halves = 16 bytes); with 2 stages, two of each
     k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
@@ -80,6 +82,9 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
             else:
                 body = (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
                         f"{_flat(shp, [*kvidx, *src_rc])}, 16))\n")
+            if ragged_k:   # keys past the end: zeros (a vector of Kᵀ's keys is whole: tiled_gpu_misfit)
+                body = (f"if {src_rc[key_axis]} < {spec.seq_k}:\n" + _indent(body, 4)
+                        + f"else:\n    for e in T.vectorized(8):\n        {dst}[{sh} + e] = T.float16(0)\n")
             if guard:
                 body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
             out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
@@ -112,18 +117,25 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
                 + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
                 + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + sync)
     if M == 1:   # this warp's 16 query rows as A fragments, straight from global memory, kept in registers
+        q_row = row.replace('mt * 16 + ', '')
+        q_at = f"q[{', '.join([*bidx, f'T.min({q_row}, {spec.seq_q - 1})' if ragged_q else q_row, q_col])}]"
+        if ragged_q:
+            q_at = f"T.if_then_else({q_row} < {spec.seq_q}, {q_at}, T.float16(0))"
         q_init = (f"for kk in T.unroll({D // 16}):\n"
                   f"    for i in T.unroll(8):\n"
-                  f"        qf[kk * 8 + i] = q[{', '.join([*bidx, row.replace('mt * 16 + ', ''), q_col])}]\n")
+                  f"        qf[kk * 8 + i] = {q_at}\n")
         q_frag = ""
         q_off = "kk * 8"
     else:        # the block's Q tile in shared memory; each step's A fragments reloaded by ldmatrix
         vec = D // 8
-        q_init = (f"for it in T.unroll({BM * vec // NT}):\n"
-                  f"    for e in T.vectorized(8):\n"
-                  f"        qs[(it * {NT} + tx) // {vec} * {D + 8} + (it * {NT} + tx) % {vec} * 8 + e] = "
-                  f"q[{', '.join([*bidx, f'bx * {BM} + (it * {NT} + tx) // {vec}', f'(it * {NT} + tx) % {vec} * 8 + e'])}]\n"
-                  f"T.tvm_storage_sync('shared')\n")
+        q_r = f"bx * {BM} + (it * {NT} + tx) // {vec}"
+        qs_at = f"qs[(it * {NT} + tx) // {vec} * {D + 8} + (it * {NT} + tx) % {vec} * 8 + e]"
+        q_copy = (f"for e in T.vectorized(8):\n"
+                  f"    {qs_at} = q[{', '.join([*bidx, q_r, f'(it * {NT} + tx) % {vec} * 8 + e'])}]\n")
+        if ragged_q:   # rows past the end: zeros
+            q_copy = (f"if {q_r} < {spec.seq_q}:\n" + _indent(q_copy, 4)
+                      + f"else:\n    for e in T.vectorized(8):\n        {qs_at} = T.float16(0)\n")
+        q_init = f"for it in T.unroll({BM * vec // NT}):\n" + _indent(q_copy, 4) + "T.tvm_storage_sync('shared')\n"
         q_frag = (f"for mt in T.unroll({M}):\n"
                   f"    T.evaluate(T.ptx_legacy.ldmatrix(False, 4, '.b16', qf.data, mt * 8, qs.access_ptr('r'), "
                   f"({warp} * {16 * M} + mt * 16 + {lane} % 16) * {D + 8} + kk * 16 + {lane} // 16 * 8, "
@@ -164,15 +176,9 @@ for kv in T.unroll({BN // 16}):
                 + _indent(s_block, 4) + _indent(_online_softmax(M, SB, OB, sc, f"sacc[mt * {SB} + i]"), 4)
                 + _indent(pv_block, 4) + _indent(drain, 4))
 
-    if spec.causal:
-        # the steps whose keys every row of the tile sees skip the mask; only the diagonal ones apply it
-        plain = _score(replace(spec, causal=False), bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2",
-                       f"sacc[mt * {SB} + i]")
-        full = full_steps(spec, BM, BN)
-        key_loop = (f"for j in T.serial({full}):\n{step(plain)}"
-                    f"for j in T.serial({full}, {nsteps}):\n{step(score)}")
-    else:
-        key_loop = f"for j in T.serial({nsteps}):\n{step(score)}"
+    # the steps whose keys every row of the tile sees skip the mask; only the diagonal ones and a ragged last one
+    # apply it
+    keys = key_loop(spec, BM, BN, lambda masked: step(score if masked else plain))
     body = f"""
 {allocs}sacc = T.alloc_buffer(({M * SB},), "float32", scope="local")
 oacc = T.alloc_buffer(({M * OB},), "float32", scope="local")
@@ -185,7 +191,7 @@ alpha = T.alloc_buffer(({2 * M},), "float32", scope="local")
 for h in T.unroll({2 * M}):
     mrow[h] = T.float32(-1e30)
     lrow[h] = T.float32(0)
-{prologue}{key_loop}{_normalize_and_store(M, OB, out_at)}"""
+{prologue}{keys}{_normalize_and_store(M, OB, out_at, guard=f"{row} < {spec.seq_q}" if ragged_q else None)}"""
     return _kernel(spec, cfg, params, body)
 
 

@@ -23,8 +23,8 @@ K and V on their way into shared memory (single stage) or in place after the thr
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, _score, batch_indices,
-                                           full_steps, key_steps, kv_index)
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
+                                           key_steps, kv_index, tile_scores)
 from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, ROUND_TF32
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -97,6 +97,9 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
     row = f"bx * {BM} + {warp} * 16 + {g} + i % 4 // 2 * 8"   # query row of accumulator element i
     key = f"j * {BN} + i // 4 * 8 + {t} * 2 + i % 2"            # key of score element i
     KS, VS = k_stride(spec, BN), DV + 4
+    # a ragged last query tile's rows past the end read zeros and are not stored; a ragged last key step's keys past
+    # the end are zeros in shared memory and -inf as scores
+    ragged_q, ragged_k = spec.seq_q % BM != 0, spec.seq_k % BN != 0
     k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
     k_tile, v_tile = k_rows * KS, BN * VS
 
@@ -123,6 +126,9 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
             else:
                 body = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, {dst}_base + T.uint32(({at}) * 4), "
                         f"source_code={_ROUND_TF32_SOURCE!r}))\n")
+            if ragged_k and mode != "round":   # keys past the end: zeros (Kᵀ's 4 keys are whole: tiled_gpu_misfit)
+                body = (f"if {src_rc[key_axis]} < {spec.seq_k}:\n" + _indent(body, 4)
+                        + f"else:\n    for e in T.vectorized(4):\n        {dst}[{at} + e] = T.float32(0)\n")
             if guard:
                 body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
             out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
@@ -148,8 +154,12 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
         return f"{vslot}(kv * 8 + {n}) * {VS} + dp * 8 + {c}"
     mma = ("T.ptx_legacy.mma('m16n8k8', 'row', 'col', 'tf32', 'tf32', 'fp32', {a}.data, {ao}, {b}.data, 0, "
            "{c}.data, {co}, False, dtype='float32')")
-    q_at = lambda r: "q[" + ", ".join([*bidx, f"bx * {BM} + {warp} * 16 + {q_element(r, g, t)[0]}",  # noqa: E731
-                                       f"kk * 8 + {q_element(r, g, t)[1]}"]) + "]"
+    def q_at(r: int) -> str:
+        q_row = f"bx * {BM} + {warp} * 16 + {q_element(r, g, t)[0]}"
+        at = "q[" + ", ".join([*bidx, f"T.min({q_row}, {spec.seq_q - 1})" if ragged_q else q_row,
+                               f"kk * 8 + {q_element(r, g, t)[1]}"]) + "]"
+        return f"T.if_then_else({q_row} < {spec.seq_q}, {at}, T.float32(0))" if ragged_q else at
+
     q_init = (f"for kk in T.unroll({D // 8}):\n"
               + "".join(f"    qf[kk * 4 + {r}] = {rna(q_at(r))}\n" for r in range(4)))
     s_block = f"""for kk in T.unroll({D // 8}):
@@ -165,21 +175,15 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
         T.evaluate({mma.format(a="pf", ao="kv * 4", b="vf", c="oacc", co="dp * 4")})
 """
     p_store = f"pf[{P_SLOT}] = {rna('sacc[i]')}"
-    score = _score(spec, bidx, row, key, "sacc[i]")
+    plain, score = tile_scores(spec, bidx, row, key, "sacc[i]", BM, BN)
 
     def step(sc: str) -> str:
         return (f"{_indent(fill, 4)}    for i in T.unroll({SB}):\n        sacc[i] = T.float32(0)\n"
                 + _indent(s_block, 4) + _indent(_online_softmax(1, SB, OB, sc, "sacc[i]", p_store=p_store), 4)
                 + _indent(pv_block, 4) + _indent(sync, 4))
 
-    if spec.causal:   # the steps whose keys every row of the tile sees skip the mask
-        from dataclasses import replace
-
-        plain = _score(replace(spec, causal=False), bidx, row, key, "sacc[i]")
-        full = full_steps(spec, BM, BN)
-        key_loop = f"for j in T.serial({full}):\n{step(plain)}for j in T.serial({full}, {nsteps}):\n{step(score)}"
-    else:
-        key_loop = f"for j in T.serial({nsteps}):\n{step(score)}"
+    # the steps whose keys every row of the tile sees skip the mask
+    keys = key_loop(spec, BM, BN, lambda masked: step(score if masked else plain))
     bases = ("" if S == 1 else
              'ks_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(ks[0]))\n'
              'vs_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(vs[0]))\n')
@@ -201,5 +205,5 @@ alpha = T.alloc_buffer((2,), "float32", scope="local")
 for h in T.unroll(2):
     mrow[h] = T.float32(-1e30)
     lrow[h] = T.float32(0)
-{prologue}{key_loop}{_normalize_and_store(1, OB, out_at, dtype="float32")}"""
+{prologue}{keys}{_normalize_and_store(1, OB, out_at, "float32", f"{row} < {spec.seq_q}" if ragged_q else None)}"""
     return kernel(spec, cfg, params, body)
