@@ -53,11 +53,11 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
     per warp, no wgmma.
     """
     if spec.tf32:
-        from tvmfuse.kernels.flash import tf32
+        from tvmfuse.kernels.flash.tf32 import REGISTERS, registers, shared_bytes
 
         return [c for w in warps for n in block_n for st in stages if 1 in tuple(m_tiles)
                 for c in [FlashConfig(int(w), int(n), int(st), 1)]
-                if tf32.registers(spec, c) <= tf32.REGISTERS and tf32.shared_bytes(spec, c) <= max_shared_bytes]
+                if registers(spec, c) <= REGISTERS and shared_bytes(spec, c) <= max_shared_bytes]
     out = []
     for m in m_tiles if False in tuple(wgmma) else ():
         for w in warps:
