@@ -9,8 +9,8 @@ head dim 64) are checked for correctness only. Prints a table last; ``--json`` w
     python benchmarks/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap] [--configs NAME ...]
     python benchmarks/flash_gpu.py --tf32 [--configs NAME ...]
 
-``--ragged``: sequences that are no whole number of tiles (ViT's 197 tokens, Whisper's 1500 frames, 1000 keys with Kᵀ
-given and a padding mask, a causal 200), fp16 and TF32, every ``mma.sync`` config checked and timed beside SDPA.
+``--ragged``: sequences that are no whole number of tiles (ViT's 197 tokens with K as rows and Kᵀ given, Whisper's 1500
+frames with Kᵀ and a padding mask, a causal 200), fp16 and TF32, every ``mma.sync`` config checked and timed beside SDPA.
 ``--tf32``: fp32 attention at BERT-base's shape (8 x 12 heads x 512, head dim 64, a padding mask; Kᵀ given, and K
 given as rows) in TF32 (``mma.sync.m16n8k8``, every config), beside the CUDA-core kernel's default (fp32 exact) and
 SDPA in fp32 with TF32 allowed, all checked against an fp32 reference with TF32 off.
@@ -225,13 +225,15 @@ def ragged_table(a) -> int:
 
     from tvmfuse.kernels.flash.config import configs, default_config
 
-    cases = [("ViT B8 H12 S197 D64", AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64, head_dim_v=64,
-                                                   dtype="float16", scale=0.125, mask_shape=None, k_rows=True)),
-             ("Whisper B8 H8 S1500", AttentionSpec(batch=(8, 8), seq_q=1500, seq_k=1500, head_dim=64, head_dim_v=64,
-                                                   dtype="float16", scale=0.125, mask_shape=None, k_rows=True)),
-             ("B8 H8 S1000 Kt+mask", AttentionSpec(batch=(8, 8), seq_q=1000, seq_k=1000, head_dim=64, head_dim_v=64,
-                                                   dtype="float16", scale=0.125, mask_shape=(8, 1, 1, 1000),
-                                                   k_rows=False)),
+    cases = [("ViT B8 H12 S197 D64 K", AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64,
+                                                     head_dim_v=64, dtype="float16", scale=0.125, mask_shape=None,
+                                                     k_rows=True)),
+             ("ViT B8 H12 S197 D64 Kt", AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64,
+                                                      head_dim_v=64, dtype="float16", scale=0.125, mask_shape=None,
+                                                      k_rows=False)),
+             ("Whisper B8 H8 S1500 Kt+mask", AttentionSpec(batch=(8, 8), seq_q=1500, seq_k=1500, head_dim=64,
+                                                           head_dim_v=64, dtype="float16", scale=0.125,
+                                                           mask_shape=(8, 1, 1, 1500), k_rows=False)),
              ("causal B8 H12 S200 D64", AttentionSpec(batch=(8, 12), seq_q=200, seq_k=200, head_dim=64, head_dim_v=64,
                                                       dtype="float16", scale=0.125, mask_shape=None, k_rows=True,
                                                       causal=True))]

@@ -27,6 +27,7 @@ from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit  #
 from tvmfuse.target import resolve_target  # noqa: E402
 from tvmfuse.tune import extract_kernels  # noqa: E402
 from tvmfuse.kernels import flash  # noqa: E402
+from tvmfuse.kernels.flash.softmax import kt_vector  # noqa: E402
 from tvmfuse.tune.defaults import config_schedule, template_default_schedule  # noqa: E402
 from tvmfuse.tune.spaces import load_spaces  # noqa: E402
 
@@ -74,11 +75,14 @@ def test_ragged_sequences_fuse_and_build_the_guarded_mma_sync_kernel(tmp_path, c
     assert "< 48" in src and "T.float32('-inf')" in src
     result = build(fused, target=cuda)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in cuda_source(result.executable)
-    # Kᵀ is copied 8 keys (16 bytes) at a time: its keys must fill whole vectors (K as rows: any count)
-    kt = AttentionSpec(batch=(2, 8), seq_q=1500, seq_k=1500, head_dim=64, head_dim_v=64, dtype="float16", scale=0.125,
-                       mask_shape=None, k_rows=False)
-    assert "1500 keys in Kᵀ's rows" in tiled_gpu_misfit(kt)
-    assert tiled_gpu_misfit(AttentionSpec(**{**kt.__dict__, "k_rows": True})) is None
+    # Kᵀ's rows of 1500 or 197 keys do not keep 16-byte vectors aligned: its copies narrow to 4 and 1 halves, and
+    # no config copies by cp.async (16 bytes)
+    for keys, width in ((1500, 4), (197, 1), (1000, 8)):
+        kt = AttentionSpec(batch=(2, 8), seq_q=keys, seq_k=keys, head_dim=64, head_dim_v=64, dtype="float16",
+                           scale=0.125, mask_shape=None, k_rows=False)
+        assert tiled_gpu_misfit(kt) is None and kt_vector(kt) == width
+        assert all(c.stages == 1 or width == 8 for c in flash.all_configs(kt, wgmma=True))
+        assert f"for e in T.vectorized({width}):" in flash.flash_source(kt, flash.FlashConfig(4, 64, 1, 1))
 
 
 @pytest.mark.parametrize("seq,dim,fp16,why", [(48, 24, True, "head dims 24/24 (the template takes multiples of 16"),
@@ -204,6 +208,9 @@ SPECS = {
     # 1000 keys with Kᵀ given: its 8-key vectors stay whole
     "ragged-kT": AttentionSpec(batch=(2, 8), seq_q=1000, seq_k=1000, head_dim=64, head_dim_v=64, dtype="float16",
                                scale=0.125, mask_shape=(2, 1, 1, 1000), k_rows=False),
+    # ViT's 197 tokens with Kᵀ given (as the exporters give it): Kᵀ copied one half at a time
+    "vit-kT": AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64, head_dim_v=64, dtype="float16",
+                            scale=0.125, mask_shape=None, k_rows=False),
 }
 
 
@@ -214,7 +221,8 @@ SPECS = {
                                       ("kT", flash.FlashConfig(8, 64, 1, 1)),
                                       ("ragged", flash.FlashConfig(4, 32, 1, 2)),
                                       ("ragged", flash.FlashConfig(8, 128, 2, 1)),
-                                      ("ragged-kT", flash.FlashConfig(4, 64, 2, 2))])
+                                      ("ragged-kT", flash.FlashConfig(4, 64, 2, 2)),
+                                      ("vit-kT", flash.FlashConfig(4, 32, 1, 2))])
 def test_flash_kernels_build_for_sm90_without_register_spills(tmp_path, case, cfg):
     spec = SPECS[case]
     assert cfg in flash.configs(spec)
@@ -325,9 +333,9 @@ def test_every_hopper_configs_copies_and_descriptors_land_aligned_in_its_shared_
     spec = SPECS.get(case) or AttentionSpec(batch=(2, 4), seq_q=256, seq_k=256, head_dim=64, head_dim_v=64,
                                             dtype="float16", scale=0.125, mask_shape=(2, 1, 1, 256), k_rows=False)
     cfgs = [c for c in flash.configs(spec, wgmma=(True,), overlap=(True,), max_shared_bytes=227 * 1024) if c.wgmma]
-    if case.startswith("ragged"):   # the Hopper kernels take whole tiles only
+    if case in ("ragged", "ragged-kT", "vit-kT"):   # the Hopper kernels take whole tiles only
         assert not cfgs
-    assert any(c.overlap for c in cfgs) or case in ("kT", "ragged", "ragged-kT")   # kT's 192 keys do not pair
+    assert any(c.overlap for c in cfgs) or case in ("kT", "ragged", "ragged-kT", "vit-kT")   # kT's 192 keys: no pairs
     for cfg in cfgs:
         assert assert_shared_offsets_aligned(flash.flash_primfunc(spec, cfg)) >= 10, cfg.name
 

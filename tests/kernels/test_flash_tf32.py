@@ -47,6 +47,9 @@ SPECS = {
     # ViT-base's 197 tokens: ragged last tiles of rows and keys
     "ragged": AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64, head_dim_v=64, dtype="float32",
                             scale=0.125, mask_shape=None, k_rows=True, tf32=True),
+    # ViT's 197 tokens with Kᵀ given (as the exporters give it): Kᵀ copied one float at a time
+    "vit-kT": AttentionSpec(batch=(8, 12), seq_q=197, seq_k=197, head_dim=64, head_dim_v=64, dtype="float32",
+                            scale=0.125, mask_shape=None, k_rows=False, tf32=True),
     # Whisper's 1500 frames with Kᵀ given (its 4-key vectors whole in fp32) and a padding mask, read at the last row /
     # key past the end
     "ragged-kT": AttentionSpec(batch=(2, 8), seq_q=1500, seq_k=1500, head_dim=64, head_dim_v=64, dtype="float32",
@@ -136,7 +139,7 @@ def test_the_kernels_rounding_is_the_planners_tf32_rounding():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("case,name", [("bert", None), ("bert", "w8 m1 n128 s1"), ("bert", "w4 m1 n32 s1"),
                                        ("causal-gqa", None), ("t5", None), ("d80", "w4 m1 n32 s2"),
-                                       ("ragged", None), ("ragged-kT", "w8 m1 n64 s2")])
+                                       ("ragged", None), ("ragged-kT", "w8 m1 n64 s2"), ("vit-kT", None)])
 def test_tf32_flash_kernels_build_for_sm90a_without_spills(tmp_path, case, name):
     spec = SPECS[case]
     cfg = flash.parse_config(name) if name else flash.default_config(spec, wgmma=True)

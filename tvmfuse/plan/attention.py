@@ -88,8 +88,7 @@ def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
 
     Its fragments are 16 wide (8 in TF32); fp16 in (or fp32 marked ``tf32``), fp32 accumulate; a thread keeps a
     16-row slice of the output accumulator in registers, which caps the head dims at 128. Sequences of any length:
-    a ragged last tile of rows or keys is guarded, but Kᵀ (``[d, key]``) is copied 16 bytes of keys at a time, so
-    its keys must come in whole 16-byte vectors. Every spec this accepts has at least one tile config
+    a ragged last tile of rows or keys is guarded. Every spec this accepts has at least one tile config
     (``tvmfuse.kernels.flash.configs``).
     """
     if spec.dtype != "float16" and not (spec.dtype == "float32" and spec.tf32):
@@ -97,10 +96,6 @@ def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
     width = 8 if spec.tf32 else 16
     if spec.head_dim % width or spec.head_dim_v % width or max(spec.head_dim, spec.head_dim_v) > 128:
         return f"head dims {spec.head_dim}/{spec.head_dim_v} (the template takes multiples of {width} up to 128)"
-    vector = 4 if spec.tf32 else 8
-    if not spec.k_rows and spec.seq_k % vector:
-        return (f"{spec.seq_k} keys in Kᵀ's rows (the template copies Kᵀ {vector} keys at a time: multiples of "
-                f"{vector}, or K as rows)")
     return None
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tvmfuse.kernels.annotations import chosen, root_annotations
 from tvmfuse.kernels.wgmma.config import SMS
 from tvmfuse.kernels.flash.simt import SimtConfig, parse_simt, simt_configs, simt_default
+from tvmfuse.kernels.flash.softmax import kt_vector
 from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit
 
 # On the planner's attention PrimFunc's root block: the candidate configs (names, ";"-joined: a constant of the
@@ -57,7 +58,8 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
 
         return [c for w in warps for n in block_n for st in stages if 1 in tuple(m_tiles)
                 for c in [FlashConfig(int(w), int(n), int(st), 1)]
-                if registers(spec, c) <= REGISTERS and shared_bytes(spec, c) <= max_shared_bytes]
+                if registers(spec, c) <= REGISTERS and shared_bytes(spec, c) <= max_shared_bytes
+                and (c.stages == 1 or spec.k_rows or kt_vector(spec) == 4)]
     out = []
     for m in m_tiles if False in tuple(wgmma) else ():
         for w in warps:
@@ -68,8 +70,10 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
                     # registers; measured with ptxas: the configs kept here build without spills (164-251)
                     regs = c.m_tiles * (c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2)
                     regs += spec.head_dim // 4 if c.m_tiles == 1 else 4 * c.m_tiles
-                    # (sequences need not be whole tiles: a ragged last tile is guarded)
-                    if regs <= 200 and c.shared_bytes(spec) <= max_shared_bytes:
+                    # (sequences need not be whole tiles: a ragged last tile is guarded; cp.async copies 16 bytes,
+                    # which Kᵀ's rows of an odd number of keys do not keep aligned)
+                    if (regs <= 200 and c.shared_bytes(spec) <= max_shared_bytes
+                            and (c.stages == 1 or spec.k_rows or kt_vector(spec) == 8)):
                         out.append(c)
     if True in tuple(wgmma) and spec.head_dim % 64 == 0 and spec.head_dim_v % 64 == 0 and spec.head_dim_v <= 256:
         for w in warps:

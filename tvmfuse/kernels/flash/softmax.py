@@ -121,6 +121,16 @@ def kv_index(spec: AttentionSpec, bidx: list[str]) -> list[str]:
     return bidx if spec.kv_group == 1 else [*bidx[:-1], f"({bidx[-1]}) // {spec.kv_group}"]
 
 
+def kt_vector(spec: AttentionSpec) -> int:
+    """Elements of Kᵀ (``[d, key]``, not ``k_rows``) a thread copies at a time: 16 bytes where its rows of ``seq_k``
+    keys keep such vectors aligned, else the widest power of two dividing ``seq_k`` (ViT's 197 keys: one; the
+    ``cp.async`` configs need the 16 bytes). K as rows and V always take 16 bytes."""
+    width = 4 if spec.dtype == "float32" else 8
+    while spec.seq_k % width:
+        width //= 2
+    return width
+
+
 def batch_indices(spec: AttentionSpec) -> list[str]:
     """The per-dim indices of ``spec.batch`` in ``by``, the block index that walks the flattened batch dims."""
     bidx, rest = [], "by"

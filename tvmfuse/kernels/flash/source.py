@@ -9,7 +9,7 @@ from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_
 from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
 from tvmfuse.kernels.wgmma.config import SMS
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
-                                           key_steps, kv_index, tile_scores)
+                                           key_steps, kt_vector, kv_index, tile_scores)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -62,29 +62,31 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     k_tile, v_tile = k_rows * (k_cols + 8), BN * (DV + 8)
 
     def loads(step: str, slot: str) -> str:
-        """Copy step ``step``'s K and V tiles into shared slot ``slot`` (16-byte vectors)."""
+        """Copy step ``step``'s K and V tiles into shared slot ``slot`` (16-byte vectors; Kᵀ's may be narrower,
+        :func:`kt_vector`)."""
         out = ""
-        for dst, src, shp, rows, cols, tile, key_axis in (("ks", "k", k_shape, k_rows, k_cols, k_tile,
-                                                           0 if spec.k_rows else 1),
-                                                          ("vs", "v", v_shape, BN, DV, v_tile, 0)):
-            vec = cols // 8
+        for dst, src, shp, rows, cols, tile, key_axis, W in (("ks", "k", k_shape, k_rows, k_cols, k_tile,
+                                                              0 if spec.k_rows else 1,
+                                                              8 if spec.k_rows else kt_vector(spec)),
+                                                             ("vs", "v", v_shape, BN, DV, v_tile, 0, 8)):
+            vec = cols // W
             n = rows * vec
-            # a tile of n 16-byte vectors over NT threads; where they do not split evenly (a 32x48 tile is 192
-            # vectors for 128 threads) the last round is guarded
+            # a tile of n vectors over NT threads; where they do not split evenly (a 32x48 tile is 192 vectors for
+            # 128 threads) the last round is guarded
             rounds, guard = -(-n // NT), n % NT != 0
-            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * 8"
+            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * {W}"
             src_rc = [r, c]
             src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
             sh = f"{slot} * {tile} + ({r}) * {cols + 8} + {c}"
             if stages == 1:
-                body = (f"for e in T.vectorized(8):\n"
+                body = (f"for e in T.vectorized({W}):\n"
                         f"    {dst}[{sh} + e] = {src}[{', '.join([*kvidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
-            else:
+            else:   # (16-byte vectors: the configs' rule)
                 body = (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
                         f"{_flat(shp, [*kvidx, *src_rc])}, 16))\n")
-            if ragged_k:   # keys past the end: zeros (a vector of Kᵀ's keys is whole: tiled_gpu_misfit)
+            if ragged_k:   # keys past the end: zeros (a vector's keys are all in or all out: W divides seq_k)
                 body = (f"if {src_rc[key_axis]} < {spec.seq_k}:\n" + _indent(body, 4)
-                        + f"else:\n    for e in T.vectorized(8):\n        {dst}[{sh} + e] = T.float16(0)\n")
+                        + f"else:\n    for e in T.vectorized({W}):\n        {dst}[{sh} + e] = T.float16(0)\n")
             if guard:
                 body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
             out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)

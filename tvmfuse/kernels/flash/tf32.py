@@ -24,7 +24,7 @@ K and V on their way into shared memory (single stage) or in place after the thr
 from __future__ import annotations
 
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
-                                           key_steps, kv_index, tile_scores)
+                                           key_steps, kt_vector, kv_index, tile_scores)
 from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, ROUND_TF32
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -104,21 +104,23 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
     k_tile, v_tile = k_rows * KS, BN * VS
 
     def tiles(step: str, slot: str, mode: str) -> str:
-        """Step ``step``'s K and V tiles into shared slot ``slot``, 16 bytes a thread a round: ``load`` (rounded on
-        the way), ``copy`` (``cp.async``) or ``round`` (the chunks this thread copied, rounded in place)."""
+        """Step ``step``'s K and V tiles into shared slot ``slot``, 16 bytes a thread a round (Kᵀ's may be
+        narrower, :func:`kt_vector`): ``load`` (rounded on the way), ``copy`` (``cp.async``) or ``round`` (the
+        chunks this thread copied, rounded in place)."""
         out = ""
-        for dst, src, shp, rows, cols, stride, tile, key_axis in (
-                ("ks", "k", k_shape, k_rows, k_cols, KS, k_tile, 0 if spec.k_rows else 1),
-                ("vs", "v", v_shape, BN, DV, VS, v_tile, 0)):
-            vec = cols // 4
+        for dst, src, shp, rows, cols, stride, tile, key_axis, W in (
+                ("ks", "k", k_shape, k_rows, k_cols, KS, k_tile, 0 if spec.k_rows else 1,
+                 4 if spec.k_rows else kt_vector(spec)),
+                ("vs", "v", v_shape, BN, DV, VS, v_tile, 0, 4)):
+            vec = cols // W
             n = rows * vec
             rounds, guard = -(-n // NT), n % NT != 0
-            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * 4"
+            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * {W}"
             src_rc = [r, c]
             src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
             at = f"{slot} * {tile} + ({r}) * {stride} + {c}"
             if mode == "load":
-                body = (f"for e in T.vectorized(4):\n"
+                body = (f"for e in T.vectorized({W}):\n"
                         f"    {dst}[{at} + e] = {rna(src + '[' + ', '.join([*kvidx, src_rc[0], src_rc[1] + ' + e']) + ']')}\n")
             elif mode == "copy":
                 body = (f"T.evaluate(T.s_tir.cp_async_raw('float32', {dst}.data, {at}, {src}.data, "
@@ -126,9 +128,9 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
             else:
                 body = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, {dst}_base + T.uint32(({at}) * 4), "
                         f"source_code={_ROUND_TF32_SOURCE!r}))\n")
-            if ragged_k and mode != "round":   # keys past the end: zeros (Kᵀ's 4 keys are whole: tiled_gpu_misfit)
+            if ragged_k and mode != "round":   # keys past the end: zeros (a vector's keys all in or all out)
                 body = (f"if {src_rc[key_axis]} < {spec.seq_k}:\n" + _indent(body, 4)
-                        + f"else:\n    for e in T.vectorized(4):\n        {dst}[{at} + e] = T.float32(0)\n")
+                        + f"else:\n    for e in T.vectorized({W}):\n        {dst}[{at} + e] = T.float32(0)\n")
             if guard:
                 body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
             out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
