@@ -201,21 +201,31 @@ def tf32_table(a) -> int:
         todo.append((replace(spec, tf32=False), simt_default(replace(spec, tf32=False), 132)))
         for item in todo:
             sp, cfg = item if isinstance(item, tuple) else (spec, item)
-            try:
-                rec = run_config(sp, cfg, time_it=True, seed=7)
-            except Exception as err:  # noqa: BLE001 - report and go on
-                rec = {"config": cfg.name, "error": str(err)[-300:]}
-            rec["case"] = case
-            rows.append(rec)
-            print(json.dumps(rec), flush=True)
+            _checked_and_timed(sp, cfg, rows, case=case, sdpa_us=sdpa)
+    return _table(a, rows)
+
+
+def _checked_and_timed(spec: AttentionSpec, cfg, rows: list, **fields) -> None:
+    """One config checked and timed (an error reported, not raised), its row appended to ``rows`` and printed."""
+    try:
+        rec = run_config(spec, cfg, time_it=True, seed=7)
+    except Exception as err:  # noqa: BLE001 - report and go on
+        rec = {"config": cfg.name, "error": str(err)[-300:]}
+    rec.update(fields)
+    rows.append(rec)
+    print(json.dumps(rec), flush=True)
+
+
+def _table(a, rows: list) -> int:
+    """The rows (each with its SDPA time) as a table, last; ``--json``: written there too."""
     if a.json:
-        Path(a.json).write_text(json.dumps({"sdpa_us": sdpa, "rows": rows}, indent=1))
-    print(f"\n{'case':22s} {'config':18s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'TFLOP/s':>8s} {'÷ SDPA':>7s}")
-    print(f"{'B8 H12 S512 D64':22s} {'SDPA fp32 (tf32)':18s} {'':5s} {'':>9s} {sdpa:9.1f}")
+        Path(a.json).write_text(json.dumps({"rows": rows}, indent=1))
+    print(f"\n{'case':34s} {'config':18s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'SDPA us':>8s} {'÷ SDPA':>7s}")
     for r in rows:
         us, err = r.get("us"), r.get("error", "")[:80]
-        timing = f"{us:9.1f} {r['tflops']:8.1f} {us / sdpa:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
-        print(f"{r['case']:22s} {r['config']:18s} {str(r.get('ok', 'ERR')):5s} "
+        timing = f"{us:9.1f} {r['sdpa_us']:8.1f} {us / r['sdpa_us']:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
+        name = r["config"] + (" (default)" if r.get("default") else "")
+        print(f"{r['case']:34s} {name:18s} {str(r.get('ok', 'ERR')):5s} "
               f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
     return 0
 
@@ -244,23 +254,8 @@ def ragged_table(a) -> int:
             default = default_config(sp, wgmma=True)
             todo = [c for c in configs(sp) if not a.configs or c.name in a.configs]
             for cfg in todo:
-                try:
-                    rec = run_config(sp, cfg, time_it=True, seed=3)
-                except Exception as err:  # noqa: BLE001 - report and go on
-                    rec = {"config": cfg.name, "error": str(err)[-300:]}
-                rec.update(case=f"{name} {tag}", sdpa_us=sdpa, default=cfg == default)
-                rows.append(rec)
-                print(json.dumps(rec), flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows}, indent=1))
-    print(f"\n{'case':34s} {'config':16s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'SDPA us':>8s} {'÷ SDPA':>7s}")
-    for r in rows:
-        us, err = r.get("us"), r.get("error", "")[:80]
-        timing = f"{us:9.1f} {r['sdpa_us']:8.1f} {us / r['sdpa_us']:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
-        name = r["config"] + (" (default)" if r.get("default") else "")
-        print(f"{r['case']:34s} {name:16s} {str(r.get('ok', 'ERR')):5s} "
-              f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
-    return 0
+                _checked_and_timed(sp, cfg, rows, case=f"{name} {tag}", sdpa_us=sdpa, default=cfg == default)
+    return _table(a, rows)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,35 @@ def kt_vector(spec: AttentionSpec) -> int:
     return width
 
 
+def kv_tile_copies(spec: AttentionSpec, tiles, step: str, slot: str, threads: int, block_n: int, copy,
+                   zero: str | None) -> str:
+    """A key step's K and V tiles copied into shared memory by ``threads`` threads, one vector a thread a round.
+
+    ``tiles``: (shared buffer, source, rows, columns, shared row stride, tile elements, key axis, vector width) of
+    each tile, the key axis 0 (keys as rows) or 1 (Kᵀ); ``copy(dst, at, src, index, width)``: the statements that
+    copy one vector (``at``: its shared offset; ``index``: the source's [row, column]); ``zero``: the zero of the
+    shared dtype, which fills the vectors of keys past the end in a ragged last step (None: no fill). A tile of
+    vectors that does not split evenly over the threads (a 32x48 tile is 192 vectors for 128 threads) guards its
+    last round."""
+    out = ""
+    for dst, src, rows, cols, stride, tile, key_axis, width in tiles:
+        vec = cols // width
+        n = rows * vec
+        rounds = -(-n // threads)
+        r, c = f"(it * {threads} + tx) // {vec}", f"(it * {threads} + tx) % {vec} * {width}"
+        index = [r, c]
+        index[key_axis] = f"({step}) * {block_n} + {index[key_axis]}"
+        at = f"{slot} * {tile} + ({r}) * {stride} + {c}"
+        body = copy(dst, at, src, index, width)
+        if zero is not None and spec.seq_k % block_n:   # a vector's keys are all in or all out: width divides seq_k
+            body = (f"if {index[key_axis]} < {spec.seq_k}:\n" + _indent(body, 4)
+                    + f"else:\n    for e in T.vectorized({width}):\n        {dst}[{at} + e] = {zero}\n")
+        if n % threads:
+            body = f"if it * {threads} + tx < {n}:\n" + _indent(body, 4)
+        out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
+    return out
+
+
 def batch_indices(spec: AttentionSpec) -> list[str]:
     """The per-dim indices of ``spec.batch`` in ``by``, the block index that walks the flattened batch dims."""
     bidx, rest = [], "by"

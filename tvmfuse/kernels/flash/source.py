@@ -9,7 +9,7 @@ from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_
 from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
 from tvmfuse.kernels.wgmma.config import SMS
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
-                                           key_steps, kt_vector, kv_index, tile_scores)
+                                           key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -53,7 +53,7 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     params.append(buf("out", o_shape))
     # (mma.sync configs) a ragged last query tile's rows past the end read zeros and are not stored; a ragged last
     # key step's keys past the end are zeros in shared memory and -inf as scores
-    ragged_q, ragged_k = spec.seq_q % BM != 0, spec.seq_k % BN != 0
+    ragged_q = spec.seq_q % BM != 0
     plain, score = tile_scores(spec, bidx, row, f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2", f"sacc[mt * {SB} + i]",
                                BM, BN)
 
@@ -61,36 +61,23 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
     k_tile, v_tile = k_rows * (k_cols + 8), BN * (DV + 8)
 
+    shapes = {"k": k_shape, "v": v_shape}
+    kv_tiles = (("ks", "k", k_rows, k_cols, k_cols + 8, k_tile, 0 if spec.k_rows else 1,
+                 8 if spec.k_rows else kt_vector(spec)),
+                ("vs", "v", BN, DV, DV + 8, v_tile, 0, 8))
+
+    def copy(dst: str, at: str, src: str, index: list[str], width: int) -> str:
+        if stages == 1:
+            return (f"for e in T.vectorized({width}):\n"
+                    f"    {dst}[{at} + e] = {src}[{', '.join([*kvidx, index[0], index[1] + ' + e'])}]\n")
+        # (16-byte vectors: the configs' rule)
+        return (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {at}, {src}.data, "
+                f"{_flat(shapes[src], [*kvidx, *index])}, 16))\n")
+
     def loads(step: str, slot: str) -> str:
         """Copy step ``step``'s K and V tiles into shared slot ``slot`` (16-byte vectors; Kᵀ's may be narrower,
         :func:`kt_vector`)."""
-        out = ""
-        for dst, src, shp, rows, cols, tile, key_axis, W in (("ks", "k", k_shape, k_rows, k_cols, k_tile,
-                                                              0 if spec.k_rows else 1,
-                                                              8 if spec.k_rows else kt_vector(spec)),
-                                                             ("vs", "v", v_shape, BN, DV, v_tile, 0, 8)):
-            vec = cols // W
-            n = rows * vec
-            # a tile of n vectors over NT threads; where they do not split evenly (a 32x48 tile is 192 vectors for
-            # 128 threads) the last round is guarded
-            rounds, guard = -(-n // NT), n % NT != 0
-            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * {W}"
-            src_rc = [r, c]
-            src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
-            sh = f"{slot} * {tile} + ({r}) * {cols + 8} + {c}"
-            if stages == 1:
-                body = (f"for e in T.vectorized({W}):\n"
-                        f"    {dst}[{sh} + e] = {src}[{', '.join([*kvidx, src_rc[0], src_rc[1] + ' + e'])}]\n")
-            else:   # (16-byte vectors: the configs' rule)
-                body = (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {sh}, {src}.data, "
-                        f"{_flat(shp, [*kvidx, *src_rc])}, 16))\n")
-            if ragged_k:   # keys past the end: zeros (a vector's keys are all in or all out: W divides seq_k)
-                body = (f"if {src_rc[key_axis]} < {spec.seq_k}:\n" + _indent(body, 4)
-                        + f"else:\n    for e in T.vectorized({W}):\n        {dst}[{sh} + e] = T.float16(0)\n")
-            if guard:
-                body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
-            out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
-        return out
+        return kv_tile_copies(spec, kv_tiles, step, slot, NT, BN, copy, "T.float16(0)")
 
     kslot, vslot = (f"j % 2 * {k_tile} + ", f"j % 2 * {v_tile} + ") if stages > 1 else ("", "")
     if spec.k_rows:   # ks[key, d]: the B operand's columns are its rows: plain ldmatrix

@@ -24,7 +24,7 @@ K and V on their way into shared memory (single stage) or in place after the thr
 from __future__ import annotations
 
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
-                                           key_steps, kt_vector, kv_index, tile_scores)
+                                           key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
 from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, ROUND_TF32
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -99,42 +99,33 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
     KS, VS = k_stride(spec, BN), DV + 4
     # a ragged last query tile's rows past the end read zeros and are not stored; a ragged last key step's keys past
     # the end are zeros in shared memory and -inf as scores
-    ragged_q, ragged_k = spec.seq_q % BM != 0, spec.seq_k % BN != 0
+    ragged_q = spec.seq_q % BM != 0
     k_rows, k_cols = (BN, D) if spec.k_rows else (D, BN)
     k_tile, v_tile = k_rows * KS, BN * VS
+
+    shapes = {"k": k_shape, "v": v_shape}
+    kv_tiles = (("ks", "k", k_rows, k_cols, KS, k_tile, 0 if spec.k_rows else 1, 4 if spec.k_rows else kt_vector(spec)),
+                ("vs", "v", BN, DV, VS, v_tile, 0, 4))
+    copies = {
+        # rounded on the way
+        "load": lambda dst, at, src, index, width: (
+            f"for e in T.vectorized({width}):\n"
+            f"    {dst}[{at} + e] = {rna(src + '[' + ', '.join([*kvidx, index[0], index[1] + ' + e']) + ']')}\n"),
+        "copy": lambda dst, at, src, index, width: (
+            f"T.evaluate(T.s_tir.cp_async_raw('float32', {dst}.data, {at}, {src}.data, "
+            f"{_flat(shapes[src], [*kvidx, *index])}, 16))\n"),
+        # the chunks this thread copied, rounded in place
+        "round": lambda dst, at, src, index, width: (
+            f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, {dst}_base + T.uint32(({at}) * 4), "
+            f"source_code={_ROUND_TF32_SOURCE!r}))\n"),
+    }
 
     def tiles(step: str, slot: str, mode: str) -> str:
         """Step ``step``'s K and V tiles into shared slot ``slot``, 16 bytes a thread a round (Kᵀ's may be
         narrower, :func:`kt_vector`): ``load`` (rounded on the way), ``copy`` (``cp.async``) or ``round`` (the
         chunks this thread copied, rounded in place)."""
-        out = ""
-        for dst, src, shp, rows, cols, stride, tile, key_axis, W in (
-                ("ks", "k", k_shape, k_rows, k_cols, KS, k_tile, 0 if spec.k_rows else 1,
-                 4 if spec.k_rows else kt_vector(spec)),
-                ("vs", "v", v_shape, BN, DV, VS, v_tile, 0, 4)):
-            vec = cols // W
-            n = rows * vec
-            rounds, guard = -(-n // NT), n % NT != 0
-            r, c = f"(it * {NT} + tx) // {vec}", f"(it * {NT} + tx) % {vec} * {W}"
-            src_rc = [r, c]
-            src_rc[key_axis] = f"({step}) * {BN} + {src_rc[key_axis]}"
-            at = f"{slot} * {tile} + ({r}) * {stride} + {c}"
-            if mode == "load":
-                body = (f"for e in T.vectorized({W}):\n"
-                        f"    {dst}[{at} + e] = {rna(src + '[' + ', '.join([*kvidx, src_rc[0], src_rc[1] + ' + e']) + ']')}\n")
-            elif mode == "copy":
-                body = (f"T.evaluate(T.s_tir.cp_async_raw('float32', {dst}.data, {at}, {src}.data, "
-                        f"{_flat(shp, [*kvidx, *src_rc])}, 16))\n")
-            else:
-                body = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, {dst}_base + T.uint32(({at}) * 4), "
-                        f"source_code={_ROUND_TF32_SOURCE!r}))\n")
-            if ragged_k and mode != "round":   # keys past the end: zeros (a vector's keys all in or all out)
-                body = (f"if {src_rc[key_axis]} < {spec.seq_k}:\n" + _indent(body, 4)
-                        + f"else:\n    for e in T.vectorized({W}):\n        {dst}[{at} + e] = T.float32(0)\n")
-            if guard:
-                body = f"if it * {NT} + tx < {n}:\n" + _indent(body, 4)
-            out += f"for it in T.unroll({rounds}):\n" + _indent(body, 4)
-        return out
+        return kv_tile_copies(spec, kv_tiles, step, slot, NT, BN, copies[mode],
+                              None if mode == "round" else "T.float32(0)")
 
     sync = "T.tvm_storage_sync('shared')\n"
     nsteps = key_steps(spec, BM, BN)
