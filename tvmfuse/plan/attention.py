@@ -66,7 +66,10 @@ class AttentionSpec:
         return ["0" if d == 1 and full[off + k] != 1 else names[off + k] for k, d in enumerate(shape)]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.tf32:   # (a spec's text is part of its kernel's workload: fp32 and fp16 kernels keep theirs)
+            del fields["tf32"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "AttentionSpec":
@@ -80,7 +83,7 @@ class AttentionSpec:
     def key(self) -> tuple:
         return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
                 self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows, self.causal, self.causal_offset,
-                self.kv_group, self.bias_shape, self.bias_dtype)
+                self.kv_group, self.bias_shape, self.bias_dtype, self.tf32)
 
 
 def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
