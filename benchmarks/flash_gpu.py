@@ -10,7 +10,8 @@ head dim 64) are checked for correctness only. Prints a table last; ``--json`` w
     python benchmarks/flash_gpu.py --tf32 [--configs NAME ...]
 
 ``--ragged``: sequences that are no whole number of tiles (ViT's 197 tokens with K as rows and Kᵀ given, Whisper's 1500
-frames with Kᵀ and a padding mask, a causal 200), fp16 and TF32, every ``mma.sync`` config checked and timed beside SDPA.
+frames with Kᵀ and a padding mask, a causal 200), fp16 and TF32, every ``mma.sync`` config checked and timed beside
+SDPA.
 ``--tf32``: fp32 attention at BERT-base's shape (8 x 12 heads x 512, head dim 64, a padding mask; Kᵀ given, and K
 given as rows) in TF32 (``mma.sync.m16n8k8``, every config), beside the CUDA-core kernel's default (fp32 exact) and
 SDPA in fp32 with TF32 allowed, all checked against an fp32 reference with TF32 off.
@@ -46,8 +47,8 @@ def _reference(spec: AttentionSpec, q, k, v, mask):
     else:
         s = (s + mask.float()) * scale
     if spec.causal:
-        hidden = torch.arange(spec.seq_k, device=s.device)[None, :] > (torch.arange(spec.seq_q, device=s.device)[:, None]
-                                                                      + spec.causal_offset)
+        rows, cols = (torch.arange(n, device=s.device) for n in (spec.seq_q, spec.seq_k))
+        hidden = cols[None, :] > rows[:, None] + spec.causal_offset
         s = s.masked_fill(hidden, float("-inf"))
     return torch.softmax(s, dim=-1) @ v.float()
 

@@ -75,14 +75,17 @@ def test_ragged_sequences_fuse_and_build_the_guarded_mma_sync_kernel(tmp_path, c
     assert "< 48" in src and "T.float32('-inf')" in src
     result = build(fused, target=cuda)
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in cuda_source(result.executable)
-    # Kᵀ's rows of 1500 or 197 keys do not keep 16-byte vectors aligned: its copies narrow to 4 and 1 halves, and
-    # no config copies by cp.async (16 bytes)
+    # Kᵀ's rows of 1500 or 197 keys do not keep 16-byte vectors aligned: its copies narrow to 4 and 1 halves; cp.async
+    # copies 8 bytes of them where two stages are offered, and none under its least 4
     for keys, width in ((1500, 4), (197, 1), (1000, 8)):
         kt = AttentionSpec(batch=(2, 8), seq_q=keys, seq_k=keys, head_dim=64, head_dim_v=64, dtype="float16",
                            scale=0.125, mask_shape=None, k_rows=False)
         assert tiled_gpu_misfit(kt) is None and kt_vector(kt) == width
-        assert all(c.stages == 1 or width == 8 for c in flash.all_configs(kt, wgmma=True))
+        two = [c for c in flash.all_configs(kt, wgmma=True) if c.stages == 2]
+        assert bool(two) == (width >= 2)
         assert f"for e in T.vectorized({width}):" in flash.flash_source(kt, flash.FlashConfig(4, 64, 1, 1))
+        if two:
+            assert f", {2 * width}))" in flash.flash_source(kt, two[0])
 
 
 @pytest.mark.parametrize("seq,dim,fp16,why", [(48, 24, True, "head dims 24/24 (the template takes multiples of 16"),

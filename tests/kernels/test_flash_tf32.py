@@ -92,7 +92,8 @@ def test_the_fragment_maps_compute_q_kt_and_p_v_with_p_in_its_accumulators_regis
             for h in range(2):
                 b[t + 4 * h, g] = b_regs[lane][h]
         d = a @ b
-        return [[d[g + 8 * (c // 2), 2 * t + c % 2] for c in range(4)] for g, t in map(lambda x: divmod(x, 4), range(32))]
+        lanes = (divmod(x, 4) for x in range(32))
+        return [[d[g + 8 * (c // 2), 2 * t + c % 2] for c in range(4)] for g, t in lanes]
 
     def at(expr: str, g: int, t: int) -> int:
         return int(eval(expr))   # the kernel's index expressions, with the lane's g and t as numbers

@@ -105,7 +105,8 @@ def tf32_attention(func: PrimFunc):
 def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
     """``mod`` (a partitioned module) with its fp32 GEMM and conv kernels marked :data:`ATTR` and each weight
     stored ``[K, N]`` transposed to ``[N, K]`` (kernel and calls alike; only where every call passes a constant),
-    its fp32 attention kernels' specs marked ``tf32`` (:func:`tf32_attention`), and a note for the plan's rewrites (None where no kernel was marked)."""
+    its fp32 attention kernels' specs marked ``tf32`` (:func:`tf32_attention`), and a note for the plan's rewrites
+    (None where no kernel was marked)."""
     calls = kernel_calls(mod["main"])
     funcs, transposed, rounded, attention = {}, {}, {}, 0
     for gv, func in mod.functions.items():
@@ -165,7 +166,8 @@ def tf32_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
         out[main_gv] = relax.Function(main.params, Operands().visit_expr(main.body), main.ret_ty, main.is_pure,
                                       attrs=main.attrs)
     sites = sum(len(calls.get(gv, [])) for gv in transposed)
-    parts = [f"{len(funcs) - attention} GEMM/conv kernels on the tensor cores in TF32" if len(funcs) > attention else "",
+    gemms = len(funcs) - attention
+    parts = [f"{gemms} GEMM/conv kernels on the tensor cores in TF32" if gemms else "",
              f"{attention} attention kernels on the TF32 flash kernel (mma.sync)" if attention else "",
              f"{len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
              if transposed else "",

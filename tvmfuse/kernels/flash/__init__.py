@@ -35,8 +35,8 @@ planner keeps attention none fits unfused on GPUs. Tuning picks a config among
 :func:`configs` (MetaSchedule samples its index; the builder expands it, see :func:`expand`).
 
 The package: ``config`` (the tile configs, which fit, the default), ``softmax`` (what every flash kernel shares),
-``source`` (the kernel for a config, the swap for a tuned sketch), ``tf32`` (the TF32 kernel), ``wgmma_tiles`` (the Hopper kernels' tiles and
-their overlapped variant) and ``sketch`` (the attention class's MetaSchedule sketch).
+``source`` (the kernel for a config, the swap for a tuned sketch), ``tf32`` (the TF32 kernel), ``wgmma_tiles`` (the
+Hopper kernels' tiles and their overlapped variant) and ``sketch`` (the attention class's MetaSchedule sketch).
 """
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ class FlashConfig:
 def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
             max_shared_bytes: int = 100 * 1024, wgmma=(False,), overlap=(False,)) -> list[FlashConfig]:
     """The tile configs (from the given choices) that fit ``spec``'s registers and ``max_shared_bytes`` of (dynamic)
-    shared memory; the Hopper ones must also divide its sequences (the ``mma.sync`` ones guard a ragged last tile). 100 KB leaves room for two blocks on an H200 SM (228 KB).
+    shared memory; the Hopper ones must also divide its sequences (the ``mma.sync`` ones guard a ragged last tile).
+    100 KB leaves room for two blocks on an H200 SM (228 KB).
     A TF32 spec (``spec.tf32``) takes the ``mma.sync`` kernel of :mod:`tvmfuse.kernels.flash.tf32`: one 16-row tile
     per warp, no wgmma.
     """
@@ -58,6 +59,7 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
 
         return [c for w in warps for n in block_n for st in stages if 1 in tuple(m_tiles)
                 for c in [FlashConfig(int(w), int(n), int(st), 1)]
+                # (two stages round the copied chunks 16 bytes at a time: Kᵀ's vectors must be whole 4 floats)
                 if registers(spec, c) <= REGISTERS and shared_bytes(spec, c) <= max_shared_bytes
                 and (c.stages == 1 or spec.k_rows or kt_vector(spec) == 4)]
     out = []
@@ -70,10 +72,10 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
                     # registers; measured with ptxas: the configs kept here build without spills (164-251)
                     regs = c.m_tiles * (c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2)
                     regs += spec.head_dim // 4 if c.m_tiles == 1 else 4 * c.m_tiles
-                    # (sequences need not be whole tiles: a ragged last tile is guarded; cp.async copies 16 bytes,
-                    # which Kᵀ's rows of an odd number of keys do not keep aligned)
+                    # (sequences need not be whole tiles: a ragged last tile is guarded; cp.async copies at least
+                    # 4 bytes, which Kᵀ's rows of an odd number of keys do not keep aligned)
                     if (regs <= 200 and c.shared_bytes(spec) <= max_shared_bytes
-                            and (c.stages == 1 or spec.k_rows or kt_vector(spec) == 8)):
+                            and (c.stages == 1 or spec.k_rows or kt_vector(spec) >= 2)):
                         out.append(c)
     if True in tuple(wgmma) and spec.head_dim % 64 == 0 and spec.head_dim_v % 64 == 0 and spec.head_dim_v <= 256:
         for w in warps:

@@ -8,8 +8,8 @@ from tvmfuse.kernels.annotations import swap_kernels
 from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_config, spec_of
 from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
 from tvmfuse.kernels.wgmma.config import SMS
-from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
-                                           key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices,
+                                           key_loop, key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -70,9 +70,9 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
         if stages == 1:
             return (f"for e in T.vectorized({width}):\n"
                     f"    {dst}[{at} + e] = {src}[{', '.join([*kvidx, index[0], index[1] + ' + e'])}]\n")
-        # (16-byte vectors: the configs' rule)
+        # (16 bytes; Kᵀ's narrower vectors of at least 4 bytes, cp.async's least: the configs' rule)
         return (f"T.evaluate(T.s_tir.cp_async_raw('float16', {dst}.data, {at}, {src}.data, "
-                f"{_flat(shapes[src], [*kvidx, *index])}, 16))\n")
+                f"{_flat(shapes[src], [*kvidx, *index])}, {2 * width}))\n")
 
     def loads(step: str, slot: str) -> str:
         """Copy step ``step``'s K and V tiles into shared slot ``slot`` (16-byte vectors; Kᵀ's may be narrower,

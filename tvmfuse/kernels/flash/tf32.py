@@ -23,8 +23,8 @@ K and V on their way into shared memory (single stage) or in place after the thr
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices, key_loop,
-                                           key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
+from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices,
+                                           key_loop, key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
 from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, ROUND_TF32
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -137,6 +137,7 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
                 + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
                 + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + tiles("j", "j % 2", "round") + sync)
     kslot, vslot = (f"j % 2 * {k_tile} + ", f"j % 2 * {v_tile} + ") if S > 1 else ("", "")
+
     def k_at(h: int) -> str:
         n, d = k_element(h, g, t)
         return (f"{kslot}(np * 8 + {n}) * {KS} + kk * 8 + {d}" if spec.k_rows      # ks[key, d]
@@ -145,8 +146,10 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
     def v_at(h: int) -> str:
         n, c = v_element(h, g, t)
         return f"{vslot}(kv * 8 + {n}) * {VS} + dp * 8 + {c}"
+
     mma = ("T.ptx_legacy.mma('m16n8k8', 'row', 'col', 'tf32', 'tf32', 'fp32', {a}.data, {ao}, {b}.data, 0, "
            "{c}.data, {co}, False, dtype='float32')")
+
     def q_at(r: int) -> str:
         q_row = f"bx * {BM} + {warp} * 16 + {q_element(r, g, t)[0]}"
         at = "q[" + ", ".join([*bidx, f"T.min({q_row}, {spec.seq_q - 1})" if ragged_q else q_row,
