@@ -27,12 +27,15 @@ Causal attention (``AttentionSpec.causal``): query tile ``bx`` walks the key ste
 max, and the tiles launch heaviest first (``blockIdx.y`` reversed). GQA (``kv_group``): K and V are read at head
 ``h // kv_group``, never repeated.
 
-The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. Rows and keys must
-be whole tiles (:func:`tvmfuse.plan.attention.tiled_gpu_misfit`). fp32 attention, which no tensor-core kernel computes
-to fp32's precision, runs a CUDA-core flash kernel instead (:mod:`tvmfuse.kernels.flash.simt`, ragged tiles
-allowed), or under ``--precision tf32`` this kernel with 32-bit operands (:mod:`tvmfuse.kernels.flash.tf32`); the
-planner keeps attention none fits unfused on GPUs. Tuning picks a config among
-:func:`configs` (MetaSchedule samples its index; the builder expands it, see :func:`expand`).
+The scores exist only as one warp's ``16 * m_tiles`` x ``block_n`` registers at a time. The Hopper kernels take whole
+tiles of rows and keys; the ``mma.sync`` ones any sequence lengths: a ragged last query tile reads zeros and stores
+only its rows, a ragged last key step holds zeros past the end and scores them -inf, and Kᵀ of an odd key count is
+copied in narrower vectors (:func:`tvmfuse.kernels.flash.softmax.kt_vector`).
+
+fp32 attention, which no tensor-core kernel computes to fp32's precision, runs a CUDA-core flash kernel instead
+(:mod:`tvmfuse.kernels.flash.simt`), or under ``--precision tf32`` this kernel with 32-bit operands
+(:mod:`tvmfuse.kernels.flash.tf32`); the planner keeps attention none fits unfused on GPUs. Tuning picks a config
+among :func:`configs` (MetaSchedule samples its index; the builder expands it, see :func:`expand`).
 
 The package: ``config`` (the tile configs, which fit, the default), ``softmax`` (what every flash kernel shares),
 ``source`` (the kernel for a config, the swap for a tuned sketch), ``tf32`` (the TF32 kernel), ``wgmma_tiles`` (the
