@@ -18,6 +18,7 @@ from tvmfuse.db import open_database
 from tvmfuse.errors import ArtifactError, ModelError, TvmfuseError, VerificationError
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.frontend.precision import TOLERANCE as PRECISION_TOLERANCE
+from tvmfuse.frontend.precision import hint as precision_hint
 from tvmfuse.plan import partition
 from tvmfuse.plan.partition import DEFAULT_PLANNER
 from tvmfuse.runtime.loaded import check_digest, manifest_digest
@@ -126,7 +127,8 @@ def tune(cfg: ModelConfig, tune_cfg: TuneConfig, *, progress: TuneProgress | Non
             getattr(runner, "_inst", runner).shutdown()  # the Python object behind MetaSchedule's wrapper
     report = {
         "model": str(cfg.model), "target": target.canonical, "device": target.device, "db": str(cfg.db),
-        "planner": plan.planner, "precision": cfg.precision, "cost_model": tune_cfg.cost_model,
+        "planner": plan.planner, "precision": cfg.precision,
+        "precision_hint": precision_hint(loaded.proto, cfg.precision, target.is_gpu), "cost_model": tune_cfg.cost_model,
         "threads": threads, "warm_start_records": warm,
         "kernels": [r.to_json() for r in results],
         "trials_run": sum(r.trials_run for r in results),
@@ -199,8 +201,8 @@ def compile(cfg: ModelConfig, *, out: Path, untuned: bool = False, cuda_graph: b
         raise ArtifactError(f"cannot write the artifact folder {out}: {e.strerror or e}") from None
     return {
         "artifact": str(out), "target": target.canonical, "device": target.device, "planner": plan.planner,
-        "precision": cfg.precision, "threads": threads,
-        "kernels": [k.to_json() for k in result.kernels],
+        "precision": cfg.precision, "precision_hint": precision_hint(loaded.proto, cfg.precision, target.is_gpu),
+        "threads": threads, "kernels": [k.to_json() for k in result.kernels],
         "db": str(cfg.db) if use_db else None, "untuned": result.untuned, "cuda_graph": result.cuda_graph,
         "end_to_end_check": end_to_end,
         "tir_pipeline": result.tir_pipeline, "machine": target.machine(),

@@ -115,3 +115,19 @@ def test_fp16_of_a_graph_with_its_own_float_casts_is_valid_and_verifies(tmp_path
     ref = verify.run_onnxruntime(path, feeds)
     assert verify.relative_error(got[0], ref[0]) < 1e-2
     partition(import_model(loaded), target=llvm_target)   # TVM imports it: no fp32 conv input with fp16 weights
+
+
+def test_an_fp32_model_built_for_a_gpu_in_its_own_types_is_told_of_tf32_and_fp16(tmp_path):
+    """The hint is in the compile report (and printed as a note): only for an fp32 model, on a GPU, in its own types."""
+    from tvmfuse import api
+    from tvmfuse.frontend.precision import hint
+
+    fp32, fp16 = (onnx.load(FIXTURES / "tiny_gpt2.float32.onnx"), onnx.load(FIXTURES / "tiny_bert.float16.onnx"))
+    assert "--precision tf32" in hint(fp32, "model", gpu=True) and "--precision fp16" in hint(fp32, "model", gpu=True)
+    assert hint(fp32, "model", gpu=False) is None and hint(fp32, "tf32", gpu=True) is None
+    assert hint(fp16, "model", gpu=True) is None
+    model = FIXTURES / "tiny_gpt2.float32.onnx"
+    for target, told in (("cuda", True), ("llvm", False)):
+        cfg = api.ModelConfig(model=model, target=target, db=tmp_path / "none.db")
+        built = api.compile(cfg, out=tmp_path / f"art-{target}", untuned=True)
+        assert bool(built["precision_hint"]) == told

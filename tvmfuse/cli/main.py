@@ -55,8 +55,8 @@ TargetOpt = typer.Option("auto", "--target",
 DbOpt = typer.Option(Path("tuning_logs/tvmfuse.db"), "--db", help="Tuning database.")
 InputShapeOpt = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 for inputs with dynamic dims (repeatable).")
 PrecisionOpt = typer.Option("model", "--precision", help="model (the types it is stored in) | fp32 | tf32 (fp32 "
-                             "GEMMs and convs on a GPU's tensor cores) | fp16 (fp32 accumulation and statistics; "
-                             "inputs and outputs keep their types).")
+                             "GEMMs, convs and attention on a GPU's tensor cores) | fp16 (fp32 accumulation and "
+                             "statistics; inputs and outputs keep their types).")
 CudaGraphOpt = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                             help="On a GPU, replay the model's kernels as one CUDA graph (static shapes).")
 RpcTrackerOpt = typer.Option(None, "--rpc-tracker", help="Measure on the RPC servers of this tracker (HOST:PORT, "
@@ -229,6 +229,8 @@ def tune_command(
                              "vs default", "check"], rows, caption=TABLE_ORDER))
             out.print(f"database: {report['db']}; cost model: {report['cost_model']} (one for the run, "
                       f"warm-started with {report['warm_start_records']} records of the database)")
+            if report.get("precision_hint"):
+                err.print(f"note: {report['precision_hint']}", highlight=False)
             if report.get("cpu_trials"):
                 out.print(f"CPU trials: {report['cpu_trials']['mode']} ({report['cpu_trials']['why']})")
             if report["retime_finalists"]:
@@ -347,6 +349,8 @@ def compile_command(
         out.print(table(f"artifact {report['artifact']} ({report['seconds']} s)", ["kernel", "schedule", "tuned latency"], rows))
         if report["db"] is None and not untuned:
             err.print(f"note: no tuning database at {db}: every kernel runs its untuned default, named in the schedule column (run `tvmfuse tune` first)")
+        if report.get("precision_hint"):
+            err.print(f"note: {report['precision_hint']}", highlight=False)
         n_untuned = len(report["untuned"])
         _print_end_to_end(report.get("end_to_end_check"))
         machine = report.get("machine") or {}

@@ -14,10 +14,10 @@ it too. What stays in fp32:
   (``relax_fixups.fp32_accumulation``); LayerNorm's mean and variance, which TVM computes in fp32 for fp16
   inputs; softmax's max and sum, which the GPU row program keeps in fp32.
 
-tf32 leaves the graph as stored (fp32): the planner marks its fp32 GEMM and conv kernels for the tensor cores
-(:mod:`tvmfuse.plan.tf32`), which read their operands in TF32 (a 10-bit mantissa) and accumulate in fp32, as
+tf32 leaves the graph as stored (fp32): the planner marks its fp32 GEMM, conv and attention kernels for the tensor
+cores (:mod:`tvmfuse.plan.tf32`), which read their operands in TF32 (a 10-bit mantissa) and accumulate in fp32, as
 cuBLAS and cuDNN under PyTorch's ``allow_tf32``. Off a GPU, or where no tensor-core template takes a kernel, the
-kernel runs in fp32.
+kernel runs in fp32. An fp32 model built for a GPU in its own types gets a hint naming both (:func:`hint`).
 """
 from __future__ import annotations
 
@@ -43,6 +43,16 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise TvmfuseError(f"unknown precision '{precision}'", hint="choose from " + ", ".join(PRECISIONS))
     return precision
+
+
+def hint(model: onnx.ModelProto, precision: str, gpu: bool) -> str | None:
+    """What a report suggests for ``model`` built in ``precision`` (on a GPU where ``gpu``): an fp32 model in its own
+    types keeps its GEMMs, convs and attention off the tensor cores. None where there is nothing to suggest."""
+    if not gpu or precision != "model" or float_types(model) != {"float32"}:
+        return None
+    return ("an fp32 model on a GPU runs its GEMMs, convs and attention on the CUDA cores: --precision tf32 puts them "
+            "on the tensor cores in TF32 (about 1e-3 from fp32, what PyTorch's allow_tf32 does), --precision fp16 "
+            "converts the graph (fp32 accumulation and statistics)")
 
 
 def float_types(model: onnx.ModelProto) -> set[str]:
