@@ -189,3 +189,23 @@ def test_t5_in_fp16_fuses_too_through_the_cast_of_its_scores(llvm):
     fused, _ = partition(import_model(load_model(FIXTURES / "tiny_t5_encoder.float16.onnx")), target=llvm)
     specs = _specs(fused)
     assert specs and all(s.dtype == "float16" and s.bias_shape is not None for s in specs)
+
+
+@pytest.mark.parametrize("model,rows,tol", [("tiny_vit.float32", True, 1e-4), ("tiny_vit.float16", True, 1e-2),
+                                            ("tiny_bert.float32", False, 1e-4)])
+def test_kt_of_keys_no_16_byte_vector_divides_is_read_as_rows_and_computes_what_onnxruntime_does(llvm, model, rows,
+                                                                                                 tol):
+    """The exporters turn K with the same transpose that splits its heads (perm 0, 2, 3, 1): ViT's 17 keys of 4 or 2
+    bytes leave Kᵀ's rows unaligned for 16-byte copies, so the planner emits that permute with its last two axes
+    swapped back (K as rows) for the kernel; BERT's 8 fp32 keys (32 bytes) keep Kᵀ."""
+    import onnx
+
+    loaded = load_model(FIXTURES / f"{model}.onnx")
+    fused, plan = partition(import_model(loaded), target=llvm)
+    specs = _specs(fused)
+    assert specs and all(s.k_rows == rows for s in specs)
+    feeds = dict(np.load(FIXTURES / f"{model.split('.')[0]}.inputs.npz"))
+    args = [feeds[x.name].astype(x.dtype) for x in loaded.inputs]
+    (got,) = build_and_run(fused, llvm, args)[:1]
+    (ref,) = ort_run(onnx.load(str(FIXTURES / f"{model}.onnx")), args)[:1]
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < tol

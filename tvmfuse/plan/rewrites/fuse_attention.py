@@ -11,6 +11,24 @@ from tvmfuse.plan.rewrites.attention_inputs import causal_offset, kv_repeat
 from tvmfuse.plan.tags import RewriteLog, Tag
 
 
+class _KRows:
+    """K as rows for the attention kernel, emitted with it: ``permute_dims(source, axes)`` (Kᵀ's own permute with its
+    last two axes swapped back)."""
+
+    def __init__(self, source, axes: list[int]):
+        self.source, self.axes = source, axes
+
+    def emit(self, bb, vmap):
+        return bb.emit(relax.op.permute_dims(vmap.get(self.source, self.source), self.axes), name_hint="k_rows")
+
+
+def _narrow_keys(kt) -> bool:
+    """Whether Kᵀ's rows (its last axis, the keys) leave no 16-byte vector aligned: the flash kernels then copy Kᵀ
+    in narrower vectors, and K as rows would go 16 bytes at a time (``tvmfuse.kernels.flash.softmax.kt_vector``)."""
+    shape = tensor_shape(kt.ty)
+    return shape is not None and (shape[-1] * np.dtype(str(kt.ty.dtype)).itemsize) % 16 != 0
+
+
 def _scalar(const) -> float | None:
     arr = const_numpy(const)
     return float(arr.reshape(-1)[0]) if arr.size == 1 else None
@@ -100,22 +118,28 @@ class FuseAttention:
         dropped.append(mm.var)
         q, kt = mm.value.args
         qs, ks, vs, os_ = (tensor_shape(x.ty) for x in (q, kt, v, b.var))
-        # a Transpose of K's last two axes used only here: read K directly
-        k_rows, kb = False, defs.get(kt)
+        # a Transpose of K's last two axes used only here: read K directly. Kᵀ made by another permute (the
+        # exporters' one transpose that splits the heads and turns K at once) whose keys leave no 16-byte vector
+        # aligned (ViT's 197, Whisper's 1500 in fp16): the same permute with the last two axes swapped back gives K as
+        # rows, which the kernel copies 16 bytes at a time
+        k_rows, kb, k_permuted = False, defs.get(kt), None
         if kb is not None and op_name(kb.value) == "relax.permute_dims" and single(kt) and qs and len(qs) >= 3:
             axes = [int(a) for a in kb.value.attrs.axes] if kb.value.attrs.axes is not None else None
             r = len(qs)
             if axes == list(range(r - 2)) + [r - 1, r - 2]:
                 k_rows = True
                 dropped.append(kb.var)
+            elif axes is not None and len(axes) == r and _narrow_keys(kt):
+                k_rows, k_permuted = True, _KRows(kb.value.args[0], [*axes[:-2], axes[-1], axes[-2]])
+                dropped.append(kb.var)
         if None in (qs, ks, vs, os_) or not (len(qs) == len(ks) == len(vs) >= 3):
             return None
         batch = qs[:-2]
         # GQA / MQA: K and V with fewer heads, read for a group of query heads each: their repeat (repeat_kv's
         # Unsqueeze -> Expand|Tile -> Reshape) dropped, or a single K/V head that the matmuls broadcast
-        k_src = kb.value.args[0] if k_rows else kt
+        k_src = k_permuted or (kb.value.args[0] if k_rows else kt)
         group, kv_dropped, kv_extra = 1, [], 0
-        reps = [kv_repeat(x, defs, users) for x in (k_src, v)]
+        reps = [kv_repeat(x, defs, users) for x in (k_src, v)] if k_permuted is None else [None]
         if all(reps) and reps[0][1] == reps[1][1]:
             group = reps[0][1]
             kv_dropped = reps[0][2] + reps[1][2]
@@ -159,20 +183,20 @@ class FuseAttention:
                              scale_first=scale_first, k_rows=k_rows, causal=causal, causal_offset=offset,
                              kv_group=group, bias_shape=shapes[1], bias_dtype=dtypes[1])
         dropped += kv_dropped
-        if k_rows:
+        if k_rows and k_permuted is None:
             ops = ("transpose",)
             kt_bytes = 2 * tensor_bytes(kt.ty)
-        else:
+        else:   # (a permute to K as rows still runs, as Kᵀ's did)
             ops, kt_bytes = (), 0
-        kt = k_src
-        args = [q, kt, v] + masks
+        k_bytes = tensor_bytes(kt.ty if k_permuted is not None else k_src.ty)   # (K as rows: Kᵀ's bytes)
+        args = [q, k_src, v] + masks
         ops = (("repeat_kv",) if kv_dropped else ()) + ops
         # unfused: matmul, each elementwise op on the scores, softmax, matmul: one kernel each
         sb = tensor_bytes(probs.ty)
         ops = ops + ("matmul",) + tuple({"scale": "multiply", "mask": "add"}[o] for o in order[::-1]) + ("softmax", "matmul")
         kv_scale = group if kv_dropped else 1   # the unfused matmuls read the repeated K and V
         unfused = kv_extra * (1 + group) + kt_bytes + (
-            tensor_bytes(q.ty) + tensor_bytes(kt.ty) * kv_scale + sb) + len(order) * 2 * sb + mask_bytes + 2 * sb + (
+            tensor_bytes(q.ty) + k_bytes * kv_scale + sb) + len(order) * 2 * sb + mask_bytes + 2 * sb + (
             sb + tensor_bytes(v.ty) * kv_scale + tensor_bytes(b.var.ty))
         return spec, args, dropped, ops, unfused, note
 
@@ -200,7 +224,8 @@ class FuseAttention:
                 key = spec.key()
                 if key not in gvs:
                     gvs[key] = bb.add_func(attention_primfunc(spec), "attention")
-                return relax.call_tir(gvs[key], relax.Tuple([vmap.get(a, a) for a in args]), out_ty=out_ty)
+                ins = [a.emit(bb, vmap) if isinstance(a, _KRows) else vmap.get(a, a) for a in args]
+                return relax.call_tir(gvs[key], relax.Tuple(ins), out_ty=out_ty)
 
             plan[b.var] = emit
             skip.update(dropped)
