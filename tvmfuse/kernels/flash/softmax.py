@@ -3,6 +3,7 @@ normalized store, and TVMScript text helpers."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -96,8 +97,6 @@ def tile_scores(spec: AttentionSpec, bidx: list[str], row: str, col: str, acc: s
     """The score of ``acc`` (query ``row``, key ``col``) in the key steps every row sees whole
     (:func:`full_steps`), and in the others: past a causal diagonal, or past the keys' end in a ragged last step
     (-inf, its mask read at the last key). A ragged last query tile reads the mask at the last row."""
-    from dataclasses import replace
-
     mrow = f"T.min({row}, {spec.seq_q - 1})" if spec.seq_q % block_m else row
     mcol = f"T.min({col}, {spec.seq_k - 1})" if spec.seq_k % block_n else col
     plain = _score(replace(spec, causal=False), bidx, mrow, mcol, acc)
@@ -123,8 +122,8 @@ def kv_index(spec: AttentionSpec, bidx: list[str]) -> list[str]:
 
 def kt_vector(spec: AttentionSpec) -> int:
     """Elements of Kᵀ (``[d, key]``, not ``k_rows``) a thread copies at a time: 16 bytes where its rows of ``seq_k``
-    keys keep such vectors aligned, else the widest power of two dividing ``seq_k`` (ViT's 197 keys: one; the
-    ``cp.async`` configs need the 16 bytes). K as rows and V always take 16 bytes."""
+    keys keep such vectors aligned, else the widest power of two dividing ``seq_k`` (ViT's 197 keys: one, under
+    ``cp.async``'s least 4 bytes, so no two-stage config). K as rows and V always take 16 bytes."""
     width = 4 if spec.dtype == "float32" else 8
     while spec.seq_k % width:
         width //= 2
