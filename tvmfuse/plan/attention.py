@@ -86,6 +86,15 @@ class AttentionSpec:
                 self.kv_group, self.bias_shape, self.bias_dtype, self.tf32)
 
 
+def key_vector(seq_k: int, dtype: str) -> int:
+    """Elements of Kᵀ (``[d, key]``) the flash kernels copy at a time: 16 bytes where rows of ``seq_k`` keys keep
+    such vectors aligned, else the widest power of two dividing ``seq_k`` (ViT's 197 keys: one)."""
+    width = 16 // (4 if dtype == "float32" else 2)
+    while seq_k % width:
+        width //= 2
+    return width
+
+
 def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
     """Why the tensor-core flash template (``tvmfuse.tune.flash``) cannot compute ``spec`` (None: it can).
 

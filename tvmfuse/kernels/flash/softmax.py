@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from tvmfuse.plan.attention import AttentionSpec
+from tvmfuse.plan.attention import AttentionSpec, key_vector
 
 _LOG2E = 1.4426950408889634
 
@@ -115,19 +115,23 @@ def key_loop(spec: AttentionSpec, block_m: int, block_n: int, step) -> str:
     return f"for j in T.serial({full}):\n{step(False)}for j in T.serial({full}, {nsteps}):\n{step(True)}"
 
 
+def query_read(spec: AttentionSpec, row: str, read, zero: str, ragged: bool) -> str:
+    """``read(row)`` (a load of Q at query ``row``), or where the last query tile is ``ragged``, the load at the row
+    clamped into the tensor and ``zero`` for the rows past its end."""
+    if not ragged:
+        return read(row)
+    return f"T.if_then_else({row} < {spec.seq_q}, {read(f'T.min({row}, {spec.seq_q - 1})')}, {zero})"
+
+
 def kv_index(spec: AttentionSpec, bidx: list[str]) -> list[str]:
     """K's and V's batch indices for query batch indices ``bidx``: query head h reads K/V head h // kv_group."""
     return bidx if spec.kv_group == 1 else [*bidx[:-1], f"({bidx[-1]}) // {spec.kv_group}"]
 
 
 def kt_vector(spec: AttentionSpec) -> int:
-    """Elements of Kᵀ (``[d, key]``, not ``k_rows``) a thread copies at a time: 16 bytes where its rows of ``seq_k``
-    keys keep such vectors aligned, else the widest power of two dividing ``seq_k`` (ViT's 197 keys: one, under
-    ``cp.async``'s least 4 bytes, so no two-stage config). K as rows and V always take 16 bytes."""
-    width = 4 if spec.dtype == "float32" else 8
-    while spec.seq_k % width:
-        width //= 2
-    return width
+    """Elements of Kᵀ (``[d, key]``, not ``k_rows``) a thread copies at a time (:func:`key_vector`; ViT's 197 keys:
+    one, under ``cp.async``'s least 4 bytes, so no two-stage config). K as rows and V always take 16 bytes."""
+    return key_vector(spec.seq_k, spec.dtype)
 
 
 def kv_tile_copies(spec: AttentionSpec, tiles, step: str, slot: str, threads: int, block_n: int, copy,

@@ -9,7 +9,8 @@ from tvmfuse.kernels.flash.config import FlashConfig, annotated_config, default_
 from tvmfuse.kernels.flash.simt import SimtConfig, simt_source
 from tvmfuse.kernels.wgmma.config import SMS
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices,
-                                           key_loop, key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
+                                           key_loop, key_steps, kt_vector, kv_index, kv_tile_copies, query_read,
+                                           tile_scores)
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -33,7 +34,12 @@ def flash_kernel(func, cfg: FlashConfig | SimtConfig | None = None, wgmma: bool 
 
 
 def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
-    """TVMScript of the flash kernel for ``spec`` with tiles ``cfg``."""
+    """TVMScript of the flash kernel for ``spec`` with tiles ``cfg`` (a TF32 spec: :mod:`tvmfuse.kernels.flash.tf32`'s
+    kernel)."""
+    if spec.tf32:
+        from tvmfuse.kernels.flash.tf32 import tf32_source
+
+        return tf32_source(spec, cfg, _kernel)
     D, DV, BN, BM, NT = spec.head_dim, spec.head_dim_v, cfg.block_n, cfg.block_m, 32 * cfg.warps
     stages = cfg.stages
     bidx = batch_indices(spec)
@@ -106,10 +112,8 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
                 + "T.evaluate(T.ptx.cp.async_.commit_group())\n"
                 + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + sync)
     if M == 1:   # this warp's 16 query rows as A fragments, straight from global memory, kept in registers
-        q_row = row.replace('mt * 16 + ', '')
-        q_at = f"q[{', '.join([*bidx, f'T.min({q_row}, {spec.seq_q - 1})' if ragged_q else q_row, q_col])}]"
-        if ragged_q:
-            q_at = f"T.if_then_else({q_row} < {spec.seq_q}, {q_at}, T.float16(0))"
+        q_at = query_read(spec, row.replace('mt * 16 + ', ''), lambda r: f"q[{', '.join([*bidx, r, q_col])}]",
+                          "T.float16(0)", ragged_q)
         q_init = (f"for kk in T.unroll({D // 16}):\n"
                   f"    for i in T.unroll(8):\n"
                   f"        qf[kk * 8 + i] = {q_at}\n")
@@ -211,12 +215,5 @@ def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig | SimtConfig):
 
     from tvmfuse.plan.attention import _parse
 
-    if isinstance(cfg, SimtConfig):
-        src = simt_source(spec, cfg, _kernel)
-    elif spec.tf32:
-        from tvmfuse.kernels.flash.tf32 import tf32_source
-
-        src = tf32_source(spec, cfg, _kernel)
-    else:
-        src = flash_source(spec, cfg)
+    src = simt_source(spec, cfg, _kernel) if isinstance(cfg, SimtConfig) else flash_source(spec, cfg)
     return _parse(src, {"T": T})

@@ -24,7 +24,8 @@ K and V on their way into shared memory (single stage) or in place after the thr
 from __future__ import annotations
 
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices,
-                                           key_loop, key_steps, kt_vector, kv_index, kv_tile_copies, tile_scores)
+                                           key_loop, key_steps, kt_vector, kv_index, kv_tile_copies, query_read,
+                                           tile_scores)
 from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, ROUND_TF32
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -151,10 +152,9 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
            "{c}.data, {co}, False, dtype='float32')")
 
     def q_at(r: int) -> str:
-        q_row = f"bx * {BM} + {warp} * 16 + {q_element(r, g, t)[0]}"
-        at = "q[" + ", ".join([*bidx, f"T.min({q_row}, {spec.seq_q - 1})" if ragged_q else q_row,
-                               f"kk * 8 + {q_element(r, g, t)[1]}"]) + "]"
-        return f"T.if_then_else({q_row} < {spec.seq_q}, {at}, T.float32(0))" if ragged_q else at
+        row_r, col = q_element(r, g, t)
+        return query_read(spec, f"bx * {BM} + {warp} * 16 + {row_r}",
+                          lambda at: "q[" + ", ".join([*bidx, at, f"kk * 8 + {col}"]) + "]", "T.float32(0)", ragged_q)
 
     q_init = (f"for kk in T.unroll({D // 8}):\n"
               + "".join(f"    qf[kk * 4 + {r}] = {rna(q_at(r))}\n" for r in range(4)))

@@ -24,9 +24,11 @@ class _KRows:
 
 def _narrow_keys(kt) -> bool:
     """Whether Kᵀ's rows (its last axis, the keys) leave no 16-byte vector aligned: the flash kernels then copy Kᵀ
-    in narrower vectors, and K as rows would go 16 bytes at a time (``tvmfuse.kernels.flash.softmax.kt_vector``)."""
-    shape = tensor_shape(kt.ty)
-    return shape is not None and (shape[-1] * np.dtype(str(kt.ty.dtype)).itemsize) % 16 != 0
+    in narrower vectors (:func:`~tvmfuse.plan.attention.key_vector`), and K as rows would go 16 bytes at a time."""
+    from tvmfuse.plan.attention import key_vector
+
+    shape, dtype = tensor_shape(kt.ty), str(kt.ty.dtype)
+    return shape is not None and key_vector(shape[-1], dtype) * np.dtype(dtype).itemsize < 16
 
 
 def _scalar(const) -> float | None:
