@@ -185,10 +185,17 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
         assert 384 % c.block_n == 0 and c.stages - c.inflight - 1 <= 2
         assert -(-192 // c.block_m) % c.raster == 0   # a partial last tile row counts as a tile row
     assert {c.block_m for c in hopper.configs(small)} == {64, 128, 256}
-    # rows need not divide (the last tile row is predicated); columns and K must
+    # rows need not divide (the last tile row is predicated); columns and K need not either where the operands'
+    # rows stay 16-byte aligned (cp.async configs, zero-filled past the end), and never in a TMA config
     assert hopper.configs(hopper.GemmSpec((), 100, 256, 256, False, False, True))
-    assert not hopper.configs(hopper.GemmSpec((), 128, 100, 256, False, False, True))
-    assert not hopper.configs(hopper.GemmSpec((), 128, 256, 96, False, False, True))
+    for n, k, kmajor in ((100, 256, True), (256, 96, True), (1000, 1000, False), (50, 24, True)):
+        ragged = hopper.configs(hopper.GemmSpec((), 128, n, k, False, False, kmajor), tma=(0, 1))
+        assert ragged and not any(c.tma for c in ragged), (n, k)
+    for n, k, kmajor in ((101, 256, True), (256, 100, True), (100, 256, False), (50257, 768, False)):
+        assert not hopper.configs(hopper.GemmSpec((), 128, n, k, False, False, kmajor)), (n, k)
+    # the default keeps whole tiles where some width has them (N 384: 128 wide, not 256 with a partial third)
+    assert hopper.default_config(hopper.GemmSpec((), 8192, 384, 4096, False, False, True)).block_n == 128
+    assert hopper.default_config(hopper.GemmSpec((), 8192, 96, 24, False, False, True), 132).block_n in (64, 128)
     # f1 also where A's copies are predicated (their main-loop copies zero-fill without a branch), at 4+ stages
     padded = hopper.ConvGeometry(2, 8, 8, 64, 8, 8, 3, 3, (1, 1), (1, 1), (1, 1))
     assert {c.stages for c in hopper.configs(hopper.GemmSpec((), 128, 64, 576, False, False, True, padded))
@@ -197,6 +204,84 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     assert any(c.inflight for c in hopper.configs(hopper.GemmSpec((), 128, 256, 256, False, False, True)))
     # a single K step: only the shallowest pipeline (its missing prologue tiles are empty cp.async groups)
     assert {c.stages for c in hopper.configs(hopper.GemmSpec((), 128, 256, 64, False, False, True))} == {3}
+
+
+@pytest.mark.parametrize("m,n,k,b_kmajor,cfg", [
+    (100, 96, 24, True, "g1 m1 n128 k64 s3 r1 z128 f0"),    # MobileNet's 1x1 conv: one partial K step and column
+    (130, 1000, 200, False, "g2 m1 n256 k64 s4 r1 z128 f1"),   # a classifier: N-major B, K 3 steps and 8
+    (64, 50, 72, True, "g1 m2 n64 k64 s3 r1 z128 f0"),     # N not a multiple of 8 (K-major B only)
+], ids=["pointwise_conv", "classifier", "n50"])
+def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k, b_kmajor, cfg):
+    """The cp.async kernel's data path for columns and K that are no whole number of tiles, emulated from the
+    generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles chunk by
+    chunk from :func:`hopper.cp_async.tile_reads` (a chunk whose predicate fails is zero; one that holds must lie
+    inside its operand's row), the tiles read back through the layout multiply, and the kernel's epilogue (its
+    TVMScript, executed as Python) stores each thread's accumulators. The output must be the GEMM, every element
+    written once and nothing past it."""
+    import numpy as np
+
+    from tvmfuse.kernels.wgmma import config as wcfg
+    from tvmfuse.kernels.wgmma.cp_async import tile_reads
+
+    spec = hopper.GemmSpec((), m, n, k, False, False, b_kmajor)
+    c = hopper.parse_config(cfg)
+    assert c in hopper.configs(spec, stages=(3, 4), raster=(1,))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k))
+    b = rng.standard_normal((n, k) if b_kmajor else (k, n))
+    flat = {"A": a.ravel(), "B": b.ravel()}
+    row_len = {"A": k, "B": k if b_kmajor else n}
+
+    class T:   # what the generated expressions call
+        And = staticmethod(lambda x, y: x and y)
+        bitwise_xor = staticmethod(lambda x, y: x ^ y)
+
+    out = np.full((m, n), np.nan)
+    writes = np.zeros((m, n), int)
+    _, stores = hopper.mma._mma_and_store(spec, c, "out[{row}, {col}] = {acc}", "pm", "pn", 0)
+    code = compile(stores.replace("T.unroll(", "range(").replace("T.vectorized(", "range("), "stores", "exec")
+    for pm in range(wcfg._tiles_m(spec, c)):
+        for pn in range(wcfg.tiles_n(spec, c)):
+            acc = np.zeros((c.block_m, c.block_n))
+            for j in range(wcfg.k_steps(spec, c)):
+                tiles = []
+                for (src, elems, chunk, glob), outer in zip(tile_reads(spec, c, "A", "B", "pm", "pn", "j"),
+                                                           (c.block_m, c.block_n)):
+                    kmajor = src == "A" or b_kmajor
+                    tile = np.full((outer, 64) if kmajor else (64, outer), np.nan)
+                    for ci in range(elems // 8):
+                        o, kk, _ = (eval(e, {"T": T}, {"ci": ci}) for e in chunk("ci"))
+                        pred, at = glob(str(o), str(kk))
+                        env = {"T": T, "pm": pm, "pn": pn, "j": j}
+                        got = np.zeros(8)
+                        if pred is None or eval(pred, env):
+                            at = eval(at, env)
+                            assert at // row_len[src] == (at + 7) // row_len[src] and at + 8 <= flat[src].size
+                            got = flat[src][at:at + 8]
+                        if kmajor:
+                            tile[o, kk:kk + 8] = got
+                        else:
+                            tile[kk, o:o + 8] = got
+                    tiles.append(tile)
+                ta, tb = tiles
+                assert not np.isnan(ta).any() and not np.isnan(tb).any()   # every chunk of the tile filled
+                acc += ta @ (tb.T if b_kmajor else tb)
+            for tx in range(128 * c.warpgroups):
+                lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
+                regs = {}
+                for t in range(c.m_tiles):
+                    for i in range(c.block_n // 2):   # wgmma's accumulator fragment of a 64 x N tile
+                        regs[t * c.block_n // 2 + i] = acc[(wg * c.m_tiles + t) * 64 + warp * 16 + lane // 4
+                                                           + 8 * (i // 2 % 2), i // 4 * 8 + lane % 4 * 2 + i % 2]
+
+                class Out:
+                    def __setitem__(self, key, value):
+                        assert key[0] < m and key[1] < n, key
+                        out[key] = value
+                        writes[key] += 1
+                exec(code, {"T": T, "out": Out(), "acc": regs, "tx": tx, "pm": pm, "pn": pn})
+    assert (writes == 1).all(), (writes != 1).sum()
+    np.testing.assert_allclose(out, a @ (b.T if b_kmajor else b), rtol=1e-9, atol=1e-9)
 
 
 def test_the_space_offers_the_wgmma_sketch_only_where_it_fits(gemm_kernel, cuda):
@@ -359,8 +444,9 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
 def test_inspect_reads_mma_gemm_records_without_the_tensor_intrinsics(tmp_path, cuda):
     """Only a wgmma trace is replayed to name its tiles: an mma-template trace tensorizes, and replaying it in a
     process that has not registered the tensor intrinsics (the CLI's) failed (the H200's BERT database)."""
-    # 80 columns: no wgmma tile, mma sketches (128 rows: a GEMM of 64 or fewer is the GEMV template's)
-    model, _, _ = CASES["gemm_bias_relu"](M=128, K=64, N=80)
+    # 84 columns of an N-major weight: no wgmma tile (its rows are not 16-byte aligned), mma sketches (128 rows: a
+    # GEMM of 64 or fewer is the GEMV template's)
+    model, _, _ = CASES["gemm_bias_relu"](M=128, K=64, N=84)
     (kernel,) = _gemm_kernels(tmp_path, model, cuda)
     _, sketches = _sketch(kernel, cuda.target)
     sketch = sketches[0]
@@ -506,6 +592,36 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         src = tvm.compile(tvm.IRModule({"main": hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], s3)
                                         .with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0].inspect_source()
         assert assert_copy_sources_disjoint(src) >= 4
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_pointwise_conv_of_ragged_channels_takes_the_cp_async_kernel(tmp_path, cuda):
+    """MobileNet's and EfficientNet's 1x1 convs (24, 40, 96 channels) fell back to dlight's CUDA-core
+    schedule: no 64-wide tile divided their channels. They are GEMMs with a partial K step and a partial tile
+    column (200 channels in, 40 out here): cp.async configs only (TMA copies whole boxes), the scalar twin equal to the planner's kernel, and the
+    kernel built for Hopper without spills, its main-loop copies zero-filling without a branch where a batch is
+    in flight."""
+    import numpy as np
+
+    (kernel,) = _gemm_kernels(tmp_path, _conv(n=2, cin=200, cout=40, hw=8, k=1, pad=0), cuda)
+    func = kernel.mod["main"]
+    spec, info = hopper.analyze(func)
+    assert (spec.rows, spec.k, spec.n, spec.conv) == (128, 200, 40, None)
+    assert hopper.configs(spec) and not hopper.configs(spec, tma=(1,))
+    assert hopper.untuned_config(func, cuda.target) is not None
+    outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
+    assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 2e-3
+    f1 = next(c for c in hopper.configs(spec) if c.inflight)
+    for cfg in (hopper.untuned_config(func, cuda.target)[2], f1):
+        built = hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
+        assert assert_shared_offsets_aligned(built)
+        src = tvm.compile(tvm.IRModule({"main": built.with_attr("global_symbol", "main")}),
+                          target=SM90A).mod.imports[0].inspect_source()
+        assert "wgmma.mma_async" in src
+        assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+        if cfg.inflight:
+            loop = src[src.index("for (int ko = 0;"):src.index("wgmma_wait_group")]
+            assert hopper.ZFILL in src and "if (" not in loop
 
 
 def _chunk_triples(chunk, count: int) -> set:

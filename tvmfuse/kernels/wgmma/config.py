@@ -57,14 +57,19 @@ def parse_config(name: str) -> WgmmaConfig:
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
             stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,), persistent=(0,),
             max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
-    """The configs (from the given choices) whose tiles divide ``spec``'s columns and K (rows may end in a
-    partial tile) and fit registers and shared memory. TMA configs (``tma`` 1) only with 128-byte swizzled tiles,
+    """The configs (from the given choices) that fit ``spec``'s registers and shared memory. Rows may end in a
+    partial tile; so may columns and K where the operands' rows stay 16-byte aligned (:func:`ragged_fits`: a
+    1x1 conv of 24 or 96 channels, a classifier of 1000 classes), in the cp.async kernel, whose copies zero-fill
+    past the end. TMA configs (``tma`` 1) only on whole tiles of columns and K, with 128-byte swizzled tiles,
     TMA's layout, and for a conv only where its output pixels tile well (:func:`pixel_tile`). K counts 16-bit
     units (``block_k`` 64: 128 bytes of a row, 32 TF32 elements); TF32 takes a K-major B only, and no TMA."""
     tf32 = spec.dtype != "float16"
     if tf32 and not spec.b_kmajor:
         return []
     spec = spec.halves()
+    # (partial tiles of columns or K only where no tile width makes them whole: a shape some width tiles keeps its
+    # space)
+    ragged = ragged_fits(spec) and (spec.n % 64 != 0 or spec.k % 64 != 0)
     out = []
     for g in warpgroups:
         for mt in m_tiles:
@@ -80,9 +85,10 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                 # TF32, and wgmma truncates; the cp.async kernel rounds, see ptx.ROUND_TF32)
                                 continue
                             tiles_m = _tiles_m(spec, c)   # a partial last tile row is predicated
-                            if (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
+                            whole = spec.n % c.block_n == 0 and spec.k % c.block_k == 0
+                            if ((whole or ragged and not c.tma)
                                     and (spec.conv is None or spec.conv.c % c.block_k == 0)
-                                    and (spec.k // c.block_k >= c.stages - 1 or c.stages == min(int(x) for x in stages))
+                                    and (k_steps(spec, c) >= c.stages - 1 or c.stages == min(int(x) for x in stages))
                                     and tiles_m % c.raster == 0
                                     # cp.async: a batch in flight holds a stage: at 3 stages that left two and
                                     # ran 1.24x slower on the H200; at 4 it matched or beat f0.
@@ -100,9 +106,34 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
     return out
 
 
+def ragged_fits(spec: GemmSpec) -> bool:
+    """Whether the cp.async kernel takes ``spec`` (in 16-bit units, :meth:`GemmSpec.halves`) with a partial last
+    tile of columns or K: its copies move 16-byte chunks, so K must keep A's rows (and a K-major B's) 16-byte
+    aligned, and an N-major B's columns too; its stores write pairs of columns, so N must be even. A conv (not a
+    1x1 one, which is a GEMM) steps through whole 64-channel taps: no ragged K there."""
+    return (spec.conv is None and spec.k % 8 == 0 and spec.n % 2 == 0
+            and (spec.b_kmajor or spec.n % 8 == 0))
+
+
+def k_steps(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+    """K steps of ``cfg`` (``spec`` in 16-bit units), the last one partial where K is not a whole number of them."""
+    return -(-spec.k // cfg.block_k)
+
+
+def tiles_n(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+    """Tile columns of ``cfg``, the last one partial where the columns are not a whole number of tiles."""
+    return -(-spec.n // cfg.block_n)
+
+
 def _a_predicated(spec: GemmSpec, cfg: WgmmaConfig) -> bool:
-    """Whether A's copies zero-fill (a padded conv window, rows past the last whole tile)."""
-    return (spec.conv is not None and spec.conv.padded) or spec.rows % cfg.block_m != 0
+    """Whether A's copies zero-fill (a padded conv window, rows past the last whole tile, K past its end)."""
+    return ((spec.conv is not None and spec.conv.padded) or spec.rows % cfg.block_m != 0
+            or spec.k % cfg.block_k != 0)
+
+
+def _b_predicated(spec: GemmSpec, cfg: WgmmaConfig) -> bool:
+    """Whether B's copies zero-fill (columns past the last whole tile, K past its end)."""
+    return spec.n % cfg.block_n != 0 or spec.k % cfg.block_k != 0
 
 
 def pixel_tile(spec: GemmSpec) -> tuple[int, int] | None:
@@ -155,7 +186,7 @@ def grid_time(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int) -> float:
     """A relative time of ``cfg``'s grid: the waves of blocks over ``sm_count`` SMs times one block's tile, slowed
     where the tile is too small to feed the tensor cores from L2 (its FMAs per loaded element, block_m * block_n /
     (block_m + block_n), below 128 x 128's 64: a 64 x 64 tile loads twice the bytes per FMA)."""
-    blocks = _tiles_m(spec, cfg) * (spec.n // cfg.block_n)
+    blocks = _tiles_m(spec, cfg) * tiles_n(spec, cfg)
     tile = cfg.block_m * cfg.block_n
     efficiency = min(1.0, tile / (cfg.block_m + cfg.block_n) / 64)
     return -(-blocks // sm_count) * tile / efficiency
@@ -189,6 +220,9 @@ def _rule_config(spec: GemmSpec) -> WgmmaConfig:
     # 1, no dilation, 8 x 8 and partial 2 x 32 patches)
     tma = (0, 1) if spec.conv is None or spec.conv.dilation == (1, 1) else (0,)
     options = configs(spec, tma=tma)
+    if options:   # the tile widths that pad the columns least: all where they divide N (N 96: 64 or 128, not 256)
+        least = min(tiles_n(spec, c) * c.block_n for c in options)
+        options = [c for c in options if tiles_n(spec, c) * c.block_n == least]
     whole = [c for c in options if spec.rows % c.block_m == 0]   # tiles without a predicated last row first
     options = whole + [c for c in options if c not in whole]
     # (warpgroups, m_tiles, block_n, tma, stages) in order, TMA only at the tile shapes run on the H200; each at the

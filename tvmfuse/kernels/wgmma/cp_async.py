@@ -2,12 +2,37 @@
 kernel for a TMA config)."""
 from __future__ import annotations
 
-from tvmfuse.kernels.wgmma.config import WgmmaConfig, _a_predicated
-from tvmfuse.kernels.wgmma.layout import _a_read, _batch_offsets, _tile_coords, tile_layout
+from tvmfuse.kernels.wgmma.config import WgmmaConfig, _a_predicated, _b_predicated, k_steps, tiles_n
+from tvmfuse.kernels.wgmma.layout import _a_read, _all, _batch_offsets, _tile_coords, tile_layout
 from tvmfuse.kernels.wgmma.mma import _mma_and_store
 from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, _ZFILL_SOURCE, ROUND_TF32, ZFILL, _indent
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 from tvmfuse.kernels.wgmma.tma import tma_source
+
+
+def tile_reads(spec: GemmSpec, cfg: WgmmaConfig, a: str, b: str, pid_m: str, pid_n: str, step: str) -> list:
+    """How K step ``step`` of tile (``pid_m``, ``pid_n``) fills A's and B's shared tiles (``spec`` in 16-bit
+    units): for each, (the source buffer, the tile's elements, the tile layout's ``chunk`` function, and
+    ``glob(outer, k)``: the chunk's source as (a predicate, None where it always holds; its flat offset)). Rows
+    past M (a partial last tile row), columns past N (a partial last tile column) and K past its end (a partial
+    last step, in A and B alike: a zero times what lies past the end of the other could be 0 * inf) read as
+    zeros."""
+    BM, BN, BK = cfg.block_m, cfg.block_n, cfg.block_k
+    M, N, K = spec.rows, spec.n, spec.k
+    tail = M % BM != 0
+    k_inside = (lambda k: f"{step} * {BK} + {k} < {K}") if K % BK else (lambda k: None)
+    _, b_batch = _batch_offsets(spec)
+
+    def b_read(o: str, k: str) -> tuple[str | None, str]:
+        col = f"{pid_n} * {BN} + {o}"
+        pred = _all(([f"{col} < {N}"] if N % BN else []) + [p for p in (k_inside(k),) if p])
+        if spec.b_kmajor:
+            return pred, f"{b_batch} + ({col}) * {K} + {step} * {BK} + {k}"
+        return pred, f"{b_batch} + ({step} * {BK} + {k}) * {N} + {col}"
+
+    return [(a, BM * BK, tile_layout(cfg.swizzle, True, BM, BK)[0],
+             lambda o, k: _a_read(spec, f"({pid_m} * {BM} + {o})", f"{step} * {BK}", k, tail, k_inside(k))),
+            (b, BN * BK, tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)[0], b_read)]
 
 
 def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str,
@@ -23,15 +48,14 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
         return tma_source(spec, cfg, params, a, b, store, **({} if sms is None else {"sms": sms}))
     BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
     M, N, K = spec.rows, spec.n, spec.k
-    tiles_m, tiles_n, kt = -(-M // BM), N // BN, K // BK
-    tail = M % BM != 0   # the last tile row reads zeros past row M and stores nothing there
+    tiles_m, tn, kt = -(-M // BM), tiles_n(spec, cfg), k_steps(spec, cfg)
     F = cfg.inflight
     pid_m, pid_n = _tile_coords(spec, cfg)
     a_tile, b_tile = BM * BK, BN * BK
-    _, b_batch = _batch_offsets(spec)
     a_chunk, _ = tile_layout(cfg.swizzle, True, BM, BK)
     b_chunk, _ = tile_layout(cfg.swizzle, spec.b_kmajor, BN, BK)
-    zfill = bool(F) and _a_predicated(spec, cfg)   # A's predicated copies in the main loop: branch-free
+    # predicated copies in the main loop: branch-free
+    zfill = bool(F) and (_a_predicated(spec, cfg) or _b_predicated(spec, cfg))
     # One shared allocation: A's stages at 0, B's at sb_at. (With two, TVM's shared-memory planner sees no use of
     # A's tiles in the main loop when its only accesses there are the zero-filling copies and the descriptors, and
     # lays B's tiles over A's: wrong results at 3 stages with a batch in flight on the H200.)
@@ -43,13 +67,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
 
     def copies(slot: str, step: str, branch: bool = False) -> str:
         out = ""
-        for dst, src, tile, chunk, glob in (
-                (0, a, a_tile, a_chunk, lambda o, k: _a_read(spec, f"({pid_m} * {BM} + {o})", f"{step} * {BK}", k,
-                                                                tail)),
-                (sb_at, b, b_tile, b_chunk,
-                 (lambda o, k: (None, f"{b_batch} + ({pid_n} * {BN} + {o}) * {K} + {step} * {BK} + {k}"))
-                 if spec.b_kmajor else
-                 (lambda o, k: (None, f"{b_batch} + ({step} * {BK} + {k}) * {N} + {pid_n} * {BN} + {o}")))):
+        for dst, (src, tile, chunk, glob) in zip((0, sb_at), tile_reads(spec, cfg, a, b, pid_m, pid_n, step)):
             o, k, off = chunk(f"(it * {NT} + tx)")
             pred, at = glob(o, k)
             at_smem = shared_at(dst, slot, tile, off)
@@ -62,7 +80,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
                 copy = (f"T.evaluate(T.cuda.func_call({ZFILL!r}, smem_base + T.uint32(({at_smem}) * 2), "
                         f"{src}.data, T.Select({pred}, {at}, 0), T.Cast('int32', {pred}), "
                         f"source_code={_ZFILL_SOURCE!r}))")
-            elif pred is not None:   # 16 zero bytes where the element is not read (a conv's padding, rows past M)
+            elif pred is not None:   # 16 zero bytes where nothing is read (a conv's padding, past M, N or K)
                 copy = (f"if {pred}:\n    {copy}\nelse:\n    for v in T.vectorized(8):\n"
                         f"        smem[{at_smem} + v] = T.float16(0)")
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
@@ -105,7 +123,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
 def main({", ".join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True}})
     for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):
-        for bx in T.thread_binding({tiles_m * tiles_n}, thread="blockIdx.x"):
+        for bx in T.thread_binding({tiles_m * tn}, thread="blockIdx.x"):
             for tx in T.thread_binding({NT}, thread="threadIdx.x"):
                 smem = T.alloc_buffer(({S * (a_tile + b_tile)},), "float16", scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")

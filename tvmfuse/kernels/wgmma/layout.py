@@ -62,12 +62,14 @@ def _batch_offsets(spec: GemmSpec) -> tuple[str, str]:
             f"bz * {spec.n * spec.k}" if spec.b_batched else "0")
 
 
-def _a_read(spec: GemmSpec, row: str, kbase: str, kin: str, tail: bool) -> tuple[str | None, str]:
+def _a_read(spec: GemmSpec, row: str, kbase: str, kin: str, tail: bool,
+            k_inside: str | None = None) -> tuple[str | None, str]:
     """A's element (``row``, ``kbase + kin``) as (a predicate, None where it always holds; its flat offset in A),
     for ``kbase`` a multiple of a K step (64 in 16-bit units; 32 for the reference's fp32 elements) and ``kin``
-    below it. False on rows past ``spec.rows`` (``tail``: a partial
-    last tile row) and, for a conv, on window taps outside the input: the element is zero there."""
-    conds = [f"{row} < {spec.rows}"] if tail else []
+    below it. False on rows past ``spec.rows`` (``tail``: a partial last tile row), where ``k_inside`` (a
+    partial last K step's condition) is false and, for a conv, on window taps outside the input: the element is
+    zero there."""
+    conds = ([f"{row} < {spec.rows}"] if tail else []) + ([k_inside] if k_inside else [])
     if spec.conv is None:
         a_batch, _ = _batch_offsets(spec)
         return _all(conds), f"{a_batch} + {row} * {spec.k} + {kbase} + {kin}"
@@ -92,7 +94,7 @@ def _all(conds: list[str]) -> str | None:
 def _tile_coords(spec: GemmSpec, cfg: WgmmaConfig, tile: str = "bx") -> tuple[str, str]:
     """The tile row and column (``pid_m``, ``pid_n``) of tile number ``tile``: groups of ``raster`` tile rows walk
     the columns together."""
-    R, tiles_n = cfg.raster, spec.n // cfg.block_n
+    R, tiles_n = cfg.raster, -(-spec.n // cfg.block_n)   # (a partial last tile column included)
     return (f"({tile} // {R * tiles_n} * {R} + {tile} % {R * tiles_n} % {R})",
             f"({tile} % {R * tiles_n} // {R})")
 

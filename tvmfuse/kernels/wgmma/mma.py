@@ -46,6 +46,9 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     else:
         row = f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {within}"
         pred = f"{row} < {spec.rows}" if spec.rows % BM else None
+    if spec.n % BN:   # a partial last tile column: the pair of columns past N is not stored (N is even)
+        pair = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 < {spec.n}"
+        pred = pair if pred is None else _all([pred, pair])
     stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + p * 2 + v]")
     if pred is not None:
         stored = f"if {pred}:\n    {stored}"
