@@ -8,7 +8,8 @@ it (the same precision conversion, partition and database; no CUDA graph, so eac
 the converted ONNX graph replayed in PyTorch eager and under torch.compile. Each runs ``--runs`` times under
 ``torch.profiler`` (CUPTI): every kernel's device time, whoever launched it, so the two sides are timed alike and
 without the host's launch gaps. Prints, per model, tvmfuse's heaviest kernels (time a run, calls, share, schedule)
-and both sides' device time by kind (GEMM/conv, the rest), then one summary table; writes ``$OUT/profile.json``.
+and both sides' device time by kind (GEMM/conv, the rest), each side's error against onnxruntime running the fp32
+model on the CPU, then one summary table; writes ``$OUT/profile.json``.
 """
 from __future__ import annotations
 
@@ -93,9 +94,25 @@ def _tvmfuse(model: Path, precision: str, db: Path | None, runs: int):
     vm = relax.VirtualMachine(built.executable, dev)
     args = on_device(feeds, dev) + on_device(list(built.lifted_params), dev)
     fn = vm["main"]
+    from tvmfuse.runtime.loaded import _flatten
+
+    first = [t.numpy() for t in _flatten(fn(*args))][0]
     kernels, wall = _device_kernels(lambda: fn(*args), runs)
     torch.cuda.synchronize()
-    return loaded, feeds, kernels, wall, schedules
+    return loaded, feeds, kernels, wall, schedules, first
+
+
+def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _reference(model: Path, feeds_d: dict) -> np.ndarray:
+    """The fp32 model's first output on onnxruntime (CPU): the reference both sides are checked against."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return sess.run(None, {i.name: feeds_d[i.name] for i in sess.get_inputs()})[0]
 
 
 def _torch(proto, feeds: list[np.ndarray], compiled: bool, runs: int):
@@ -108,7 +125,8 @@ def _torch(proto, feeds: list[np.ndarray], compiled: bool, runs: int):
         fn = torch.compile(fn)
     args = [torch.from_numpy(a).cuda() for a in feeds]
     with torch.no_grad():
-        return _device_kernels(lambda: fn(*args), runs)
+        first = fn(*args)[0].detach().float().cpu().numpy()
+        return (*_device_kernels(lambda: fn(*args), runs), first)
 
 
 def _schedule_of(kernel: str, schedules: dict) -> str:
@@ -125,15 +143,16 @@ def profile_model(name: str, args) -> dict:
         cmd += ["--seq", str(args.seq)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     model = next(onnx_dir.glob(f"{name}*.float32.onnx"))
-    loaded, feeds, tvm_k, tvm_wall, schedules = _tvmfuse(model, args.precision, args.db, args.runs)
+    loaded, feeds, tvm_k, tvm_wall, schedules, out = _tvmfuse(model, args.precision, args.db, args.runs)
+    ref = _reference(model, {s.name: f for s, f in zip(loaded.inputs, feeds)})
     row = {"model": name, "precision": args.precision, "batch": args.batch, "seq": args.seq,
-           "tvmfuse": {**_split(tvm_k), "wall_us": tvm_wall,
+           "tvmfuse": {**_split(tvm_k), "wall_us": tvm_wall, "rel_error": _rel_err(out, ref),
                        "kernels": sorted(([k, t, n, _schedule_of(k, schedules)] for k, (t, n) in tvm_k.items()),
                                          key=lambda r: -r[1])}}
     for side, compiled in (("eager", False), ("compile", True)):
         try:
-            k, wall = _torch(loaded.proto, feeds, compiled, args.runs)
-            row[side] = {**_split(k), "wall_us": wall,
+            k, wall, first = _torch(loaded.proto, feeds, compiled, args.runs)
+            row[side] = {**_split(k), "wall_us": wall, "rel_error": _rel_err(first, ref),
                          "kernels": sorted(([n, t, c] for n, (t, c) in k.items()), key=lambda r: -r[1])[:40]}
         except Exception as err:   # noqa: BLE001 - a baseline that fails is reported, the rest still runs
             row[side] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
@@ -143,7 +162,8 @@ def profile_model(name: str, args) -> dict:
 def _print_row(row: dict, top: int) -> None:
     t = row["tvmfuse"]
     print(f"\n== {row['model']} {row['precision']} batch {row['batch']}: tvmfuse kernels {t['total_us']:.1f} us a run "
-          f"({t['launches']:.0f} launches; GEMM/conv {t['matmul_us']:.1f}, rest {t['other_us']:.1f})")
+          f"({t['launches']:.0f} launches; GEMM/conv {t['matmul_us']:.1f}, rest {t['other_us']:.1f}); error against "
+          f"onnxruntime fp32 {t['rel_error']:.1e} (eager {row.get('eager', {}).get('rel_error', float('nan')):.1e})")
     print(f"{'kernel':64} {'us/run':>9} {'calls':>5} {'share':>6}  schedule")
     for name, us, calls, sched in t["kernels"][:top]:
         print(f"{name[:64]:64} {us:9.1f} {calls:5.0f} {100 * us / t['total_us']:5.1f}%  {sched}")

@@ -21,6 +21,7 @@ A's tiles), checked against torch in fp32 with TF32 off, beside cuBLAS / cuDNN i
 
     python benchmarks/wgmma_gemm.py [--conv] [--tf32] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json]
                                     [--build-only]
+    python benchmarks/wgmma_gemm.py --shapes 25088,96,24 1024,1000,2048 [--configs ...]   # any GEMM's default
 """
 from __future__ import annotations
 
@@ -212,6 +213,34 @@ def torch_us(spec) -> dict:
     return {"cublas_us": round(t(lambda: A @ W), 1), "torch_fused_us": round(t(lambda: torch.relu(A @ W + b)), 1)}
 
 
+def shapes_table(shapes: list[str], extra: list) -> int:
+    """``--shapes``: each GEMM at its default config (:func:`default_config`) and the ``extra`` configs that fit,
+    checked and timed, beside cuBLAS in the same process; a table last."""
+    from tvmfuse.kernels.wgmma import default_config
+
+    rows = []
+    for text in shapes:
+        parts = text.split(",")
+        m, n, k = (int(x) for x in parts[:3])
+        spec = GemmSpec((), m, n, k, False, False, parts[3:] == ["t"])
+        fits = configs(spec, tma=(0, 1))
+        if not fits:
+            rows.append({"shape": [m, n, k], "error": "no config takes it"})
+            continue
+        base = torch_us(spec)
+        for i, c in enumerate(dict.fromkeys([default_config(spec), *(c for c in extra if c in fits)])):
+            rows.append({**run_case(spec, c, timing=True), "default": i == 0, "cublas_us": base["cublas_us"]})
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{'M x N x K':22} {'B':7} {'config':30} {'ok':5} {'rel err':>9} {'us':>9} {'cuBLAS':>8} {'ratio':>6}")
+    for r in rows:
+        us, shape = r.get("us"), " x ".join(str(x) for x in r["shape"])
+        name = r.get("config", "-") + (" (default)" if r.get("default") else "")
+        ratio = f"{us / r['cublas_us']:6.2f}" if us else "     -"
+        print(f"{shape:22} {r.get('b', '-'):7} {name:30} {str(r.get('ok', r.get('error', '')))[:5]:5} "
+              f"{r.get('rel_error', float('nan')):9.2e} {us or '-':>9} {r.get('cublas_us', '-'):>8} {ratio}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="*", default=None)
@@ -220,7 +249,13 @@ def main() -> int:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--conv", action="store_true", help="the implicit-GEMM conv instead of the GEMM")
     ap.add_argument("--tf32", action="store_true", help="fp32 operands on the TF32 kernels (B K-major)")
+    ap.add_argument("--shapes", nargs="*", default=None,
+                    help="GEMMs M,N,K (a trailing ,t: W stored [N, K]), each at its untuned default and the "
+                         "--configs that fit it, checked and timed beside cuBLAS; columns and K need not be whole "
+                         "tiles")
     a = ap.parse_args()
+    if a.shapes:
+        return shapes_table(a.shapes, [parse_config(c) for c in a.configs or []])
     if a.conv:
         spec, small = conv_spec(64, 256, 56, 256), conv_spec(32, 512, 7, 512)
     else:
