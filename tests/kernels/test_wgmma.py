@@ -188,10 +188,10 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     # rows need not divide (the last tile row is predicated); columns and K need not either where the operands'
     # rows stay 16-byte aligned (cp.async configs, zero-filled past the end), and never in a TMA config
     assert hopper.configs(hopper.GemmSpec((), 100, 256, 256, False, False, True))
-    for n, k, kmajor in ((100, 256, True), (256, 96, True), (1000, 1000, False), (50, 24, True)):
+    for n, k, kmajor in ((100, 256, True), (256, 96, True), (1000, 1000, False), (50, 24, True), (50257, 768, True)):
         ragged = hopper.configs(hopper.GemmSpec((), 128, n, k, False, False, kmajor), tma=(0, 1))
         assert ragged and not any(c.tma for c in ragged), (n, k)
-    for n, k, kmajor in ((101, 256, True), (256, 100, True), (100, 256, False), (50257, 768, False)):
+    for n, k, kmajor in ((256, 100, True), (100, 256, False), (50257, 768, False)):
         assert not hopper.configs(hopper.GemmSpec((), 128, n, k, False, False, kmajor)), (n, k)
     # the default keeps whole tiles where some width has them (N 384: 128 wide, not 256 with a partial third)
     assert hopper.default_config(hopper.GemmSpec((), 8192, 384, 4096, False, False, True)).block_n == 128
@@ -210,7 +210,8 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     (100, 96, 24, True, "g1 m1 n128 k64 s3 r1 z128 f0"),    # MobileNet's 1x1 conv: one partial K step and column
     (130, 1000, 200, False, "g2 m1 n256 k64 s4 r1 z128 f1"),   # a classifier: N-major B, K 3 steps and 8
     (64, 50, 72, True, "g1 m2 n64 k64 s3 r1 z128 f0"),     # N not a multiple of 8 (K-major B only)
-], ids=["pointwise_conv", "classifier", "n50"])
+    (70, 51, 200, True, "g2 m1 n64 k64 s4 r1 z128 f1"),    # N odd (a vocabulary): one column at a time
+], ids=["pointwise_conv", "classifier", "n50", "n51"])
 def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k, b_kmajor, cfg):
     """The cp.async kernel's data path for columns and K that are no whole number of tiles, emulated from the
     generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles chunk by
@@ -594,19 +595,29 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
         assert assert_copy_sources_disjoint(src) >= 4
 
 
+def _lm_head(m=128, k=200, n=51) -> onnx.ModelProto:
+    """x @ W + b in fp16, W stored [K, N] with N odd: the planner stores it K-major (``plan.weights``)."""
+    b = models._B(5)
+    y = b.op("Add", [b.op("MatMul", ["x", b.w(k, n, scale=0.1)]), b.const(b.rng.standard_normal(n) * 0.1)])
+    return models.to_fp16(b.model({"x": [m, k]}, y, [m, n]))
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_a_pointwise_conv_of_ragged_channels_takes_the_cp_async_kernel(tmp_path, cuda):
-    """MobileNet's and EfficientNet's 1x1 convs (24, 40, 96 channels) fell back to dlight's CUDA-core
-    schedule: no 64-wide tile divided their channels. They are GEMMs with a partial K step and a partial tile
-    column (200 channels in, 40 out here): cp.async configs only (TMA copies whole boxes), the scalar twin equal to the planner's kernel, and the
-    kernel built for Hopper without spills, its main-loop copies zero-filling without a branch where a batch is
-    in flight."""
+@pytest.mark.parametrize("case", ["pointwise_conv", "odd_vocabulary"])
+def test_ragged_columns_and_k_take_the_cp_async_kernel(tmp_path, cuda, case):
+    """MobileNet's and EfficientNet's 1x1 convs (24, 40, 96 channels) and a vocabulary of odd size fell back to
+    dlight's CUDA-core schedule: no 64-wide tile divided their channels. They are GEMMs with a partial K step and
+    a partial tile column (200 channels in, 40 or 51 out here): cp.async configs only (TMA copies whole boxes),
+    the scalar twin equal to the planner's kernel, and the kernel built for Hopper without spills, its main-loop
+    copies zero-filling without a branch where a batch is in flight."""
     import numpy as np
 
-    (kernel,) = _gemm_kernels(tmp_path, _conv(n=2, cin=200, cout=40, hw=8, k=1, pad=0), cuda)
+    model = _conv(n=2, cin=200, cout=40, hw=8, k=1, pad=0) if case == "pointwise_conv" else _lm_head()
+    (kernel,) = _gemm_kernels(tmp_path, model, cuda)
     func = kernel.mod["main"]
     spec, info = hopper.analyze(func)
-    assert (spec.rows, spec.k, spec.n, spec.conv) == (128, 200, 40, None)
+    assert (spec.rows, spec.k, spec.n, spec.conv, spec.b_kmajor) == (128, 200, 40 if case == "pointwise_conv" else 51,
+                                                                     None, True)
     assert hopper.configs(spec) and not hopper.configs(spec, tma=(1,))
     assert hopper.untuned_config(func, cuda.target) is not None
     outs = twin_and_kernel_outputs(hopper.reference_for(func), func)

@@ -122,13 +122,18 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
     tf32 = precision == "tf32"
     fused, plan = fn(mod, target, tf32) if fn is _tvmfuse else fn(mod, target)
-    if tf32:
+    if target.is_gpu or tf32:
         from dataclasses import replace
 
         from tvmfuse.plan.tf32 import tf32_kernels
+        from tvmfuse.plan.weights import odd_columns_kmajor
 
-        fused, note = tf32_kernels(fused) if target.is_gpu else (fused, "tf32: no tensor cores on this target; "
-                                                                        "GEMMs and convs run in fp32")
+        if not tf32:   # fp16 weights of odd columns, K-major for the tensor cores (TF32 transposes every weight)
+            fused, note = odd_columns_kmajor(fused)
+        elif target.is_gpu:
+            fused, note = tf32_kernels(fused)
+        else:
+            note = "tf32: no tensor cores on this target; GEMMs and convs run in fp32"
         if note is not None:
             plan = replace(plan, rewrites=(*plan.rewrites, note))
     return fused, plan

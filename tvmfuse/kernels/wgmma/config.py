@@ -109,10 +109,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
 def ragged_fits(spec: GemmSpec) -> bool:
     """Whether the cp.async kernel takes ``spec`` (in 16-bit units, :meth:`GemmSpec.halves`) with a partial last
     tile of columns or K: its copies move 16-byte chunks, so K must keep A's rows (and a K-major B's) 16-byte
-    aligned, and an N-major B's columns too; its stores write pairs of columns, so N must be even. A conv (not a
-    1x1 one, which is a GEMM) steps through whole 64-channel taps: no ragged K there."""
-    return (spec.conv is None and spec.k % 8 == 0 and spec.n % 2 == 0
-            and (spec.b_kmajor or spec.n % 8 == 0))
+    aligned, and an N-major B's columns too (an odd vocabulary's weight is K-major: ``plan.weights``). A conv (not
+    a 1x1 one, which is a GEMM) steps through whole 64-channel taps: no ragged K there."""
+    return spec.conv is None and spec.k % 8 == 0 and (spec.b_kmajor or spec.n % 8 == 0)
 
 
 def k_steps(spec: GemmSpec, cfg: WgmmaConfig) -> int:

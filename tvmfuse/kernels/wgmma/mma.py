@@ -46,12 +46,15 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     else:
         row = f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {within}"
         pred = f"{row} < {spec.rows}" if spec.rows % BM else None
-    if spec.n % BN:   # a partial last tile column: the pair of columns past N is not stored (N is even)
-        pair = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 < {spec.n}"
-        pred = pair if pred is None else _all([pred, pair])
+    # a partial last tile column: the columns past N are not stored (an even N: pairs; an odd N's rows leave a pair
+    # unaligned: one column at a time)
+    pairs = spec.n % 2 == 0
+    if spec.n % BN:
+        past = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 < {spec.n}" if pairs else f"{col} < {spec.n}"
+        pred = past if pred is None else _all([pred, past])
     stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + p * 2 + v]")
     if pred is not None:
         stored = f"if {pred}:\n    {stored}"
-    stores = (f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n        for v in T.vectorized(2):\n"
-              + _indent(stored, 12))
+    stores = (f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n"
+              f"        for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 12))
     return wgmmas, stores
