@@ -17,7 +17,7 @@ from tvmfuse.target import resolve_target
 from tvmfuse.verify import relative_error, run_onnxruntime
 
 
-def _lm_head(m=64, k=96, n=51) -> onnx.ModelProto:
+def _lm_head(m=128, k=96, n=51) -> onnx.ModelProto:
     """x @ W + b, W stored [K, N] with N odd (a vocabulary's logits), in fp16."""
     b = models._B(5)
     y = b.op("Add", [b.op("MatMul", ["x", b.w(k, n, scale=0.1)]), b.const(b.rng.standard_normal(n) * 0.1)])
@@ -38,7 +38,7 @@ def _gemm(fused) -> PrimFunc:
 @pytest.mark.parametrize("n", [51, 50257])
 def test_an_odd_vocabulary_weight_is_stored_k_major_for_the_tensor_cores(tmp_path, n):
     cuda = resolve_target("cuda")
-    fused, plan = _plan(tmp_path, _lm_head(m=64, k=96, n=n), cuda)
+    fused, plan = _plan(tmp_path, _lm_head(m=128, k=96, n=n), cuda)
     func = _gemm(fused)
     assert tuple(int(d) for d in func.params[1].shape) == (n, 96)
     assert any(r.startswith("fp16: 1 kernels' weights of columns no multiple of 8") for r in plan.rewrites)
@@ -47,11 +47,14 @@ def test_an_odd_vocabulary_weight_is_stored_k_major_for_the_tensor_cores(tmp_pat
     assert hopper.untuned_config(func, cuda.target) is not None
 
 
-def test_weights_whose_rows_align_and_cpu_builds_are_left_as_stored(tmp_path, llvm_target):
+def test_weights_whose_rows_align_small_gemms_and_cpu_builds_are_left_as_stored(tmp_path, llvm_target):
     fused, plan = _plan(tmp_path, _lm_head(n=64), resolve_target("cuda"))
     assert tuple(int(d) for d in _gemm(fused).params[1].shape) == (96, 64)
     assert not any(r.startswith("fp16:") for r in plan.rewrites)
     fused, plan = _plan(tmp_path, _lm_head(), llvm_target)
+    assert tuple(int(d) for d in _gemm(fused).params[1].shape) == (96, 51)
+    # a GEMM of 64 rows or fewer streams its weight as stored (the GEMV template reads [K, N] at any N)
+    fused, plan = _plan(tmp_path, _lm_head(m=64), resolve_target("cuda"))
     assert tuple(int(d) for d in _gemm(fused).params[1].shape) == (96, 51)
 
 
@@ -62,7 +65,7 @@ def test_the_k_major_weight_computes_what_onnxruntime_does(tmp_path, llvm_target
     fused, _ = _plan(tmp_path, model, resolve_target("cuda"))
     result = build(fused, target=llvm_target, database=None)
     vm = tvm.relax.VirtualMachine(result.executable, tvm.cpu())
-    x = np.random.default_rng(0).standard_normal((64, 96)).astype("float16")
+    x = np.random.default_rng(0).standard_normal((128, 96)).astype("float16")
     params = [tvm.runtime.tensor(np.asarray(p.numpy() if hasattr(p, "numpy") else p)) for p in result.lifted_params]
     got = vm["main"](tvm.runtime.tensor(x), *params).numpy()
     (ref,) = run_onnxruntime(tmp_path / "m.onnx", {"x": x})

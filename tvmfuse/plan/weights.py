@@ -141,10 +141,16 @@ def apply(mod: tvm.IRModule, edits: dict) -> tvm.IRModule:
     return out
 
 
+# GEMMs of at most this many rows stream their weight (decode steps, a small batch's classifier): a kernel that
+# reads each weight element once takes ``[K, N]`` at any N with narrower vectors, and keeps the layout as stored
+STREAMED_ROWS = 64
+
+
 def odd_columns_kmajor(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
     """``mod`` (a partitioned module) with the constant fp16 weights stored ``[K, N]`` whose N is no multiple of 8
-    transposed to ``[N, K]``, kernel and calls alike, where the hidden size K keeps the rows 16-byte aligned; a note
-    for the plan (None where none was)."""
+    transposed to ``[N, K]``, kernel and calls alike, where the hidden size K keeps the rows 16-byte aligned and
+    the GEMM has more rows than :data:`STREAMED_ROWS` (a tile of the tensor cores reads them); a note for the plan
+    (None where none was)."""
     calls = kernel_calls(mod["main"])
     edits = {}
     for gv, func in mod.functions.items():
@@ -155,7 +161,8 @@ def odd_columns_kmajor(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
         if weight is None or weight[0] not in constant_params(calls, gv, [weight[0]]):
             continue
         k, n = (int(d) for d in param_buffers(func)[weight[0]].shape)
-        if n % 8 and k % 8 == 0:
+        rows = int(np.prod([int(d) for d in sch.get(block).body.buffer.shape[:-1]]))
+        if n % 8 and k % 8 == 0 and rows > STREAMED_ROWS:
             edits[gv] = Edit(transposed_kernel(func, sch, block, weight[1]), weight[0])
     if not edits:
         return mod, None
