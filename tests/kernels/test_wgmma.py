@@ -445,9 +445,9 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
 def test_inspect_reads_mma_gemm_records_without_the_tensor_intrinsics(tmp_path, cuda):
     """Only a wgmma trace is replayed to name its tiles: an mma-template trace tensorizes, and replaying it in a
     process that has not registered the tensor intrinsics (the CLI's) failed (the H200's BERT database)."""
-    # 84 columns of an N-major weight: no wgmma tile (its rows are not 16-byte aligned), mma sketches (128 rows: a
-    # GEMM of 64 or fewer is the GEMV template's)
-    model, _, _ = CASES["gemm_bias_relu"](M=128, K=64, N=84)
+    # K 36: no wgmma tile (A's rows are not 16-byte aligned), mma sketches (128 rows: a GEMM of 64 or fewer is the
+    # GEMV template's)
+    model, _, _ = CASES["gemm_bias_relu"](M=128, K=36, N=80)
     (kernel,) = _gemm_kernels(tmp_path, model, cuda)
     _, sketches = _sketch(kernel, cuda.target)
     sketch = sketches[0]
