@@ -211,12 +211,14 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     (130, 1000, 200, False, "g2 m1 n256 k64 s4 r1 z128 f1"),   # a classifier: N-major B, K 3 steps and 8
     (64, 50, 72, True, "g1 m2 n64 k64 s3 r1 z128 f0"),     # N not a multiple of 8 (K-major B only)
     (70, 51, 200, True, "g2 m1 n64 k64 s4 r1 z128 f1"),    # N odd (a vocabulary): one column at a time
-], ids=["pointwise_conv", "classifier", "n50", "n51"])
+    ((2, 6, 24), 40, None, True, "g1 m1 n64 k64 s4 r1 z128 f1"),   # 3x3 conv of 24 channels: steps span taps
+    ((1, 9, 40, 2), 48, None, True, "g2 m1 n64 k64 s3 r1 z128 f0"),   # stride 2, 40 channels: K 360
+], ids=["pointwise_conv", "classifier", "n50", "n51", "conv24", "conv40_stride2"])
 def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k, b_kmajor, cfg):
-    """The cp.async kernel's data path for columns and K that are no whole number of tiles, emulated from the
-    generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles chunk by
-    chunk from :func:`hopper.cp_async.tile_reads` (a chunk whose predicate fails is zero; one that holds must lie
-    inside its operand's row), the tiles read back through the layout multiply, and the kernel's epilogue (its
+    """The cp.async kernel's data path for columns, K and conv channels that are no whole number of tiles, emulated
+    from the generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles
+    chunk by chunk from :func:`hopper.cp_async.tile_reads` (a chunk whose predicate fails is zero; one that holds
+    must lie inside its operand's row, a conv's inside one pixel's channels), the tiles read back through the layout multiply, and the kernel's epilogue (its
     TVMScript, executed as Python) stores each thread's accumulators. The output must be the GEMM, every element
     written once and nothing past it."""
     import numpy as np
@@ -224,14 +226,27 @@ def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k,
     from tvmfuse.kernels.wgmma import config as wcfg
     from tvmfuse.kernels.wgmma.cp_async import tile_reads
 
-    spec = hopper.GemmSpec((), m, n, k, False, False, b_kmajor)
+    rng = np.random.default_rng(0)
+    if isinstance(m, tuple):   # (images, size, channels[, stride]): a padded 3x3 conv, its A the NHWC input
+        images, hw, ch, *stride = m
+        st = stride[0] if stride else 1
+        g = hopper.ConvGeometry(images, hw, hw, ch, (hw - 1) // st + 1, (hw - 1) // st + 1, 3, 3, (st, st), (1, 1),
+                                (1, 1))
+        spec = hopper.GemmSpec((), images * g.oh * g.ow, n, 9 * ch, False, False, True, conv=g)
+        m, k = spec.rows, spec.k
+        x = rng.standard_normal((images, hw, hw, ch))
+        xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        a = np.stack([xp[:, r:r + st * (g.oh - 1) + 1:st, s:s + st * (g.ow - 1) + 1:st, :]
+                      for r in range(3) for s in range(3)], axis=3).reshape(m, k)   # im2col, K in (r, s, c)
+        flat, row_len = {"A": x.ravel()}, {"A": ch, "B": k}
+    else:
+        spec = hopper.GemmSpec((), m, n, k, False, False, b_kmajor)
+        a = rng.standard_normal((m, k))
+        flat, row_len = {"A": a.ravel()}, {"A": k, "B": k if b_kmajor else n}
     c = hopper.parse_config(cfg)
     assert c in hopper.configs(spec, stages=(3, 4), raster=(1,))
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, k))
     b = rng.standard_normal((n, k) if b_kmajor else (k, n))
-    flat = {"A": a.ravel(), "B": b.ravel()}
-    row_len = {"A": k, "B": k if b_kmajor else n}
+    flat["B"] = b.ravel()
 
     class T:   # what the generated expressions call
         And = staticmethod(lambda x, y: x and y)
@@ -603,21 +618,23 @@ def _lm_head(m=128, k=200, n=51) -> onnx.ModelProto:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("case", ["pointwise_conv", "odd_vocabulary"])
+@pytest.mark.parametrize("case", ["pointwise_conv", "odd_vocabulary", "conv3x3_24"])
 def test_ragged_columns_and_k_take_the_cp_async_kernel(tmp_path, cuda, case):
-    """MobileNet's and EfficientNet's 1x1 convs (24, 40, 96 channels) and a vocabulary of odd size fell back to
-    dlight's CUDA-core schedule: no 64-wide tile divided their channels. They are GEMMs with a partial K step and
-    a partial tile column (200 channels in, 40 or 51 out here): cp.async configs only (TMA copies whole boxes),
+    """MobileNet's and EfficientNet's 1x1 convs (24, 40, 96 channels), convs of 24 channels and a vocabulary of odd
+    size fell back to dlight's CUDA-core schedule: no 64-wide tile divided their channels. They take a partial K
+    step and a partial tile column (200 or 216 deep, 40 or 51 out here): cp.async configs only (TMA copies whole boxes),
     the scalar twin equal to the planner's kernel, and the kernel built for Hopper without spills, its main-loop
     copies zero-filling without a branch where a batch is in flight."""
     import numpy as np
 
-    model = _conv(n=2, cin=200, cout=40, hw=8, k=1, pad=0) if case == "pointwise_conv" else _lm_head()
+    model = {"pointwise_conv": lambda: _conv(n=2, cin=200, cout=40, hw=8, k=1, pad=0), "odd_vocabulary": _lm_head,
+             "conv3x3_24": lambda: _conv(n=2, cin=24, cout=40, hw=8, k=3, pad=1)}[case]()
     (kernel,) = _gemm_kernels(tmp_path, model, cuda)
     func = kernel.mod["main"]
     spec, info = hopper.analyze(func)
-    assert (spec.rows, spec.k, spec.n, spec.conv, spec.b_kmajor) == (128, 200, 40 if case == "pointwise_conv" else 51,
-                                                                     None, True)
+    want = {"pointwise_conv": (200, 40), "odd_vocabulary": (200, 51), "conv3x3_24": (216, 40)}[case]
+    assert (spec.rows, spec.k, spec.n, spec.b_kmajor) == (128, *want, True)
+    assert (spec.conv is not None) == (case == "conv3x3_24")
     assert hopper.configs(spec) and not hopper.configs(spec, tma=(1,))
     assert hopper.untuned_config(func, cuda.target) is not None
     outs = twin_and_kernel_outputs(hopper.reference_for(func), func)

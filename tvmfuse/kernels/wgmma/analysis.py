@@ -248,9 +248,9 @@ def _conv_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
     # TMA loads at any image size, where the conv's pixel patches leave 14x14 and 7x7 images to cp.async), and
     # its channels are its K, which may end in a partial K step (MobileNet's 24, 96, 144)
     pointwise = (g.r, g.s, g.stride, g.pad, g.h, g.w) == (1, 1, (1, 1), (0, 0), g.oh, g.ow)
-    per_step = 64 if dtype == "float16" else 32   # a K step reads 128 bytes of a pixel's channels
-    if g.c % per_step and not pointwise:
-        raise Misfit(f"the conv's input channels ({g.c}) are not a multiple of {per_step}")
+    per_copy = 8 if dtype == "float16" else 4   # a copy moves 16 bytes of one pixel's channels
+    if g.c % per_copy and not pointwise:
+        raise Misfit(f"the conv's input channels ({g.c}) are not a multiple of {per_copy}")
     spec = GemmSpec(batch=(), m=g.n * g.oh * g.ow, n=ext[3], k=g.r * g.s * g.c, a_batched=False, b_batched=False,
                     b_kmajor=True, conv=None if pointwise else g, dtype=dtype)
     return spec, x, y

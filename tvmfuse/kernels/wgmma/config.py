@@ -69,8 +69,14 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
     spec = spec.halves()
     # (partial tiles of columns or K only where no tile width makes them whole: a shape some width tiles keeps its
     # space)
-    ragged = ragged_fits(spec) and (spec.n % 64 != 0 or spec.k % 64 != 0)
+    ragged = ragged_fits(spec) and (spec.n % 64 != 0 or spec.k % 64 != 0
+                                    or spec.conv is not None and spec.conv.c % 64 != 0)
     out = []
+    # (a partial tile column: a wider tile of as many tile columns as a narrower one adds only dead columns; N 40
+    # takes 64, not 128 or 256, whose idle accumulators also made ptxas serialize a conv's wgmmas, C7514)
+    widths = [int(n) for n in block_n]
+    block_n = [n for n in widths if spec.n % n == 0
+               or not any(w < n and -(-spec.n // w) == -(-spec.n // n) for w in widths)]
     for g in warpgroups:
         for mt in m_tiles:
             for n in block_n:
@@ -85,9 +91,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                 # TF32, and wgmma truncates; the cp.async kernel rounds, see ptx.ROUND_TF32)
                                 continue
                             tiles_m = _tiles_m(spec, c)   # a partial last tile row is predicated
-                            whole = spec.n % c.block_n == 0 and spec.k % c.block_k == 0
+                            whole = (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
+                                     and (spec.conv is None or spec.conv.c % c.block_k == 0))
                             if ((whole or ragged and not c.tma)
-                                    and (spec.conv is None or spec.conv.c % c.block_k == 0)
                                     and (k_steps(spec, c) >= c.stages - 1 or c.stages == min(int(x) for x in stages))
                                     and tiles_m % c.raster == 0
                                     # cp.async: a batch in flight holds a stage: at 3 stages that left two and
@@ -109,9 +115,10 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
 def ragged_fits(spec: GemmSpec) -> bool:
     """Whether the cp.async kernel takes ``spec`` (in 16-bit units, :meth:`GemmSpec.halves`) with a partial last
     tile of columns or K: its copies move 16-byte chunks, so K must keep A's rows (and a K-major B's) 16-byte
-    aligned, and an N-major B's columns too (an odd vocabulary's weight is K-major: ``plan.weights``). A conv (not
-    a 1x1 one, which is a GEMM) steps through whole 64-channel taps: no ragged K there."""
-    return spec.conv is None and spec.k % 8 == 0 and (spec.b_kmajor or spec.n % 8 == 0)
+    aligned, and an N-major B's columns too (an odd vocabulary's weight is K-major: ``plan.weights``); a conv's
+    chunks must each lie in one pixel's channels (a K step may then span filter taps: 24 channels, 2.67 a step)."""
+    return ((spec.k % 8 == 0 and (spec.b_kmajor or spec.n % 8 == 0))
+            and (spec.conv is None or spec.conv.c % 8 == 0))
 
 
 def k_steps(spec: GemmSpec, cfg: WgmmaConfig) -> int:

@@ -75,13 +75,17 @@ def _a_read(spec: GemmSpec, row: str, kbase: str, kin: str, tail: bool,
         return _all(conds), f"{a_batch} + {row} * {spec.k} + {kbase} + {kin}"
     g = spec.conv
     (sh, sw), (pt, pl), (dh, dw) = g.stride, g.pad, g.dilation
-    rs = f"({kbase}) // {g.c}"   # the K step's filter tap (r, s): c is a multiple of 64
+    # the filter tap (r, s): the K step's where c is a multiple of 64, else each chunk's (c a multiple of 8: a
+    # chunk's channels lie in one tap)
+    kk = f"({kbase})" if g.c % 64 == 0 else f"({kbase} + {kin})"
+    rs = f"{kk} // {g.c}"
     ih = f"({row} // {g.ow} % {g.oh} * {sh} + {rs} // {g.s} * {dh} - {pt})"
     iw = f"({row} % {g.ow} * {sw} + {rs} % {g.s} * {dw} - {pl})"
     if g.padded:
         conds += [f"0 <= {ih}", f"{ih} < {g.h}", f"0 <= {iw}", f"{iw} < {g.w}"]
     pixel = f"({row} // {g.oh * g.ow} * {g.h} + {ih}) * {g.w} + {iw}"
-    return _all(conds), f"({pixel}) * {g.c} + ({kbase}) % {g.c} + {kin}"
+    channel = f"({kbase}) % {g.c} + {kin}" if g.c % 64 == 0 else f"{kk} % {g.c}"
+    return _all(conds), f"({pixel}) * {g.c} + {channel}"
 
 
 def _all(conds: list[str]) -> str | None:

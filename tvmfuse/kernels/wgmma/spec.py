@@ -12,8 +12,9 @@ class ConvGeometry:
     """An NHWC conv read as an implicit GEMM: input ``[n, h, w, c]``, filter ``[f, r, s, c]`` (OHWI), output
     ``[n, oh, ow, f]``. GEMM row ``(n, oh, ow)``, column ``f``, K ``(r, s, c)`` in the filter's order, so the
     filter is a K-major B as stored; A's element ``(row, k)`` is the input at ``(n, oh * stride - pad + r *
-    dilation, ...)``, zero outside it. ``c`` is a multiple of the K step (64): each K step has one ``(r, s)``
-    and reads 64 contiguous channels of a pixel, whole 16-byte copies."""
+    dilation, ...)``, zero outside it. ``c`` is a multiple of 8 (16 bytes): each 16-byte copy reads channels of
+    one pixel at one tap; where ``c`` is a multiple of the K step (64), each K step has one ``(r, s)`` and reads 64
+    contiguous channels of a pixel (TMA's box), else a K step spans taps (24 channels: 2.67 taps a step)."""
 
     n: int
     h: int
