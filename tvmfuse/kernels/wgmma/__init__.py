@@ -39,7 +39,7 @@ from __future__ import annotations
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.wgmma.analysis import Misfit, analyze
 from tvmfuse.kernels.wgmma.config import (ANNOTATION, CANDIDATES, SMS, SPEC, WgmmaConfig, configs, default_config,
-                                          parse_config, pixel_tile, supports)
+                                          parse_config, pixel_tile, supports, whole_tiles)
 from tvmfuse.kernels.wgmma.cp_async import gemm_source
 from tvmfuse.kernels.wgmma.kernel import annotated, default_kernel, expand, kernel_for, untuned_config
 from tvmfuse.kernels.wgmma.layout import desc, tile_layout
@@ -52,7 +52,7 @@ from tvmfuse.kernels.wgmma.tma import tma_maps, tma_source
 __all__ = ["ANNOTATION", "CANDIDATES", "SMS", "SPEC", "ZFILL", "ConvGeometry", "GemmSpec", "Misfit", "WgmmaConfig",
            "WgmmaTemplate", "analyze", "annotated", "configs", "default_config", "default_kernel", "desc", "expand",
            "gemm_source", "kernel_for", "parse", "parse_config", "pixel_tile", "reference_for", "reference_source",
-           "schedule", "supports", "tile_layout", "tma_maps", "tma_source", "untuned_config", "wgmma_issue"]
+           "schedule", "supports", "tile_layout", "whole_tiles", "tma_maps", "tma_source", "untuned_config", "wgmma_issue"]
 
 
 class WgmmaTemplate(KernelTemplate):

@@ -121,6 +121,14 @@ def ragged_fits(spec: GemmSpec) -> bool:
             and (spec.conv is None or spec.conv.c % 8 == 0))
 
 
+def whole_tiles(spec: GemmSpec, cfg: WgmmaConfig) -> bool:
+    """Whether ``cfg``'s tiles divide ``spec``'s columns, K and (a conv's) channels: no zero-filled partial tile but
+    a last row's."""
+    h = spec.halves()
+    return (h.n % cfg.block_n == 0 and h.k % cfg.block_k == 0
+            and (h.conv is None or h.conv.c % cfg.block_k == 0))
+
+
 def k_steps(spec: GemmSpec, cfg: WgmmaConfig) -> int:
     """K steps of ``cfg`` (``spec`` in 16-bit units), the last one partial where K is not a whole number of them."""
     return -(-spec.k // cfg.block_k)

@@ -7,7 +7,7 @@ import json
 from tvmfuse.kernels.annotations import chosen, root_annotations, swap_kernels
 from tvmfuse.kernels.wgmma.analysis import _param_decls, analyze
 from tvmfuse.kernels.wgmma.config import (ANNOTATION, CANDIDATES, SPEC, WgmmaConfig, configs, default_config,
-                                          parse_config, supports)
+                                          parse_config, supports, whole_tiles)
 from tvmfuse.kernels.wgmma.cp_async import gemm_source
 from tvmfuse.kernels.wgmma.ptx import parse
 from tvmfuse.kernels.wgmma.spec import GemmSpec
@@ -42,7 +42,17 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
         return None
     from tvmfuse.target import device_figures
 
-    return spec, info, default_config(spec, device_figures(target).sm_count)
+    cfg = default_config(spec, device_figures(target).sm_count)
+    if not (whole_tiles(spec, cfg) or UNTUNED_PARTIAL_TILES):
+        return None
+    return spec, info, cfg
+
+
+# Partial tiles of columns, K and conv channels (zero-filled copies, stores skipped past N) are checked on the CPU
+# by emulating the copies and stores from the generated expressions, and built by ptxas; until they have run on a
+# GPU, they are offered to the tuner (each record checked against the kernel's reference before it is kept) and
+# not run unchecked by an untuned build, which keeps dlight's schedule there.
+UNTUNED_PARTIAL_TILES = False
 
 
 def default_kernel(func, target):
