@@ -207,6 +207,24 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     assert {c.stages for c in hopper.configs(hopper.GemmSpec((), 128, 256, 64, False, False, True))} == {3}
 
 
+def _run_stores(code, acc, c, pm: int, pn: int, store, T) -> None:
+    """Run the kernel's compiled epilogue ``code`` for tile (``pm``, ``pn``) as every thread of the block would:
+    each thread's registers taken from the block's accumulator tile ``acc`` in wgmma's fragment layout, each store
+    ``out[row, col] = value`` handed to ``store(key, value)``."""
+    class Out:
+        def __setitem__(self, key, value):
+            store(key, value)
+
+    for tx in range(128 * c.warpgroups):
+        lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
+        regs = {}
+        for t in range(c.m_tiles):
+            for i in range(c.block_n // 2):   # wgmma's accumulator fragment of a 64 x N tile
+                regs[t * c.block_n // 2 + i] = acc[(wg * c.m_tiles + t) * 64 + warp * 16 + lane // 4
+                                                   + 8 * (i // 2 % 2), i // 4 * 8 + lane % 4 * 2 + i % 2]
+        exec(code, {"T": T, "out": Out(), "acc": regs, "tx": tx, "pm": pm, "pn": pn})
+
+
 @pytest.mark.parametrize("m,n,k,b_kmajor,cfg", [
     (100, 96, 24, True, "g1 m1 n128 k64 s3 r1 z128 f0"),    # MobileNet's 1x1 conv: one partial K step and column
     (130, 1000, 200, False, "g2 m1 n256 k64 s4 r1 z128 f1"),   # a classifier: N-major B, K 3 steps and 8
@@ -283,20 +301,11 @@ def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k,
                 ta, tb = tiles
                 assert not np.isnan(ta).any() and not np.isnan(tb).any()   # every chunk of the tile filled
                 acc += ta @ (tb.T if b_kmajor else tb)
-            for tx in range(128 * c.warpgroups):
-                lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
-                regs = {}
-                for t in range(c.m_tiles):
-                    for i in range(c.block_n // 2):   # wgmma's accumulator fragment of a 64 x N tile
-                        regs[t * c.block_n // 2 + i] = acc[(wg * c.m_tiles + t) * 64 + warp * 16 + lane // 4
-                                                           + 8 * (i // 2 % 2), i // 4 * 8 + lane % 4 * 2 + i % 2]
-
-                class Out:
-                    def __setitem__(self, key, value):
-                        assert key[0] < m and key[1] < n, key
-                        out[key] = value
-                        writes[key] += 1
-                exec(code, {"T": T, "out": Out(), "acc": regs, "tx": tx, "pm": pm, "pn": pn})
+            def store(key, value):
+                assert key[0] < m and key[1] < n, key
+                out[key] = value
+                writes[key] += 1
+            _run_stores(code, acc, c, pm, pn, store, T)
     assert (writes == 1).all(), (writes != 1).sum()
     np.testing.assert_allclose(out, a @ (b.T if b_kmajor else b), rtol=1e-9, atol=1e-9)
 
@@ -815,18 +824,9 @@ def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
                 ((_, (k0, n0, _)),) = [(o, [eval(e, {}, {"pm": pm, "pn": pn, "j": j}) for e in cs])
                                        for o, cs in b_map["coords"]("pm", "pn", "j")]
                 acc += a @ wf[n0:n0 + c.block_n, k0:k0 + 64].T
-            for tx in range(128 * c.warpgroups):
-                lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
-                regs = {}
-                for t in range(c.m_tiles):
-                    for i in range(c.block_n // 2):   # wgmma's accumulator fragment of a 64 x N tile
-                        regs[t * c.block_n // 2 + i] = acc[(wg * c.m_tiles + t) * 64 + warp * 16 + lane // 4
-                                                           + 8 * (i // 2 % 2), i // 4 * 8 + lane % 4 * 2 + i % 2]
-
-                class Out:
-                    def __setitem__(self, key, value):
-                        out[key] = value
-                        writes[key] += 1
-                exec(code, {"T": T, "out": Out(), "acc": regs, "tx": tx, "pm": pm, "pn": pn})
+            def store(key, value):
+                out[key] = value
+                writes[key] += 1
+            _run_stores(code, acc, c, pm, pn, store, T)
     assert (writes == 1).all(), (writes == 0).sum()
     np.testing.assert_allclose(out, ref.reshape(spec.rows, f), rtol=1e-9, atol=1e-9)

@@ -182,3 +182,15 @@ def wide_branches(m=64, k=512, n=8) -> onnx.ModelProto:
         outs.append(b.op("Add", [b.op("Relu", [p]), b.op("Sigmoid", [p])]))
     y = b.op("Concat", outs, axis=-1)
     return b.model({"x": [m, k]}, y, [m, 3 * n])
+
+
+def run_built(fused, target, *inputs):
+    """The partitioned module ``fused`` built for the CPU ``target`` (its kernels' TIR) run on ``inputs`` (numpy),
+    its lifted parameters passed after them: a plan's rewrites checked where its GPU kernels cannot run."""
+    from tvmfuse._tvm import tvm
+    from tvmfuse.compile import build
+
+    result = build(fused, target=target, database=None)
+    vm = tvm.relax.VirtualMachine(result.executable, tvm.cpu())
+    params = [tvm.runtime.tensor(np.asarray(p.numpy() if hasattr(p, "numpy") else p)) for p in result.lifted_params]
+    return vm["main"](*(tvm.runtime.tensor(x) for x in inputs), *params).numpy()

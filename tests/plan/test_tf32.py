@@ -8,7 +8,6 @@ import pytest
 
 import models
 from tvmfuse._tvm import PrimFunc
-from tvmfuse.compile import build
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.plan import partition
 from tvmfuse.plan.tf32 import ATTR, ROUNDED, tf32_rounded
@@ -95,13 +94,8 @@ def test_the_transposed_weights_compute_what_onnxruntime_does(tmp_path, cuda, ll
         if w.ndim == 2:
             init.CopyFrom(numpy_helper.from_array(tf32_rounded(w), init.name))
     onnx.save(model, tmp_path / "m.onnx")
-    result = build(fused, target=llvm_target, database=None)
-    from tvmfuse._tvm import tvm
-
-    vm = tvm.relax.VirtualMachine(result.executable, tvm.cpu())
     x = np.random.default_rng(0).standard_normal((64, 128)).astype("float32")
-    params = [tvm.runtime.tensor(np.asarray(p.numpy() if hasattr(p, "numpy") else p)) for p in result.lifted_params]
-    got = vm["main"](tvm.runtime.tensor(x), *params).numpy()
+    got = models.run_built(fused, llvm_target, x)
     (ref,) = run_onnxruntime(tmp_path / "m.onnx", {"x": x})
     assert relative_error(got, ref) < 1e-5
 

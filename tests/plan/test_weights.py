@@ -8,8 +8,7 @@ import onnx
 import pytest
 
 import models
-from tvmfuse._tvm import PrimFunc, tvm
-from tvmfuse.compile import build
+from tvmfuse._tvm import PrimFunc
 from tvmfuse.frontend import import_model, load_model
 from tvmfuse.kernels import wgmma as hopper
 from tvmfuse.plan import partition
@@ -63,10 +62,7 @@ def test_the_k_major_weight_computes_what_onnxruntime_does(tmp_path, llvm_target
     TIR), equals onnxruntime on the same input."""
     model = _lm_head()
     fused, _ = _plan(tmp_path, model, resolve_target("cuda"))
-    result = build(fused, target=llvm_target, database=None)
-    vm = tvm.relax.VirtualMachine(result.executable, tvm.cpu())
     x = np.random.default_rng(0).standard_normal((128, 96)).astype("float16")
-    params = [tvm.runtime.tensor(np.asarray(p.numpy() if hasattr(p, "numpy") else p)) for p in result.lifted_params]
-    got = vm["main"](tvm.runtime.tensor(x), *params).numpy()
+    got = models.run_built(fused, llvm_target, x)
     (ref,) = run_onnxruntime(tmp_path / "m.onnx", {"x": x})
     assert relative_error(got, ref) < 2e-3
