@@ -44,6 +44,7 @@ def test_an_odd_vocabulary_weight_is_stored_k_major_for_the_tensor_cores(tmp_pat
     spec, _ = hopper.analyze(func)
     assert spec.b_kmajor and spec.n == n and hopper.configs(spec)
     assert not hopper.whole_tiles(spec, hopper.default_config(spec))   # (N 51: a partial tile column)
+    assert hopper.untuned_config(func, cuda.target) is not None
 
 
 def test_weights_whose_rows_align_small_gemms_and_cpu_builds_are_left_as_stored(tmp_path, llvm_target):
