@@ -21,7 +21,7 @@ A's tiles), checked against torch in fp32 with TF32 off, beside cuBLAS / cuDNN i
 
     python benchmarks/wgmma_gemm.py [--conv] [--tf32] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json]
                                     [--build-only]
-    python benchmarks/wgmma_gemm.py --shapes 25088,96,24 1024,1000,2048 [--configs ...]   # any GEMM's default
+    python benchmarks/wgmma_gemm.py --shapes 25088,96,24 1024,1000,2048 c:32,24,56,40 [--configs ...]   # defaults
 """
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ def _types(spec: GemmSpec) -> tuple[str, str]:
     return ("float32", "float32") if spec.dtype == "float32" else ("float16", "float16")
 
 
-def conv_spec(n, c, hw, f, r=3, pad=1) -> GemmSpec:
-    g = ConvGeometry(n=n, h=hw, w=hw, c=c, oh=hw + 2 * pad - r + 1, ow=hw + 2 * pad - r + 1, r=r, s=r,
-                     stride=(1, 1), pad=(pad, pad), dilation=(1, 1))
+def conv_spec(n, c, hw, f, r=3, pad=1, stride=1) -> GemmSpec:
+    o = (hw + 2 * pad - r) // stride + 1
+    g = ConvGeometry(n=n, h=hw, w=hw, c=c, oh=o, ow=o, r=r, s=r, stride=(stride, stride), pad=(pad, pad),
+                     dilation=(1, 1))
     return GemmSpec((), n * g.oh * g.ow, f, r * r * c, False, False, True, conv=g)
 
 
@@ -206,8 +207,8 @@ def torch_us(spec) -> dict:
         x = torch.randn(c.n, c.c, c.h, c.w, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
         w = torch.randn(spec.n, c.c, c.r, c.s, device="cuda", dtype=dtype).to(memory_format=torch.channels_last)
         conv = torch.nn.functional.conv2d
-        return {"cublas_us": round(t(lambda: conv(x, w, padding=c.pad)), 1),
-                "torch_fused_us": round(t(lambda: torch.relu(conv(x, w, b, padding=c.pad))), 1)}
+        return {"cublas_us": round(t(lambda: conv(x, w, padding=c.pad, stride=c.stride)), 1),
+                "torch_fused_us": round(t(lambda: torch.relu(conv(x, w, b, padding=c.pad, stride=c.stride))), 1)}
     A = torch.randn(spec.m, spec.k, device="cuda", dtype=dtype)
     W = torch.randn(spec.k, spec.n, device="cuda", dtype=dtype)
     return {"cublas_us": round(t(lambda: A @ W), 1), "torch_fused_us": round(t(lambda: torch.relu(A @ W + b)), 1)}
@@ -220,9 +221,15 @@ def shapes_table(shapes: list[str], extra: list) -> int:
 
     rows = []
     for text in shapes:
-        parts = text.split(",")
-        m, n, k = (int(x) for x in parts[:3])
-        spec = GemmSpec((), m, n, k, False, False, parts[3:] == ["t"])
+        if text.startswith("c:"):   # c:N,C,HW,F[,R[,STRIDE]]: an NHWC conv, padded to keep R // 2
+            n_, c_, hw, f, *rest = (int(x) for x in text[2:].split(","))
+            r, st = (rest + [3, 1][len(rest):])[:2]
+            spec = conv_spec(n_, c_, hw, f, r, r // 2, st)
+            m, n, k = spec.m, spec.n, spec.k
+        else:
+            parts = text.split(",")
+            m, n, k = (int(x) for x in parts[:3])
+            spec = GemmSpec((), m, n, k, False, False, parts[3:] == ["t"])
         fits = configs(spec, tma=(0, 1))
         if not fits:
             rows.append({"shape": [m, n, k], "error": "no config takes it"})
@@ -250,7 +257,8 @@ def main() -> int:
     ap.add_argument("--conv", action="store_true", help="the implicit-GEMM conv instead of the GEMM")
     ap.add_argument("--tf32", action="store_true", help="fp32 operands on the TF32 kernels (B K-major)")
     ap.add_argument("--shapes", nargs="*", default=None,
-                    help="GEMMs M,N,K (a trailing ,t: W stored [N, K]), each at its untuned default and the "
+                    help="GEMMs M,N,K (a trailing ,t: W stored [N, K]) or convs c:N,C,HW,F[,R[,STRIDE]], each at "
+                         "its untuned default and the "
                          "--configs that fit it, checked and timed beside cuBLAS; columns and K need not be whole "
                          "tiles")
     a = ap.parse_args()
