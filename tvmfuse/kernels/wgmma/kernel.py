@@ -7,7 +7,7 @@ import json
 from tvmfuse.kernels.annotations import chosen, root_annotations, swap_kernels
 from tvmfuse.kernels.wgmma.analysis import _param_decls, analyze
 from tvmfuse.kernels.wgmma.config import (ANNOTATION, CANDIDATES, SPEC, WgmmaConfig, configs, default_config,
-                                          parse_config, supports, whole_tiles)
+                                          parse_config, supports)
 from tvmfuse.kernels.wgmma.cp_async import gemm_source
 from tvmfuse.kernels.wgmma.ptx import parse
 from tvmfuse.kernels.wgmma.spec import GemmSpec
@@ -31,7 +31,9 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
     An untuned build has no kernel check, so this covers the paths run and checked on the H200:
     GEMMs; padded 3x3 convs and a 7x7 conv whose rows end in a partial tile (16 configs, all correct, the
     untuned conv case's dlight schedule took 8992 us against 490 us); epilogues that split heads (BERT's Q/K/V
-    projections, checked in the pipeline: dlight 180-184 us, wgmma 14-22 us)."""
+    projections, checked in the pipeline: dlight 180-184 us, wgmma 14-22 us); partial tiles of columns and K (1x1
+    convs of 24 and 144 channels, a 1000-column head, K 1000, GPT-2's 50257-word LM head, MobileNetV2 end to end)
+    and convs whose K steps span filter taps (24, 40, 96 and 144 channels, stride 2)."""
     if not supports(target):
         return None
     try:
@@ -42,18 +44,7 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
         return None
     from tvmfuse.target import device_figures
 
-    cfg = default_config(spec, device_figures(target).sm_count)
-    if spec.conv is not None and not whole_tiles(spec, cfg) and not UNTUNED_CONV_TAPS_SPANNED:
-        return None
-    return spec, info, cfg
-
-
-# Partial tiles of columns and K in a GEMM (1x1 convs of 24 or 144 channels, odd vocabularies) ran correct on an
-# H100 (5 shapes and MobileNetV2 end to end, BENCHMARKS.md). A conv whose channels are no multiple of 64 (K steps
-# spanning filter taps) is checked on the CPU, its copies emulated from the generated expressions and built by
-# ptxas, but has not run on a GPU: it is offered to the tuner (each record checked against the kernel's reference
-# before it is kept), and an untuned build keeps dlight's schedule there.
-UNTUNED_CONV_TAPS_SPANNED = False
+    return spec, info, default_config(spec, device_figures(target).sm_count)
 
 
 def default_kernel(func, target):
