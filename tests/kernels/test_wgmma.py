@@ -232,7 +232,9 @@ def _run_stores(code, acc, c, pm: int, pn: int, store, T) -> None:
     (70, 51, 200, True, "g2 m1 n64 k64 s4 r1 z128 f1"),    # N odd (a vocabulary): one column at a time
     ((2, 6, 24), 40, None, True, "g1 m1 n64 k64 s4 r1 z128 f1"),   # 3x3 conv of 24 channels: steps span taps
     ((1, 9, 40, 2), 48, None, True, "g2 m1 n64 k64 s3 r1 z128 f0"),   # stride 2, 40 channels: K 360
-], ids=["pointwise_conv", "classifier", "n50", "n51", "conv24", "conv40_stride2"])
+    (100, 144, 24, True, "g1 m1 n144 k64 s3 r1 z128 f0"),   # one exact tile column of a narrow N
+    ((2, 6, 24), 40, None, True, "g1 m1 n48 k64 s4 r1 z128 f1"),   # the same for a conv's 40 filters
+], ids=["pointwise_conv", "classifier", "n50", "n51", "conv24", "conv40_stride2", "exact144", "conv_exact48"])
 def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k, b_kmajor, cfg):
     """The cp.async kernel's data path for columns, K and conv channels that are no whole number of tiles, emulated
     from the generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles
@@ -650,7 +652,10 @@ def test_ragged_columns_and_k_take_the_cp_async_kernel(tmp_path, cuda, case):
     outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
     assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 2e-3
     f1 = next(c for c in hopper.configs(spec) if c.inflight)
-    for cfg in (hopper.default_config(spec), f1):
+    # one narrow tile column of N rounded up (40: 48), where it is no standard width (51: 64 is)
+    exact = [c for c in hopper.configs(spec) if c.block_n not in (64, 128, 256)][:1]
+    assert bool(exact) == (spec.n == 40) and hopper.default_config(spec).block_n in (64, 128, 256)
+    for cfg in (hopper.default_config(spec), f1, *exact):
         built = hopper.kernel_for(func, spec, info["a"], info["b"], info["store"], cfg)
         assert assert_shared_offsets_aligned(built)
         src = tvm.compile(tvm.IRModule({"main": built.with_attr("global_symbol", "main")}),

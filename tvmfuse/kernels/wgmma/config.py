@@ -75,11 +75,17 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
     # (a partial tile column: a wider tile of as many tile columns as a narrower one adds only dead columns; N 40
     # takes 64, not 128 or 256, whose idle accumulators also made ptxas serialize a conv's wgmmas, C7514)
     widths = [int(n) for n in block_n]
-    block_n = [n for n in widths if spec.n % n == 0
-               or not any(w < n and -(-spec.n // w) == -(-spec.n // n) for w in widths)]
+    widths = [n for n in widths if spec.n % n == 0
+              or not any(w < n and -(-spec.n // w) == -(-spec.n // n) for w in widths)]
+    if ragged and spec.b_kmajor and spec.n < max(widths):
+        # a narrow N (a 1x1 conv's 24 or 144 channels): also one tile column of N rounded up to 16 or 32 (whole
+        # 16-byte chunks a thread of one or two warpgroups), so A is read once, not once per 64 columns (K-major B
+        # only: an N-major tile's swizzle takes multiples of 64)
+        widths += [w for w in (-(-spec.n // 16) * 16, -(-spec.n // 32) * 32) if w not in widths]
     for g in warpgroups:
         for mt in m_tiles:
-            for n in block_n:
+            # (B's 16-byte chunks split evenly over the block's threads)
+            for n in [n for n in widths if n * 64 // 8 % (128 * int(g)) == 0]:
                 for kb in block_k:
                     for st in stages:
                         for r, z, f, t, p in [(r, z, f, t, p) for r in raster for z in swizzle for f in inflight
@@ -103,7 +109,7 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     # H200, cause not found), so TMA kernels wait for their batch
                                     and (c.stages - c.inflight >= 2 + c.inflight if not c.tma
                                          else c.inflight == 0)
-                                    and (not c.tma or c.swizzle == 128)
+                                    and (not c.tma or c.swizzle == 128 and c.block_n % 64 == 0)
                                     and (c.tma or not c.persistent)
                                     and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
@@ -234,6 +240,8 @@ def _rule_config(spec: GemmSpec) -> WgmmaConfig:
     # 1, no dilation, 8 x 8 and partial 2 x 32 patches)
     tma = (0, 1) if spec.conv is None or spec.conv.dilation == (1, 1) else (0,)
     options = configs(spec, tma=tma)
+    # (the widths run on a GPU untuned: a narrow N's exact tile column is the tuner's to try, each record checked)
+    options = [c for c in options if c.block_n in (64, 128, 256)]
     if options:   # the tile widths that pad the columns least: all where they divide N (N 96: 64 or 128, not 256)
         least = min(tiles_n(spec, c) * c.block_n for c in options)
         options = [c for c in options if tiles_n(spec, c) * c.block_n == least]
