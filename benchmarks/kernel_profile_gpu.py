@@ -199,7 +199,8 @@ def main() -> int:
         (OUT / "profile.json").write_text(json.dumps(rows, indent=1))
         if "error" not in row:
             _print_row(row, args.top)
-    print("\n| model | precision | batch | tvmfuse kernels us (GEMM/conv, rest) | eager | compile | tvmfuse / compile |")
+    print("\n| model | precision | batch | tvmfuse kernels us (GEMM/conv, rest) | eager | compile "
+          "| tvmfuse / compile |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         if "error" in row:

@@ -239,9 +239,9 @@ def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k,
     """The cp.async kernel's data path for columns, K and conv channels that are no whole number of tiles, emulated
     from the generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles
     chunk by chunk from :func:`hopper.cp_async.tile_reads` (a chunk whose predicate fails is zero; one that holds
-    must lie inside its operand's row, a conv's inside one pixel's channels), the tiles read back through the layout multiply, and the kernel's epilogue (its
-    TVMScript, executed as Python) stores each thread's accumulators. The output must be the GEMM, every element
-    written once and nothing past it."""
+    must lie inside its operand's row, a conv's inside one pixel's channels), the tiles read back through the
+    layout multiply, and the kernel's epilogue (its TVMScript, executed as Python) stores each thread's
+    accumulators. The output must be the GEMM, every element written once and nothing past it."""
     import numpy as np
 
     from tvmfuse.kernels.wgmma import config as wcfg

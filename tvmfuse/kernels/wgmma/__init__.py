@@ -52,7 +52,8 @@ from tvmfuse.kernels.wgmma.tma import tma_maps, tma_source
 __all__ = ["ANNOTATION", "CANDIDATES", "SMS", "SPEC", "ZFILL", "ConvGeometry", "GemmSpec", "Misfit", "WgmmaConfig",
            "WgmmaTemplate", "analyze", "annotated", "configs", "default_config", "default_kernel", "desc", "expand",
            "gemm_source", "kernel_for", "parse", "parse_config", "pixel_tile", "reference_for", "reference_source",
-           "schedule", "supports", "tile_layout", "whole_tiles", "tma_maps", "tma_source", "untuned_config", "wgmma_issue"]
+           "schedule", "supports", "tile_layout", "whole_tiles", "tma_maps", "tma_source", "untuned_config",
+           "wgmma_issue"]
 
 
 class WgmmaTemplate(KernelTemplate):
