@@ -97,9 +97,7 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                 # TF32, and wgmma truncates; the cp.async kernel rounds, see ptx.ROUND_TF32)
                                 continue
                             tiles_m = _tiles_m(spec, c)   # a partial last tile row is predicated
-                            whole = (spec.n % c.block_n == 0 and spec.k % c.block_k == 0
-                                     and (spec.conv is None or spec.conv.c % c.block_k == 0))
-                            if ((whole or ragged and not c.tma)
+                            if ((whole_tiles(spec, c) or ragged and not c.tma)
                                     and (k_steps(spec, c) >= c.stages - 1 or c.stages == min(int(x) for x in stages))
                                     and tiles_m % c.raster == 0
                                     # cp.async: a batch in flight holds a stage: at 3 stages that left two and
@@ -241,7 +239,7 @@ def _rule_config(spec: GemmSpec) -> WgmmaConfig:
     tma = (0, 1) if spec.conv is None or spec.conv.dilation == (1, 1) else (0,)
     options = configs(spec, tma=tma)
     # (the widths run on a GPU untuned: a narrow N's exact tile column is the tuner's to try, each record checked)
-    options = [c for c in options if c.block_n in (64, 128, 256)]
+    options = [c for c in options if c.block_n in (64, 128, 256)] or options
     if options:   # the tile widths that pad the columns least: all where they divide N (N 96: 64 or 128, not 256)
         least = min(tiles_n(spec, c) * c.block_n for c in options)
         options = [c for c in options if tiles_n(spec, c) * c.block_n == least]

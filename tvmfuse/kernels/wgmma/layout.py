@@ -2,7 +2,7 @@
 computes, and A's element addresses (a conv's window, the rows past the last whole tile)."""
 from __future__ import annotations
 
-from tvmfuse.kernels.wgmma.config import WgmmaConfig, pixel_tile
+from tvmfuse.kernels.wgmma.config import WgmmaConfig, pixel_tile, tiles_n
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 
@@ -98,9 +98,9 @@ def _all(conds: list[str]) -> str | None:
 def _tile_coords(spec: GemmSpec, cfg: WgmmaConfig, tile: str = "bx") -> tuple[str, str]:
     """The tile row and column (``pid_m``, ``pid_n``) of tile number ``tile``: groups of ``raster`` tile rows walk
     the columns together."""
-    R, tiles_n = cfg.raster, -(-spec.n // cfg.block_n)   # (a partial last tile column included)
-    return (f"({tile} // {R * tiles_n} * {R} + {tile} % {R * tiles_n} % {R})",
-            f"({tile} % {R * tiles_n} // {R})")
+    R, cols = cfg.raster, tiles_n(spec, cfg)   # (a partial last tile column included)
+    return (f"({tile} // {R * cols} * {R} + {tile} % {R * cols} % {R})",
+            f"({tile} % {R * cols} // {R})")
 
 
 def _pixel_origin(spec: GemmSpec, patch: str) -> tuple[str, str, str]:
