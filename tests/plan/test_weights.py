@@ -40,7 +40,7 @@ def test_an_odd_vocabulary_weight_is_stored_k_major_for_the_tensor_cores(tmp_pat
     fused, plan = _plan(tmp_path, _lm_head(m=128, k=96, n=n), cuda)
     func = _gemm(fused)
     assert tuple(int(d) for d in func.params[1].shape) == (n, 96)
-    assert any(r.startswith("fp16: 1 kernel' weights of columns no multiple of 8") for r in plan.rewrites)
+    assert any(r.startswith("fp16: 1 kernel's weights of columns no multiple of 8") for r in plan.rewrites)
     spec, _ = hopper.analyze(func)
     assert spec.b_kmajor and spec.n == n and hopper.configs(spec)
     assert not hopper.whole_tiles(spec, hopper.default_config(spec))   # (N 51: a partial tile column)

@@ -166,6 +166,6 @@ def odd_columns_kmajor(mod: tvm.IRModule) -> tuple[tvm.IRModule, str | None]:
             edits[gv] = Edit(transposed_kernel(func, sch, block, weight[1]), weight[0])
     if not edits:
         return mod, None
-    n = len(edits)
-    return apply(mod, edits), (f"fp16: {n} kernel{'s' if n != 1 else ''}' weights of columns no multiple of 8 "
-                               "transposed to [N, K] at compile time (16-byte rows for the tensor-core template)")
+    whose = "1 kernel's" if len(edits) == 1 else f"{len(edits)} kernels'"
+    return apply(mod, edits), (f"fp16: {whose} weights of columns no multiple of 8 transposed to [N, K] at compile "
+                               "time (16-byte rows for the tensor-core template)")
