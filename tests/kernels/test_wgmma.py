@@ -207,22 +207,31 @@ def test_configs_divide_the_shape_and_respect_shared_memory():
     assert {c.stages for c in hopper.configs(hopper.GemmSpec((), 128, 256, 64, False, False, True))} == {3}
 
 
-def _run_stores(code, acc, c, pm: int, pn: int, store, T) -> None:
-    """Run the kernel's compiled epilogue ``code`` for tile (``pm``, ``pn``) as every thread of the block would:
-    each thread's registers taken from the block's accumulator tile ``acc`` in wgmma's fragment layout, each store
-    ``out[row, col] = value`` handed to ``store(key, value)``."""
+def _run_stores(stores: str, acc, c, pm: int, pn: int, store, T) -> None:
+    """Run the kernel's epilogue ``stores`` (TVMScript, executed as Python) for tile (``pm``, ``pn``) as every thread
+    of the block would: each thread's registers taken from the block's accumulator tile ``acc`` in wgmma's fragment
+    layout, each store ``out[row, col] = value`` handed to ``store(key, value)``. A staged epilogue runs phase by
+    phase between its barriers, every thread through one phase before any starts the next, its shared fp32 tile
+    ``sacc`` a dict (a read of an element no thread wrote fails)."""
     class Out:
         def __setitem__(self, key, value):
             store(key, value)
 
-    for tx in range(128 * c.warpgroups):
-        lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
-        regs = {}
-        for t in range(c.m_tiles):
-            for i in range(c.block_n // 2):   # wgmma's accumulator fragment of a 64 x N tile
-                regs[t * c.block_n // 2 + i] = acc[(wg * c.m_tiles + t) * 64 + warp * 16 + lane // 4
-                                                   + 8 * (i // 2 % 2), i // 4 * 8 + lane % 4 * 2 + i % 2]
-        exec(code, {"T": T, "out": Out(), "acc": regs, "tx": tx, "pm": pm, "pn": pn})
+    phases = [compile("\n".join(ln for ln in text.splitlines() if not ln.startswith("T.evaluate("))
+                      .replace("T.unroll(", "range(").replace("T.vectorized(", "range("), "stores", "exec")
+              for text in stores.split('T.tvm_storage_sync("shared")\n')]
+    sacc: dict = {}
+    for code in phases:
+        for tx in range(128 * c.warpgroups):
+            lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
+            regs = {}
+            for t in range(c.m_tiles):
+                for i in range(c.block_n // 2):   # wgmma's accumulator fragment of a 64 x N tile
+                    regs[t * c.block_n // 2 + i] = acc[(wg * c.m_tiles + t) * 64 + warp * 16 + lane // 4
+                                                       + 8 * (i // 2 % 2), i // 4 * 8 + lane % 4 * 2 + i % 2]
+            exec(code, {"T": T, "out": Out(), "acc": regs, "sacc": sacc, "tx": tx, "pm": pm, "pn": pn})
+    if c.staged:   # the staged tile's rows hold the block's columns, nothing past them
+        assert len(sacc) == c.block_m * c.block_n and all(k % c.staged_stride < c.block_n for k in sacc)
 
 
 @pytest.mark.parametrize("m,n,k,b_kmajor,cfg", [
@@ -234,7 +243,11 @@ def _run_stores(code, acc, c, pm: int, pn: int, store, T) -> None:
     ((1, 9, 40, 2), 48, None, True, "g2 m1 n64 k64 s3 r1 z128 f0"),   # stride 2, 40 channels: K 360
     (100, 144, 24, True, "g1 m1 n144 k64 s3 r1 z128 f0"),   # one exact tile column of a narrow N
     ((2, 6, 24), 40, None, True, "g1 m1 n48 k64 s4 r1 z128 f1"),   # the same for a conv's 40 filters
-], ids=["pointwise_conv", "classifier", "n50", "n51", "conv24", "conv40_stride2", "exact144", "conv_exact48"])
+    (100, 144, 24, True, "g2 m1 n64 k64 s3 r1 z128 f0 e1"),   # stores staged in shared memory, a partial row
+    (70, 51, 200, True, "g1 m2 n64 k64 s4 r1 z128 f1 e1"),    # staged, N odd, a batch in flight
+    (130, 1000, 200, False, "g2 m1 n256 k64 s4 r1 z128 f1 e1"),   # staged, 256 wide
+], ids=["pointwise_conv", "classifier", "n50", "n51", "conv24", "conv40_stride2", "exact144", "conv_exact48",
+        "staged", "staged_n51", "staged_classifier"])
 def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k, b_kmajor, cfg):
     """The cp.async kernel's data path for columns, K and conv channels that are no whole number of tiles, emulated
     from the generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles
@@ -265,7 +278,7 @@ def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k,
         a = rng.standard_normal((m, k))
         flat, row_len = {"A": a.ravel()}, {"A": k, "B": k if b_kmajor else n}
     c = hopper.parse_config(cfg)
-    assert c in hopper.configs(spec, stages=(3, 4), raster=(1,))
+    assert c in hopper.configs(spec, stages=(3, 4), raster=(1,), staged=(0, 1))
     b = rng.standard_normal((n, k) if b_kmajor else (k, n))
     flat["B"] = b.ravel()
 
@@ -276,7 +289,6 @@ def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k,
     out = np.full((m, n), np.nan)
     writes = np.zeros((m, n), int)
     _, stores = hopper.mma._mma_and_store(spec, c, "out[{row}, {col}] = {acc}", "pm", "pn", 0)
-    code = compile(stores.replace("T.unroll(", "range(").replace("T.vectorized(", "range("), "stores", "exec")
     for pm in range(wcfg._tiles_m(spec, c)):
         for pn in range(wcfg.tiles_n(spec, c)):
             acc = np.zeros((c.block_m, c.block_n))
@@ -307,7 +319,7 @@ def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k,
                 assert key[0] < m and key[1] < n, key
                 out[key] = value
                 writes[key] += 1
-            _run_stores(code, acc, c, pm, pn, store, T)
+            _run_stores(stores, acc, c, pm, pn, store, T)
     assert (writes == 1).all(), (writes != 1).sum()
     np.testing.assert_allclose(out, a @ (b.T if b_kmajor else b), rtol=1e-9, atol=1e-9)
 
@@ -805,7 +817,6 @@ def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
     out = np.full((spec.rows, f), np.nan)
     writes = np.zeros((spec.rows, f), int)
     _, stores = hopper.mma._mma_and_store(spec, c, "out[{row}, {col}] = {acc}", "pm", "pn", 0)
-    code = compile(stores.replace("T.unroll(", "range(").replace("T.vectorized(", "range("), "stores", "exec")
 
     class T:   # what the epilogue's predicates call
         And = staticmethod(lambda a, b: a and b)
@@ -829,6 +840,6 @@ def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
             def store(key, value):
                 out[key] = value
                 writes[key] += 1
-            _run_stores(code, acc, c, pm, pn, store, T)
+            _run_stores(stores, acc, c, pm, pn, store, T)
     assert (writes == 1).all(), (writes == 0).sum()
     np.testing.assert_allclose(out, ref.reshape(spec.rows, f), rtol=1e-9, atol=1e-9)

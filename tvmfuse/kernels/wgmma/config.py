@@ -25,6 +25,9 @@ class WgmmaConfig:
     tma: int = 0          # 1: tiles loaded by TMA from a producer warpgroup, stages handed over by mbarriers
     persistent: int = 0   # 1 (TMA only): one block per SM walks the tiles; the next tile's loads run during the
     #                       epilogue of this one
+    staged: int = 0       # 1 (cp.async only): the accumulators pass through shared memory, so that each warp stores
+    #                       whole 128-byte lines of the output (0: each thread stores its fragment's pairs, a warp
+    #                       writing 16 bytes of each of 8 rows)
 
     @property
     def block_m(self) -> int:
@@ -39,11 +42,19 @@ class WgmmaConfig:
     def name(self) -> str:
         return (f"g{self.warpgroups} m{self.m_tiles} n{self.block_n} k{self.block_k} s{self.stages} "
                 f"r{self.raster} z{self.swizzle} f{self.inflight}" + (" t1" if self.tma else "")
-                + (" p1" if self.persistent else ""))
+                + (" p1" if self.persistent else "") + (" e1" if self.staged else ""))
+
+    @property
+    def staged_stride(self) -> int:
+        """Floats a row of the staged accumulator tile takes: 8 past the tile's columns, so that the 8 rows a warp's
+        fragment covers start 8 or 24 banks apart (its 8-byte stores then hit each bank once a half warp)."""
+        return self.block_n + 8
 
     def shared_bytes(self) -> int:
-        """The tiles' stages, and a TMA kernel's two mbarriers (8 bytes each) per stage."""
-        return 2 * self.stages * self.block_k * (self.block_m + self.block_n) + (16 * self.stages if self.tma else 0)
+        """The tiles' stages, and a TMA kernel's two mbarriers (8 bytes each) per stage; a staged epilogue's fp32
+        tile reuses the stages' memory once the main loop is done, and may need more."""
+        tiles = 2 * self.stages * self.block_k * (self.block_m + self.block_n) + (16 * self.stages if self.tma else 0)
+        return max(tiles, 4 * self.block_m * self.staged_stride) if self.staged else tiles
 
 
 def parse_config(name: str) -> WgmmaConfig:
@@ -51,12 +62,12 @@ def parse_config(name: str) -> WgmmaConfig:
     f = dict((part[0], int(part[1:])) for part in name.split())
     return WgmmaConfig(warpgroups=f["g"], m_tiles=f["m"], block_n=f["n"], block_k=f["k"], stages=f["s"],
                        raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1), tma=f.get("t", 0),
-                       persistent=f.get("p", 0))
+                       persistent=f.get("p", 0), staged=f.get("e", 0))
 
 
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
             stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,), persistent=(0,),
-            max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
+            staged=(0,), max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
     """The configs (from the given choices) that fit ``spec``'s registers and shared memory. Rows may end in a
     partial tile; so may columns and K where the operands' rows stay 16-byte aligned (:func:`ragged_fits`: a
     1x1 conv of 24 or 96 channels, a classifier of 1000 classes), in the cp.async kernel, whose copies zero-fill
@@ -88,10 +99,10 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
             for n in [n for n in widths if n * 64 // 8 % (128 * int(g)) == 0]:
                 for kb in block_k:
                     for st in stages:
-                        for r, z, f, t, p in [(r, z, f, t, p) for r in raster for z in swizzle for f in inflight
-                                              for t in tma for p in persistent]:
+                        for r, z, f, t, p, e in [(r, z, f, t, p, e) for r in raster for z in swizzle
+                                                 for f in inflight for t in tma for p in persistent for e in staged]:
                             c = WgmmaConfig(int(g), int(mt), int(n), int(kb), int(st), int(r), int(z), int(f),
-                                            int(t), int(p))
+                                            int(t), int(p), int(e))
                             if c.tma and (spec.conv is not None and pixel_tile(spec) is None or tf32):
                                 # (TF32: a TMA tile lands without passing a thread that could round it to
                                 # TF32, and wgmma truncates; the cp.async kernel rounds, see ptx.ROUND_TF32)
@@ -109,6 +120,7 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                          else c.inflight == 0)
                                     and (not c.tma or c.swizzle == 128 and c.block_n % 64 == 0)
                                     and (c.tma or not c.persistent)
+                                    and not (c.tma and c.staged)
                                     and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
                                     and c.shared_bytes() <= max_shared_bytes):

@@ -118,6 +118,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
         refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")
     else:
         refill = f"if ko + {L} < {kt}:\n" + _indent(copies(f"(ko + {L}) % {S}", f"(ko + {L})"), 4)
+    # (a staged epilogue's fp32 tile: the same shared memory as the stages, viewed as floats)
+    staging = (f'{" " * 16}sacc = T.decl_buffer(({BM * cfg.staged_stride},), "float32", data=smem.data, '
+               f'scope="shared.dyn")\n' if cfg.staged else "")
     return f"""
 @T.prim_func(s_tir=True)
 def main({", ".join(params)}):
@@ -125,9 +128,9 @@ def main({", ".join(params)}):
     for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):
         for bx in T.thread_binding({tiles_m * tn}, thread="blockIdx.x"):
             for tx in T.thread_binding({NT}, thread="threadIdx.x"):
-                smem = T.alloc_buffer(({S * (a_tile + b_tile)},), "float16", scope="shared.dyn", align=1024)
+                smem = T.alloc_buffer(({cfg.shared_bytes() // 2},), "float16", scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")
-{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
+{staging}{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
                     acc[i] = T.float32(0)
 {_indent(prologue, 16)}                for ko in T.serial({kt}):
                     T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))

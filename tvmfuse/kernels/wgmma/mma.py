@@ -52,9 +52,41 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     if spec.n % BN:
         past = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 < {spec.n}" if pairs else f"{col} < {spec.n}"
         pred = past if pred is None else _all([pred, past])
-    stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=f"acc[t * {BN // 2} + p * 2 + v]")
+    acc = f"acc[t * {BN // 2} + p * 2 + v]"
+    if cfg.staged:
+        return wgmmas, _staged_stores(spec, cfg, store, pid_m, pid_n, f"({wg} * {MT} + t) * 64 + {within}", acc)
+    stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=acc)
     if pred is not None:
         stored = f"if {pred}:\n    {stored}"
     stores = (f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n"
               f"        for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 12))
     return wgmmas, stores
+
+
+def _staged_stores(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str, within: str,
+                   acc: str) -> str:
+    """The epilogue through shared memory (``staged`` 1, the cp.async kernel): every thread puts its accumulator
+    pairs (``acc``, at tile row ``within``) into the fp32 tile ``sacc`` (rows :attr:`WgmmaConfig.staged_stride`
+    floats apart), then the block reads it back a pair of adjacent columns a thread, consecutive threads
+    along a row, and stores it: a warp writes 64 consecutive columns of one row. The stages are dead by then:
+    the last copies (a batch in flight refills past the last tile) are waited for and every warpgroup's wgmmas
+    are done before the barrier."""
+    BM, BN, MT, NT, LD = cfg.block_m, cfg.block_n, cfg.m_tiles, cfg.threads, cfg.staged_stride
+    lane = "(tx % 32)"
+    put = (f"T.evaluate(T.ptx.cp.async_.wait_group(0))\nT.tvm_storage_sync(\"shared\")\n"
+           f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n        for v in T.vectorized(2):\n"
+           f"            sacc[({within}) * {LD} + p // 2 * 8 + {lane} % 4 * 2 + v] = {acc}\n"
+           f"T.tvm_storage_sync(\"shared\")\n")
+    e = f"(it * {NT} + tx)"   # the pair this thread stores: row e // (BN / 2), columns e % (BN / 2) * 2 and up
+    r, c = f"{e} // {BN // 2}", f"{e} % {BN // 2} * 2"
+    row, col = f"{pid_m} * {BM} + {r}", f"{pid_n} * {BN} + {c}"
+    pairs = spec.n % 2 == 0
+    conds = [f"{row} < {spec.rows}"] if spec.rows % BM else []
+    if spec.n % BN:   # past N: an even N's pairs are whole; an odd N's are stored one column at a time
+        conds.append(f"{col} < {spec.n}" if pairs else f"{col} + v < {spec.n}")
+    stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=f"sacc[({r}) * {LD} + {c} + v]")
+    pred = _all(conds)
+    if pred is not None:
+        stored = f"if {pred}:\n    {stored}"
+    return put + (f"for it in T.unroll({MT * BN // 4}):\n"
+                  f"    for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 8))
