@@ -453,8 +453,7 @@ def default_gpu_rules(sm_count: int = MEASURED_SMS) -> tuple:
     # pixels, which dlight's matmul tiles into 1-8 blocks), after the matmul rule where they are many (its tiles
     # reuse each operand across a block; one output a thread reads both operands K times an output)
     return (WholeReduction(), ShortReduction(max_outputs=round(ShortReduction.few_outputs * scale)),
-            UnpaddedMatmul(), ShortReduction(), ColumnReduction(sm_count),
-            NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
+            UnpaddedMatmul(), ShortReduction(), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
             _NoGuardedEpilogue(dlight.gpu.GEMV()),
             _NoGuardedEpilogue(dlight.gpu.Reduction()), _NoGuardedEpilogue(dlight.gpu.GeneralReduction()),
             dlight.gpu.Fallback())
@@ -481,7 +480,7 @@ def default_schedule(mod, target, *, is_gpu: bool, sm_count: int = MEASURED_SMS)
 
 def default_gpu_schedule(mod, target, sm_count: int = MEASURED_SMS):
     """(schedule, source) of the first of :func:`default_gpu_rules` that takes ``mod``: the source names the rule
-    as the reports do (``whole-reduction``, ``short-reduction``, ``column-reduction``, else ``dlight``); (None, "dlight") when none does."""
+    as the reports do (``whole-reduction``, ``short-reduction``, else ``dlight``); (None, "dlight") when none does."""
     func = mod["main"]
     with target:
         for rule in default_gpu_rules(sm_count):

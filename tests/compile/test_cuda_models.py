@@ -441,57 +441,6 @@ def test_a_depthwise_conv_takes_one_output_a_thread_with_its_epilogue(cuda_targe
     tvm.compile(sch.mod, target=cuda_target.target)
 
 
-def _se_mean(hw=40, c=48) -> "tvm.IRModule":
-    """A squeeze-excitation's global mean of a channels-last fp16 activation, summed in fp32 (EfficientNet-B0's
-    kernel as the planner gives it: cast, mean over H and W, cast), as a module of ``main``."""
-    from tvm import te, topi
-
-    from tvmfuse._tvm import tvm
-
-    x = te.placeholder((2, hw, hw, c), "float16", name="x")
-    total = topi.sum(topi.cast(x, "float32"), axis=(1, 2), keepdims=True)
-    y = topi.cast(topi.divide(total, float(hw * hw)), "float16")
-    return tvm.IRModule({"main": te.create_prim_func([x, y]).with_attr("global_symbol", "main")})
-
-
-def test_a_channels_last_mean_walks_pixels_with_16_byte_loads(cuda_target):
-    """A global mean over 40 x 40 pixels of 48 channels (2 images): dlight's Reduction gave a block 16 channels x
-    16 pixels with one element a load. The untuned build runs the column-reduction schedule: blocks of 2 chunks of
-    8 channels (one 32-byte sector of a pixel) by 128 walkers over the pixels, 16-byte loads, the partial sums in
-    registers and met across the walkers; it builds for CUDA. A reduction over the innermost axis (a row sum) and a
-    GEMM are not its kernels."""
-    from tvmfuse._gpu_rules import ColumnReduction, default_gpu_schedule
-    from tvmfuse._tvm import tvm
-
-    mod = _se_mean()
-    sch, source = default_gpu_schedule(mod, cuda_target.target)
-    assert source == "column-reduction"
-    text = sch.mod["main"].script()
-    # 2 images x 48 / 16 channels
-    assert set(_launch(text)) == {(6, "blockIdx.x"), (128, "threadIdx.y"), (2, "threadIdx.x")}, text
-    assert "T.vectorized(8)" in text   # 8 fp16 channels, one 16-byte load
-    src = tvm.compile(sch.mod, target=cuda_target.target).mod.imports[0].inspect_source()
-    assert "uint4" in src
-    rule = ColumnReduction()
-    assert rule.choose_lanes(48, 8, 2) == 2 and rule.choose_lanes(32, 8, 1000) == 4 and rule.choose_lanes(24, 8, 9) == 1
-    assert rule.choose_lanes(20, 8, 9) is None
-    with cuda_target.target:
-        assert rule.apply(_fused(lambda bb: _gemm(bb, 256, 96, 256))["main"], cuda_target.target, False) is None
-        row = _fused(lambda bb: _row_sum(bb))
-        assert rule.apply(row["main"], cuda_target.target, False) is None
-        assert rule.apply(_se_mean(hw=7)["main"], cuda_target.target, False) is None   # 49: a short reduction
-
-
-def _row_sum(bb):
-    from tvmfuse._tvm import relax
-
-    x = relax.Var("x", relax.TensorType((64, 4096), "float16"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.sum(x, axis=[1], keepdims=True))
-        bb.emit_func_output(out)
-
-
 def test_a_short_gemm_takes_one_output_a_thread_only_where_its_outputs_are_few(cuda_target):
     """K = 32: at 64 x 64 outputs one output a thread (dlight's matmul tiled it into 2 blocks); at 4096 x 512 (past
     ``ShortReduction.few_outputs``) dlight's tiled matmul, whose blocks reuse each operand; K = 96 is not short."""

@@ -30,8 +30,7 @@ class KernelStatus:
     #                untuned: tvmfuse/kernels/cpu's parallel, vectorised schedule) | whole-reduction (cuda,
     #                untuned: a whole tensor reduced to one element by one block, _gpu_rules.WholeReduction) |
     #                short-reduction (cuda, untuned: reductions of at most 64 elements, one output a thread,
-    #                _gpu_rules.ShortReduction) | column-reduction (cuda, untuned: a channels-last mean or sum
-    #                over outer axes, _gpu_rules.ColumnReduction) | prescheduled (topi's sorts and scans, scheduled where they are
+    #                _gpu_rules.ShortReduction) | prescheduled (topi's sorts and scans, scheduled where they are
     #                made: plan/planner.py _sorts_and_scans)
     best_ms: float | None = None
 
