@@ -95,9 +95,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
         widths += [w for w in (-(-spec.n // 16) * 16, -(-spec.n // 32) * 32) if w not in widths]
     for g in warpgroups:
         for mt in m_tiles:
-            # (B's 16-byte chunks split evenly over the block's threads)
-            for n in [n for n in widths if n * 64 // 8 % (128 * int(g)) == 0]:
-                for kb in block_k:
+            for n in widths:
+                # (B's 16-byte chunks split evenly over the block's threads: 96 x 32 does not over 256)
+                for kb in [kb for kb in block_k if n * int(kb) // 8 % (128 * int(g)) == 0]:
                     for st in stages:
                         for r, z, f, t, p, e in [(r, z, f, t, p, e) for r in raster for z in swizzle
                                                  for f in inflight for t in tma for p in persistent for e in staged]:
