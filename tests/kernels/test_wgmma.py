@@ -246,8 +246,9 @@ def _run_stores(stores: str, acc, c, pm: int, pn: int, store, T) -> None:
     (100, 144, 24, True, "g2 m1 n64 k64 s3 r1 z128 f0 e1"),   # stores staged in shared memory, a partial row
     (70, 51, 200, True, "g1 m2 n64 k64 s4 r1 z128 f1 e1"),    # staged, N odd, a batch in flight
     (130, 1000, 200, False, "g2 m1 n256 k64 s4 r1 z128 f1 e1"),   # staged, 256 wide
+    ((1, 9, 40, 2), 80, None, True, "g2 m1 n64 k64 s4 r1 z128 f1 e1"),   # staged, a strided conv of 80 filters
 ], ids=["pointwise_conv", "classifier", "n50", "n51", "conv24", "conv40_stride2", "exact144", "conv_exact48",
-        "staged", "staged_n51", "staged_classifier"])
+        "staged", "staged_n51", "staged_classifier", "staged_conv"])
 def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k, b_kmajor, cfg):
     """The cp.async kernel's data path for columns, K and conv channels that are no whole number of tiles, emulated
     from the generated expressions (wgmma cannot run here): each block's K steps fill A's and B's shared tiles
@@ -379,7 +380,8 @@ def test_the_sampled_config_is_the_kernel_the_builder_compiles(gemm_kernel, cuda
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s3 r8 z128 f0", False), ("g2 m2 n128 k64 s4 r1 z128 f0", True),
-                                          ("g1 m1 n64 k64 s3 r1 z0 f0", False), ("g2 m1 n256 k64 s4 r8 z128 f1", False)])
+                                          ("g1 m1 n64 k64 s3 r1 z0 f0", False), ("g2 m1 n256 k64 s4 r8 z128 f1", False),
+                                          ("g2 m1 n256 k64 s3 r8 z128 f0 e1", True), ("g1 m2 n128 k64 s4 r1 z128 f1 e1", False)])
 def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_kmajor):
     """No spills, and the wgmma instructions stay asynchronous. With a batch in flight across K steps (f1), a
     branch around the refill made ptxas serialize them (C7514, nvcc 13.0; why f1 ran slower on the H200): f1
@@ -394,7 +396,29 @@ def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_
     src = lib.mod.imports[0].inspect_source()
     assert "wgmma.mma_async.sync.aligned" in src and "cp.async" in src
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
-    assert ("if (ko <" in src) == cfg.endswith("f0")
+    assert ("if (ko <" in src) == (" f0" in cfg)
+    if cfg.endswith("e1"):   # staged: float2 pairs into shared memory and back, half2 stores
+        assert "*(float2*)(((float*)smem_ptr)" in src and "*(half2*)(c_ptr" in src
+
+
+def test_gemm_stores_are_staged_by_default_where_whole_lines_fit():
+    """The untuned default stages a cp.async GEMM's stores where N >= 64 and the fp32 tile fits in the stages' shared
+    memory (H100: 1.2-2.1x on memory-bound GEMMs); not at N 24 (measured slower), not in a TMA kernel, not in a
+    conv (never run staged on a GPU); configs offer both where asked."""
+    staged = hopper.default_config(hopper.GemmSpec((), 100352, 144, 24, False, False, True))
+    assert staged.staged and not staged.tma and staged.shared_bytes() == dataclasses.replace(staged, staged=0).shared_bytes()
+    assert not hopper.default_config(hopper.GemmSpec((), 100352, 24, 144, False, False, True)).staged
+    assert hopper.default_config(hopper.GemmSpec((), 8192, 8192, 8192, False, False, True)).tma
+    assert not hopper.default_config(hopper.GemmSpec((), 8192, 8192, 8192, False, False, True)).staged
+    geo = hopper.ConvGeometry(32, 28, 28, 96, 28, 28, 3, 3, (1, 1), (1, 1), (1, 1))
+    assert not hopper.default_config(hopper.GemmSpec((), 32 * 784, 64, 864, False, False, True, geo)).staged
+    spec = hopper.GemmSpec((), 4096, 1000, 2048, False, False, True)
+    both = hopper.configs(spec, staged=(0, 1))
+    assert {c.staged for c in both} == {0, 1} and not any(c.staged for c in hopper.configs(spec))
+    for c in both:
+        assert c.shared_bytes() >= 4 * c.block_m * (c.block_n + 8) * c.staged and hopper.parse_config(c.name) == c
+    assert not any(c.staged and c.tma for c in hopper.configs(hopper.GemmSpec((), 8192, 8192, 8192, False, False,
+                                                                               True), tma=(0, 1), staged=(0, 1)))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -416,7 +440,7 @@ def test_a_grid_too_small_for_the_gpu_takes_smaller_tiles(tmp_path):
     decls = ["a: T.Buffer((512, 2304), 'float16')", "b: T.Buffer((2304, 256), 'float16')",
              "c: T.Buffer((512, 256), 'float16')"]
     gemm = hopper.GemmSpec((), 512, 256, 2304, False, False, False)
-    assert hopper.default_config(gemm, 132) == small
+    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1)   # a GEMM's stores are staged, a conv's not
     func = hopper.parse(hopper.gemm_source(gemm, small, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc})"))
     src = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0]
     assert_ptxas_without_spills(src.inspect_source(), tmp_path, "sm_90a")
