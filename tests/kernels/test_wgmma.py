@@ -402,12 +402,14 @@ def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_
 
 
 def test_gemm_stores_are_staged_by_default_where_whole_lines_fit():
-    """The untuned default stages a cp.async GEMM's stores where N >= 64 and the fp32 tile fits in the stages' shared
-    memory (H100: 1.2-2.1x on memory-bound GEMMs); not at N 24 (measured slower), not in a TMA kernel, not in a
-    conv (never run staged on a GPU); configs offer both where asked."""
+    """The untuned default stages a cp.async fp16 GEMM's stores where N >= 64 and the fp32 tile fits in the stages'
+    shared memory (H100: 1.2-2.1x on memory-bound GEMMs); not at N 24 (measured slower), not in a TMA kernel, not in
+    a conv or a TF32 GEMM (never run staged on a GPU); configs offer both where asked."""
     staged = hopper.default_config(hopper.GemmSpec((), 100352, 144, 24, False, False, True))
     assert staged.staged and not staged.tma and staged.shared_bytes() == dataclasses.replace(staged, staged=0).shared_bytes()
     assert not hopper.default_config(hopper.GemmSpec((), 100352, 24, 144, False, False, True)).staged
+    tf32 = hopper.GemmSpec((), 100352, 144, 24, False, False, True, dtype="float32")
+    assert not hopper.default_config(tf32).staged and not hopper.default_config(tf32).tma   # never run staged
     assert hopper.default_config(hopper.GemmSpec((), 8192, 8192, 8192, False, False, True)).tma
     assert not hopper.default_config(hopper.GemmSpec((), 8192, 8192, 8192, False, False, True)).staged
     geo = hopper.ConvGeometry(32, 28, 28, 96, 28, 28, 3, 3, (1, 1), (1, 1), (1, 1))

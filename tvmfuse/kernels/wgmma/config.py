@@ -213,15 +213,16 @@ def default_config(spec: GemmSpec, sm_count: int = SMS) -> WgmmaConfig:
 
 
 def staged_default(spec: GemmSpec, cfg: WgmmaConfig) -> WgmmaConfig:
-    """``cfg`` with its accumulators staged through shared memory (``staged`` 1) where it is a cp.async GEMM config,
-    N is at least 64 and the staged tile fits in the stages' memory (no block fewer an SM). The H100, cp.async,
+    """``cfg`` with its accumulators staged through shared memory (``staged`` 1) where it is a cp.async fp16 GEMM
+    config, N is at least 64 and the staged tile fits in the stages' memory (no block fewer an SM). The H100, cp.async,
     staged against not: 100352 x 144 x 24 26.4 against 42.6 us (cuBLAS 26.7), 401408 x 96 x 16 46.5 against
     99.0 (39.8), 25088 x 576 x 96 20.1 against 36.7 (17.2), 4096 x 1000 x 2048 28.5 against 34.6 (27.6); N 24
-    in a 64-wide tile 13.5 against 12.8 (a warp's 64 columns are mostly past N). Convs keep their stores: an
-    untuned build runs unchecked, and no staged conv has run on a GPU (the tuner may pick one; its records are
-    checked)."""
+    in a 64-wide tile 13.5 against 12.8 (a warp's 64 columns are mostly past N). Convs and TF32 GEMMs keep their
+    stores: an untuned build runs unchecked, and none of them has run staged on a GPU (the tuner may pick one; its
+    records are checked)."""
     staged = replace(cfg, staged=1)
-    if cfg.tma or spec.conv is not None or spec.halves().n < 64 or staged.shared_bytes() > cfg.shared_bytes():
+    if (cfg.tma or spec.conv is not None or spec.dtype != "float16" or spec.n < 64
+            or staged.shared_bytes() > cfg.shared_bytes()):
         return cfg
     return staged
 
