@@ -270,8 +270,12 @@ class ShortReduction:
     source = "short-reduction"   # the schedule's name in the reports
     few_outputs = 1 << 18   # about 8 waves of 256-thread blocks over the H200's 132 SMs (scaled to the target's)
 
-    def __init__(self, max_outputs: int | None = None):
-        self.max_outputs = max_outputs
+    def __init__(self, max_outputs: int | None = None, vector: int = 1):
+        # vector > 1: a thread takes that many adjacent outputs along the innermost output axis, its loads and stores
+        # one vector each where they are contiguous (a channels-last depthwise conv: 8 fp16 channels, 16 bytes);
+        # an axis it does not divide keeps one output a thread. Not the untuned default: not yet timed on a GPU
+        # (benchmarks/depthwise_gpu.py)
+        self.max_outputs, self.vector = max_outputs, vector
 
     def apply(self, func, target, tunable):
         from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -298,17 +302,28 @@ class ShortReduction:
                 if pending and not r_loops:
                     # the epilogue by the thread that holds its sum (indices that do not line up raise: the
                     # sum would need a global buffer of the kernel's own, which CUDA cannot allocate)
-                    sch.reverse_compute_at(block, pending[-1])
+                    sch.reverse_compute_at(block, pending[-1][0])
+                    if pending[-1][1] > 1:
+                        sch.vectorize(sch.get_loops(block)[-1])
                     continue
-                sch.reorder(*s_loops, *r_loops)
+                lanes = self.vector if int(sch.get(s_loops[-1]).extent) % self.vector == 0 else 1
+                vec = []
+                if lanes > 1:
+                    s_loops[-1], lane = sch.split(s_loops[-1], [None, lanes])
+                    vec = [lane]
+                sch.reorder(*s_loops, *r_loops, *vec)
                 bx, tx = sch.split(sch.fuse(*s_loops), [None, self.threads])
                 sch.bind(bx, "blockIdx.x")
                 sch.bind(tx, "threadIdx.x")
+                for lane in vec:
+                    sch.vectorize(lane)
                 if r_loops:
                     acc = sch.cache_write(block, 0, "local")
                     sch.reverse_compute_at(acc, tx)
+                    if vec:
+                        sch.vectorize(sch.get_loops(acc)[-1])
                     sch.decompose_reduction(block, r_loops[0])
-                    pending.append(tx)
+                    pending.append((tx, lanes))
                     stores.append(acc)
             root = sch.get(sch.get_sblock("root"))
             for acc in stores:   # a sum the epilogue reads: from the register, never stored (CUDA has no global scratch)

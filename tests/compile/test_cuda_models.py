@@ -441,6 +441,24 @@ def test_a_depthwise_conv_takes_one_output_a_thread_with_its_epilogue(cuda_targe
     tvm.compile(sch.mod, target=cuda_target.target)
 
 
+def test_a_short_reduction_can_take_adjacent_outputs_a_thread_with_vector_loads(cuda_target):
+    """``ShortReduction(vector=4)`` on the fp32 depthwise conv of 32 channels: a thread takes 4 adjacent channels,
+    its window loads and its store one float4 each, 4x fewer threads; 30 channels (4 does not divide them) keep one
+    output a thread. (Not the untuned default until timed: benchmarks/short_reduction_gpu.py.)"""
+    from tvmfuse._gpu_rules import ShortReduction
+    from tvmfuse._tvm import tvm
+
+    with cuda_target.target:
+        four = ShortReduction(vector=4).apply(_fused(_depthwise)["main"], cuda_target.target, False)
+        odd = ShortReduction(vector=4).apply(_fused(lambda bb: _depthwise(bb, c=30))["main"], cuda_target.target,
+                                              False)
+    text = four.mod["main"].script()
+    assert _launch(text) == [(8, "blockIdx.x"), (256, "threadIdx.x")] and "T.vectorized(T.int64(4))" in text
+    src = tvm.compile(four.mod, target=cuda_target.target).mod.imports[0].inspect_source()
+    assert "*(float4*)(" in src   # the loads and the store, 16 bytes each
+    assert "T.vectorized" not in odd.mod["main"].script()
+
+
 def test_a_short_gemm_takes_one_output_a_thread_only_where_its_outputs_are_few(cuda_target):
     """K = 32: at 64 x 64 outputs one output a thread (dlight's matmul tiled it into 2 blocks); at 4096 x 512 (past
     ``ShortReduction.few_outputs``) dlight's tiled matmul, whose blocks reuse each operand; K = 96 is not short."""
