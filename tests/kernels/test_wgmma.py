@@ -381,7 +381,8 @@ def test_the_sampled_config_is_the_kernel_the_builder_compiles(gemm_kernel, cuda
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s3 r8 z128 f0", False), ("g2 m2 n128 k64 s4 r1 z128 f0", True),
                                           ("g1 m1 n64 k64 s3 r1 z0 f0", False), ("g2 m1 n256 k64 s4 r8 z128 f1", False),
-                                          ("g2 m1 n256 k64 s3 r8 z128 f0 e1", True), ("g1 m2 n128 k64 s4 r1 z128 f1 e1", False)])
+                                          ("g2 m1 n256 k64 s3 r8 z128 f0 e1", True),
+                                          ("g1 m2 n128 k64 s4 r1 z128 f1 e1", False)])
 def test_wgmma_kernels_build_for_sm90a_without_register_spills(tmp_path, cfg, b_kmajor):
     """No spills, and the wgmma instructions stay asynchronous. With a batch in flight across K steps (f1), a
     branch around the refill made ptxas serialize them (C7514, nvcc 13.0; why f1 ran slower on the H200): f1
@@ -406,7 +407,8 @@ def test_gemm_stores_are_staged_by_default_where_whole_lines_fit():
     shared memory (H100: 1.2-2.1x on memory-bound GEMMs); not at N 24 (measured slower), not in a TMA kernel, not in
     a conv or a TF32 GEMM (never run staged on a GPU); configs offer both where asked."""
     staged = hopper.default_config(hopper.GemmSpec((), 100352, 144, 24, False, False, True))
-    assert staged.staged and not staged.tma and staged.shared_bytes() == dataclasses.replace(staged, staged=0).shared_bytes()
+    assert staged.staged and not staged.tma
+    assert staged.shared_bytes() == dataclasses.replace(staged, staged=0).shared_bytes()
     assert not hopper.default_config(hopper.GemmSpec((), 100352, 24, 144, False, False, True)).staged
     tf32 = hopper.GemmSpec((), 100352, 144, 24, False, False, True, dtype="float32")
     assert not hopper.default_config(tf32).staged and not hopper.default_config(tf32).tma   # never run staged
@@ -442,7 +444,8 @@ def test_a_grid_too_small_for_the_gpu_takes_smaller_tiles(tmp_path):
     decls = ["a: T.Buffer((512, 2304), 'float16')", "b: T.Buffer((2304, 256), 'float16')",
              "c: T.Buffer((512, 256), 'float16')"]
     gemm = hopper.GemmSpec((), 512, 256, 2304, False, False, False)
-    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1)   # a GEMM's stores are staged, a conv's not
+    # a GEMM's stores are staged, a conv's not
+    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1)
     func = hopper.parse(hopper.gemm_source(gemm, small, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc})"))
     src = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0]
     assert_ptxas_without_spills(src.inspect_source(), tmp_path, "sm_90a")
