@@ -67,10 +67,10 @@ def _staged_stores(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
                    acc: str) -> str:
     """The epilogue through shared memory (``staged`` 1, the cp.async kernel): every thread puts its accumulator
     pairs (``acc``, at tile row ``within``) into the fp32 tile ``sacc`` (rows :attr:`WgmmaConfig.staged_stride`
-    floats apart), then the block reads it back a pair of adjacent columns a thread, consecutive threads
-    along a row, and stores it: a warp writes 64 consecutive columns of one row (of a tile 64 or more wide). The stages are dead by then:
-    the last copies (a batch in flight refills past the last tile) are waited for and every warpgroup's wgmmas
-    are done before the barrier."""
+    floats apart), then the block reads it back a pair of adjacent columns a thread, consecutive threads along a
+    row, and stores it: a warp writes 64 consecutive columns of one row (of a tile 64 or more wide). The stages are
+    dead by then: the last copies (a batch in flight refills past the last tile) are waited for and every
+    warpgroup's wgmmas are done before the barrier."""
     BM, BN, MT, NT, LD = cfg.block_m, cfg.block_n, cfg.m_tiles, cfg.threads, cfg.staged_stride
     lane = "(tx % 32)"
     put = (f"T.evaluate(T.ptx.cp.async_.wait_group(0))\nT.tvm_storage_sync(\"shared\")\n"
