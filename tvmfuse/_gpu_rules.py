@@ -274,7 +274,7 @@ class ShortReduction:
         # vector > 1: a thread takes that many adjacent outputs along the innermost output axis, its loads and stores
         # one vector each where they are contiguous (a channels-last depthwise conv: 8 fp16 channels, 16 bytes);
         # an axis it does not divide keeps one output a thread. Not the untuned default: not yet timed on a GPU
-        # (benchmarks/depthwise_gpu.py)
+        # (benchmarks/short_reduction_gpu.py)
         self.max_outputs, self.vector = max_outputs, vector
 
     def apply(self, func, target, tunable):

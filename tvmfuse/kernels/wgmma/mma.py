@@ -34,33 +34,36 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
     lane, warp = "(tx % 32)", "(tx % 128 // 32)"
     within = f"{warp} * 16 + {lane} // 4 + p % 2 * 8"   # row within the warpgroup's m-tile t
-    col = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 + v"
+    acc = f"acc[t * {BN // 2} + p * 2 + v]"
+    if cfg.staged:
+        return wgmmas, _staged_stores(spec, cfg, store, pid_m, pid_n, f"({wg} * {MT} + t) * 64 + {within}", acc)
     if cfg.tma and spec.conv is not None:   # m-tile t is one bh x bw patch of output pixels
         n, oh, ow = _pixel_origin(spec, f"({pid_m} * {BM // 64} + {wg} * {MT} + t)")
         bh, bw = pixel_tile(spec)
         g = spec.conv
         y, x = f"({oh} + ({within}) // {bw})", f"({ow} + ({within}) % {bw})"
         row = f"({n} * {g.oh} + {y}) * {g.ow} + {x}"
-        pred = _all(([f"{n} < {g.n}"] if _patches(spec) % (BM // 64) else [])
-                    + ([f"{y} < {g.oh}"] if g.oh % bh else []) + ([f"{x} < {g.ow}"] if g.ow % bw else []))
+        conds = (([f"{n} < {g.n}"] if _patches(spec) % (BM // 64) else [])
+                 + ([f"{y} < {g.oh}"] if g.oh % bh else []) + ([f"{x} < {g.ow}"] if g.ow % bw else []))
     else:
         row = f"{pid_m} * {BM} + ({wg} * {MT} + t) * 64 + {within}"
-        pred = f"{row} < {spec.rows}" if spec.rows % BM else None
-    # a partial last tile column: the columns past N are not stored (an even N: pairs; an odd N's rows leave a pair
-    # unaligned: one column at a time)
+        conds = [f"{row} < {spec.rows}"] if spec.rows % BM else []
+    pair = _pair_store(spec, BN, store, row, f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2", acc, conds)
+    return wgmmas, f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n" + _indent(pair, 8)
+
+
+def _pair_store(spec: GemmSpec, BN: int, store: str, row: str, col: str, acc: str, conds: list) -> str:
+    """TVMScript of the store of two adjacent columns ``col``, ``col + 1`` of ``row`` (``acc`` reads the value of
+    column ``col + v``) under ``conds``, and in a partial last tile column only those inside N: an even N's pairs
+    whole, as one 4-byte vector; an odd N's rows leave a pair unaligned, so one column at a time."""
     pairs = spec.n % 2 == 0
     if spec.n % BN:
-        past = f"{pid_n} * {BN} + p // 2 * 8 + {lane} % 4 * 2 < {spec.n}" if pairs else f"{col} < {spec.n}"
-        pred = past if pred is None else _all([pred, past])
-    acc = f"acc[t * {BN // 2} + p * 2 + v]"
-    if cfg.staged:
-        return wgmmas, _staged_stores(spec, cfg, store, pid_m, pid_n, f"({wg} * {MT} + t) * 64 + {within}", acc)
-    stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc=acc)
+        conds = conds + [f"{col} < {spec.n}" if pairs else f"{col} + v < {spec.n}"]
+    stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=acc)
+    pred = _all(conds)
     if pred is not None:
         stored = f"if {pred}:\n    {stored}"
-    stores = (f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n"
-              f"        for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 12))
-    return wgmmas, stores
+    return f"for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 4)
 
 
 def _staged_stores(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str, within: str,
@@ -79,14 +82,7 @@ def _staged_stores(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
            f"T.tvm_storage_sync(\"shared\")\n")
     e = f"(it * {NT} + tx)"   # the pair this thread stores: row e // (BN / 2), columns e % (BN / 2) * 2 and up
     r, c = f"{e} // {BN // 2}", f"{e} % {BN // 2} * 2"
-    row, col = f"{pid_m} * {BM} + {r}", f"{pid_n} * {BN} + {c}"
-    pairs = spec.n % 2 == 0
-    conds = [f"{row} < {spec.rows}"] if spec.rows % BM else []
-    if spec.n % BN:   # past N: an even N's pairs are whole; an odd N's are stored one column at a time
-        conds.append(f"{col} < {spec.n}" if pairs else f"{col} + v < {spec.n}")
-    stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=f"sacc[({r}) * {LD} + {c} + v]")
-    pred = _all(conds)
-    if pred is not None:
-        stored = f"if {pred}:\n    {stored}"
-    return put + (f"for it in T.unroll({MT * BN // 4}):\n"
-                  f"    for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 8))
+    row = f"{pid_m} * {BM} + {r}"
+    pair = _pair_store(spec, BN, store, row, f"{pid_n} * {BN} + {c}", f"sacc[({r}) * {LD} + {c} + v]",
+                       [f"{row} < {spec.rows}"] if spec.rows % BM else [])
+    return put + f"for it in T.unroll({MT * BN // 4}):\n" + _indent(pair, 4)
