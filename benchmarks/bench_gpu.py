@@ -323,7 +323,19 @@ def trials_to_90(curve):
     return pts[-1][0]
 
 
-def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, deadline_s) -> dict:
+def _ungated_partition(mod, target):
+    """``partition`` with gated GEMMs off (``rewrites.gated_gemm``): the gate and up projections as two GEMMs, the
+    A/B of ``--ungated``."""
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+    from tvmfuse.plan.weights import odd_columns_kmajor
+
+    fused, plan = plan_tvmfuse(mod, target, config=PlannerConfig(
+        cost_model=CostModel.for_target(target, gated_gemm_rows=0)))
+    return odd_columns_kmajor(fused)[0], plan
+
+
+def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, deadline_s, ungated=False) -> dict:
     from tvmfuse.compile import build
     from tvmfuse.db import open_database
     from tvmfuse.frontend import import_model
@@ -335,7 +347,8 @@ def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, dead
     rec: dict = {}
     t0 = time.time()
     mod = import_model(loaded)
-    fused, plan = partition(mod, target=target)
+    fused, plan = _ungated_partition(mod, target) if ungated else partition(mod, target=target)
+    rec["patterns"] = [g.pattern for g in plan.groups]
     kernels = extract_kernels(fused, target=target)
     rec["kernels_planned"] = [k.name for k in kernels]
     db = open_database(db_path, target=target)
@@ -398,6 +411,8 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--stages", default="torch,stock,tvmfuse")
     ap.add_argument("--trials", type=int, default=20, help="tuning trials per fused kernel")
+    ap.add_argument("--ungated", action="store_true",
+                    help="also time tvmfuse with gated GEMMs off (a row 'CASE ungated'): the A/B of the rewrite")
     ap.add_argument("--db", default=None, help="tuning database (default $OUT/tvmfuse_gpu.db)")
     ap.add_argument("--target", default="cuda")
     ap.add_argument("--small", action="store_true")
@@ -492,6 +507,17 @@ def main() -> int:
                 traceback.print_exc()
                 row["tvmfuse"] = {"error": str(err).strip().splitlines()[-1][:300]}
             save()
+            if a.ungated and "gated_gemm" in row["tvmfuse"].get("patterns", []):
+                try:
+                    log(name, "tvmfuse, gated GEMMs off")
+                    rows.setdefault(name + " ungated", {}).update(
+                        torch=row.get("torch", {}), bytes_min=bytes_min, flops=flops,
+                        tvmfuse=tvmfuse_case(name + "_ungated", path, loaded, target, args, ref, db_path=db_path,
+                                             trials=a.trials, deadline_s=a.deadline_s, ungated=True))
+                except Exception as err:  # noqa: BLE001
+                    traceback.print_exc()
+                    rows.setdefault(name + " ungated", {})["tvmfuse"] = {"error": str(err).strip()[-300:]}
+                save()
         if a.profile and copy and "tvmfuse" in KEEP.get(name, {}):
             log(name, "profile")
             row["tvmfuse_profile"] = profile_build(name)
@@ -513,7 +539,7 @@ def main() -> int:
     hdr = ("case", "eager us", "compile us", "stock TVM us", "tvmfuse us", "tvmfuse BW/TFLOPs", "%copy",
            "vs compile", "check", "trials->90%")
     print("%-15s %9s %10s %12s %10s %17s %6s %10s %12s %11s" % hdr)
-    for name in cases:
+    for name in [c for n in cases for c in (n, n + " ungated") if c in rows]:
         r = rows.get(name, {})
         tr, st, tf = r.get("torch", {}), r.get("stock", {}), r.get("tvmfuse", {})
         t = tf.get("s")

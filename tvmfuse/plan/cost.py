@@ -95,6 +95,9 @@ class CostModel:
         inputs of a type the tensor-core conv template does not take (fp32); 0: never
     pad_channels_to : GEMMs and channels-last convs with a constant weight whose output channels this many lanes
         do not divide run on the weight zero-padded to a multiple of them (the CPU's vector width); 0: never
+    gated_gemm_rows : ``act(x @ Wg) * (x @ Wu)`` of at least this many rows of ``x`` runs as one GEMM on the
+        weights' columns interleaved, gating its accumulator pairs (``rewrites.gated_gemm``); 0: never. Hopper's
+        wgmma template takes that epilogue; at 64 rows or fewer the two GEMMs stay the GEMV template's
     reduction_results : the most results a kernel holding a reduction may store (0: no limit). The GPU's row
         templates and the CPU default's row rules store one; a second (an embedding's sum kept as the residual
         beside its RMSNorm) left the kernel to dlight's Fallback, one thread an output, or on the CPU to TVM's
@@ -122,6 +125,7 @@ class CostModel:
     tensor_core_dtypes: tuple = ("float16",)
     gemm_conv_rows: int = 0
     pad_channels_to: int = 0
+    gated_gemm_rows: int = 0
     reduction_results: int = 0
     rows_keep_order: bool = False
     int8_dot: bool = False
@@ -143,7 +147,8 @@ class CostModel:
                        attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
                        conv_layout="NHWC", im2col_k=512, im2col_pixels=16,
-                       im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1)
+                       im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1,
+                       gated_gemm_rows=65 if str(attrs.get("arch", "")) == "sm_90a" else 0)
         else:
             cores = int(attrs.get("num-cores", 2)) if attrs else 2
             # channels-last with HWIO filters: the CPU default (tvmfuse/kernels/cpu) vectorises a conv along its

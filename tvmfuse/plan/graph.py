@@ -78,6 +78,7 @@ class Node:
     out_bytes: int = 0
     out_shape: tuple[int, ...] | None = None
     users: list["Node"] = field(default_factory=list)
+    column_pairs: bool = False   # a slice of every other column (a gated GEMM's g or u: rewrites.gated_gemm)
 
     @property
     def is_kernel(self) -> bool:
@@ -137,6 +138,37 @@ class Graph:
         return [n for n in self.nodes if n.is_kernel]
 
 
+def every_other_column(func) -> bool:
+    """Whether a legalized ``strided_slice`` PrimFunc keeps every other column of its input's last axis and all
+    of the other axes: ``out[.., j] = in[.., 2 * j + h]``, ``h`` 0 or 1."""
+    from tvm import sym
+
+    try:
+        sch = tvm.s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # noqa: BLE001 - a PrimFunc of another form: not such a slice
+        return False
+    if len(blocks) != 1:
+        return False
+    body = sch.get(blocks[0])
+    store = getattr(body, "body", None)
+    if type(store).__name__ != "BufferStore" or type(store.value).__name__ not in ("BufferLoad", "TensorLoad"):
+        return False
+    load = store.value
+    out_idx, in_idx = list(store.indices), list(load.indices)
+    if len(out_idx) != len(in_idx) or not out_idx or any(not a.same_as(b) for a, b in zip(out_idx[:-1], in_idx)):
+        return False
+    last = out_idx[-1]
+    if type(last).__name__ != "Var":
+        return False
+    coef = sym.detect_linear_equation(in_idx[-1], [last])
+    if len(coef) != 2 or not all(type(c).__name__ == "IntImm" for c in coef):
+        return False
+    src = load.source if hasattr(load, "source") else load.buffer
+    return (int(coef[0].value), int(coef[1].value)) in ((2, 0), (2, 1)) and \
+        int(src.shape[-1]) == 2 * int(store.buffer.shape[-1])
+
+
 def _vars_in(expr) -> list[relax.Var]:
     found: list[relax.Var] = []
 
@@ -176,7 +208,8 @@ def build_graph(mod: tvm.IRModule, *, func_name: str = "main") -> Graph:
             kind = NOT_KERNEL
         node = Node(index=i, var=binding.var, value=value, op=op, kind=kind, inputs=inputs, consts=consts,
                     out_bytes=tensor_bytes(binding.var.ty) if kind != NOT_KERNEL else 0,
-                    out_shape=tensor_shape(binding.var.ty))
+                    out_shape=tensor_shape(binding.var.ty),
+                    column_pairs=op == "strided_slice" and kind == INJECTIVE_K and every_other_column(callee))
         nodes.append(node)
         producer[binding.var] = node
     for node in nodes:

@@ -87,6 +87,9 @@ def _epilogue_ok(n: Node) -> bool:
         numel_out = int(np.prod(n.out_shape))
         if numel_in == numel_out:
             return True
+        if n.column_pairs:
+            # a gated GEMM's g or u (every other column): the GEMM template stores one gated value per pair
+            return True
         # a slice that keeps nearly all of its input (the channels a padded weight added, dropped: the CPU's
         # pad_output_channels): the epilogue writes the kept elements from the tile in registers, where a kernel of
         # its own would read the whole result back

@@ -54,6 +54,8 @@ class Pattern:
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("attention", "MatMul(Q,Kᵀ) → scale → (mask) → Softmax → MatMul(·,V); scores stay on chip",
             lambda g: ATTENTION in g.kinds),
+    Pattern("gated_gemm", "act(x·Wg)·(x·Wu) as one GEMM on interleaved weights, gated in accumulator pairs",
+            lambda g: "gated" in g.tags),
     Pattern("horizontal_gemm", "GEMMs reading one input merged into one GEMM on concatenated weights",
             lambda g: "horizontal" in g.tags),
     Pattern("conv_epilogue", "Conv (inference BatchNorm folded into its weights) → bias → activation → residual",

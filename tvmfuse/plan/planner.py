@@ -251,6 +251,10 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
     if config.attention:
         mod = rewrites.FuseAttention(log=log, decline=getattr(cost_model, "attention_decline", None))(mod)
         dump("attention", mod)
+    if config.horizontal and getattr(cost_model, "gated_gemm_rows", 0):
+        mod = rewrites.GatedGemm(log=log, min_rows=cost_model.gated_gemm_rows,
+                                 dtypes=getattr(cost_model, "tensor_core_dtypes", ("float16",)))(mod)
+        dump("gated_gemm", mod)
     if config.horizontal:
         mod = rewrites.HorizontalGemm(log=log, cost_model=cost_model)(mod)
         dump("horizontal", mod)

@@ -75,7 +75,7 @@ class WgmmaTemplate(KernelTemplate):
         if not supports(target):
             return "wgmma needs an arch-specific Hopper target (sm_90a)"
         try:
-            spec, _ = analyze(func)
+            spec, _ = analyze(func, gated=True)
         except Exception as err:  # noqa: BLE001 - Misfit, or a kernel shape analyze() did not foresee
             return str(err) or type(err).__name__
         return None if configs(spec, tma=(0, 1)) else "no tile config divides its columns and K"
@@ -83,7 +83,7 @@ class WgmmaTemplate(KernelTemplate):
     def configs(self, func, target, space=None) -> list:
         if self.fits(func, target) is not None:
             return []
-        spec, _ = analyze(func)
+        spec, _ = analyze(func, gated=True)
         if space is None:
             return configs(spec, tma=(0, 1))
         knobs = {k[len("wgmma_"):]: space.knobs[k].values for k in self.knobs if k in space.knobs}

@@ -14,14 +14,16 @@ class Misfit(ValueError):
 
 def _script(expr, env: dict, buffers: dict, acc) -> str:
     """TVMScript text of an epilogue expression: variables through ``env`` (name -> text), loads of a function
-    parameter through ``buffers`` (buffer -> parameter name), and the load ``acc`` = (buffer, [vars]) of the
-    GEMM's result as ``{acc}``. Raises :class:`Misfit` on anything else."""
+    parameter through ``buffers`` (buffer -> parameter name), and the loads of the GEMM's result ``acc`` =
+    (buffer, {index texts: placeholder}) as their placeholders (``{acc}``; a gated epilogue's ``{acc0}`` and
+    ``{acc1}``). Raises :class:`Misfit` on anything else."""
     def load(node, rec):
         src = _name(node)
         if src == acc[0]:
-            if [str(i) for i in node.indices] != acc[1]:
+            placeholder = acc[1].get(tuple(str(i) for i in node.indices))
+            if placeholder is None:
                 raise Misfit("the epilogue reads the product at other indices")
-            return "{acc}"
+            return placeholder
         name = buffers.get(src)
         if name is None:
             raise Misfit(f"the epilogue reads an intermediate buffer ({src})")
@@ -65,12 +67,14 @@ def _extents(block) -> list[int]:
     return [int(iv.dom.extent) for iv in block.iter_vars]
 
 
-def analyze(func, dtypes: tuple[str, ...] | None = None) -> tuple[GemmSpec, dict]:
+def analyze(func, dtypes: tuple[str, ...] | None = None, gated: bool = False) -> tuple[GemmSpec, dict]:
     """The :class:`GemmSpec` of a planner GEMM PrimFunc (its elementwise intermediates inlined), and what the
     kernel generator needs besides: ``a`` / ``b`` (parameter indices of A and B) and ``store`` (the epilogue's
     store, with the fields of :func:`gemm_source`'s ``store``). ``dtypes``: the operand dtypes taken (None:
     wgmma's, fp16, and fp32 where the planner marked the kernel for TF32; the GEMV template reads fp32 GEMMs
-    through it too). Raises :class:`Misfit`."""
+    through it too). ``gated``: take a gated epilogue (``rewrites.gated_gemm``), one output of each pair of
+    product columns ``2j``, ``2j + 1``: its store reads ``{acc0}`` and ``{acc1}`` at an even ``{col}``, and
+    ``info["gated"]`` is set. Raises :class:`Misfit`."""
     from tvmfuse._tvm import tvm
     from tvmfuse.kernels.sketch import inline_all_but_outputs
     from tvmfuse.plan.tf32 import ATTR
@@ -116,7 +120,7 @@ def analyze(func, dtypes: tuple[str, ...] | None = None) -> tuple[GemmSpec, dict
         spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params, dtypes)
         out_idx = _gemm_out_index(spec)
     pname = {name: f"p{n}" for name, n in params.items()}
-    reindexed = False
+    reindexed = paired = False
     if not rest:
         if c not in params:
             raise Misfit("no output")
@@ -130,17 +134,53 @@ def analyze(func, dtypes: tuple[str, ...] | None = None) -> tuple[GemmSpec, dict
             raise Misfit("the epilogue does not store a parameter elementwise")
         evars = [str(iv.var.name) for iv in epi.iter_vars]
         reads = {tuple(str(i) for i in ld.indices) for ld in _loads(epi.body.value) if _name(ld) == c}
-        if len(reads) != 1:
+        if len(reads) == 2 and not conv:
+            env, placeholders = _gated_env(epi, c, out_idx, ext)
+            if not gated:
+                raise Misfit("a gated epilogue (one output of each pair of product columns): the wgmma template's")
+            paired = True
+        elif len(reads) != 1:
             raise Misfit("the epilogue reads the product at more than one index")
-        (read,) = reads
-        if list(read) == evars and _extents(epi) == ext:   # elementwise: the product's index is the output's
-            env = dict(zip(evars, [f"({e})" for e in out_idx]))
-        else:   # a reshape / transpose of the product (heads split off, NHWC back to NCHW): invert the read
-            env = _inverted_env(epi, c, out_idx, math.prod(ext))
-            reindexed = True
-        expr = _script(epi.body.value, env, pname, (c, list(read)))
-        store = f"{pname[out]}[{', '.join(_script(i, env, pname, (c, list(read))) for i in epi.body.indices)}] = {expr}"
-    return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store, "reindexed": reindexed}
+        else:
+            (read,) = reads
+            placeholders = {read: "{acc}"}
+            if list(read) == evars and _extents(epi) == ext:   # elementwise: the product's index is the output's
+                env = dict(zip(evars, [f"({e})" for e in out_idx]))
+            else:   # a reshape / transpose of the product (heads split off, NHWC back to NCHW): invert the read
+                env = _inverted_env(epi, c, out_idx, math.prod(ext))
+                reindexed = True
+        expr = _script(epi.body.value, env, pname, (c, placeholders))
+        index = ", ".join(_script(i, env, pname, (c, placeholders)) for i in epi.body.indices)
+        store = f"{pname[out]}[{index}] = {expr}"
+    return spec, {"a": params[_name(x)], "b": params[_name(y)], "store": store, "reindexed": reindexed,
+                  "gated": paired}
+
+
+def _gated_env(epi, c: str, out_idx: list[str], ext: list[int]) -> tuple[dict, dict]:
+    """(env, placeholders) of a gated epilogue: it reads the product at ``(.., i, 2 * j)`` and ``(.., i, 2 * j +
+    1)`` for its output ``(.., i, j)`` (a gated GEMM's g and u, ``rewrites.gated_gemm``), the first as ``{acc0}``
+    and the second as ``{acc1}``; the output's column is the even product column ``{col}`` halved."""
+    from tvm import sym
+
+    evars = [iv.var for iv in epi.iter_vars]
+    names = [str(v.name) for v in evars]
+    if ext[-1] % 2 or _extents(epi) != [*ext[:-1], ext[-1] // 2]:
+        raise Misfit("the epilogue reads two product columns an output but is not half the product's width")
+    placeholders = {}
+    for ld in _loads(epi.body.value):
+        if _name(ld) != c:
+            continue
+        idx = list(ld.indices)
+        coef = sym.detect_linear_equation(idx[-1], [evars[-1]]) if len(idx) == len(evars) else []
+        if [str(i) for i in idx[:-1]] != names[:-1] or len(coef) != 2 or \
+                not all(type(k).__name__ == "IntImm" for k in coef) or int(coef[0].value) != 2 or \
+                int(coef[1].value) not in (0, 1):
+            raise Misfit("the epilogue reads the product at two indices that are not a column pair")
+        placeholders[tuple(str(i) for i in idx)] = "{acc%d}" % int(coef[1].value)
+    if len(set(placeholders.values())) != 2:
+        raise Misfit("the epilogue reads the product at two indices that are not a column pair")
+    env = dict(zip(names, [f"({e})" for e in out_idx[:-1]] + ["({col} // 2)"]))
+    return env, placeholders
 
 
 def _fp16_param(e, bufs, params, dtypes=("float16",)):
@@ -298,4 +338,4 @@ def _inverted_env(epi, c: str, out_idx: list[str], size: int) -> dict:
         raise Misfit("the epilogue's read of the product has another rank")
     penv = {str(v.name): f"({e})" for v, e in zip(inverse.initial_indices, out_idx)}
     evars = [str(iv.var.name) for iv in epi.iter_vars]
-    return {name: f"({_script(e, penv, {}, ('', []))})" for name, e in zip(evars, inverse.final_indices)}
+    return {name: f"({_script(e, penv, {}, ('', {}))})" for name, e in zip(evars, inverse.final_indices)}

@@ -38,7 +38,7 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
     if not supports(target):
         return None
     try:
-        spec, info = analyze(func)
+        spec, info = analyze(func, gated=True)
     except Exception:  # noqa: BLE001 - as schedule(): anything analyze() cannot take keeps the default path
         return None
     if not configs(spec, tma=(0, 1)):

@@ -1,6 +1,8 @@
 """One K step's wgmmas and the store of the accumulators: the part the cp.async and the TMA kernels share."""
 from __future__ import annotations
 
+import re
+
 from tvmfuse.kernels.wgmma.config import WgmmaConfig, _patches, pixel_tile
 from tvmfuse.kernels.wgmma.layout import _all, _pixel_origin, desc, tile_layout
 from tvmfuse.kernels.wgmma.ptx import _indent, wgmma_issue
@@ -55,12 +57,17 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
 def _pair_store(spec: GemmSpec, BN: int, store: str, row: str, col: str, acc: str, conds: list) -> str:
     """TVMScript of the store of two adjacent columns ``col``, ``col + 1`` of ``row`` (``acc`` reads the value of
     column ``col + v``) under ``conds``, and in a partial last tile column only those inside N: an even N's pairs
-    whole, as one 4-byte vector; an odd N's rows leave a pair unaligned, so one column at a time."""
+    whole, as one 4-byte vector; an odd N's rows leave a pair unaligned, so one column at a time. A gated store
+    (``{acc0}``, ``{acc1}``: ``analysis.analyze(gated=True)``) makes one output of the pair."""
     pairs = spec.n % 2 == 0
     if spec.n % BN:
         conds = conds + [f"{col} < {spec.n}" if pairs else f"{col} + v < {spec.n}"]
-    stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=acc)
     pred = _all(conds)
+    if "{acc0}" in store:   # a gated GEMM's (g, u) pair: N is even
+        at = lambda v: re.sub(r"\bv\b", str(v), acc)  # noqa: E731
+        stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc0=at(0), acc1=at(1))
+        return stored if pred is None else f"if {pred}:\n    {stored}"
+    stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=acc)
     if pred is not None:
         stored = f"if {pred}:\n    {stored}"
     return f"for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 4)

@@ -22,23 +22,30 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
     mac = f"acc[0] = acc[0] + T.Cast('float32', af[{a_at}]) * T.Cast('float32', bf[{b_at}])"
     if pred is not None:
         mac = f"if {pred}:\n    {mac}"
-    stored = store.format(bz="bz", row="row", col="col", acc="acc[0]")
+    # a gated store (``{acc0}``, ``{acc1}``) makes one output of the even column and the next: at an odd column
+    # both sums are in ``acc``
+    h = "col % 2" if "{acc0}" in store else "0"
+    mac = mac.replace("acc[0]", f"acc[{h}]")
+    stored = store.format(bz="bz", row="row", col="col", acc="acc[0]", acc0="acc[0]", acc1="acc[1]")
+    if "{acc0}" in store:
+        stored = store.format(bz="bz", row="row", col="(col - 1)", acc0="acc[0]", acc1="acc[1]")
+        stored = f"if col % 2 == 1:\n    {stored}"
     if tail:
-        stored = f"if row < {M}:\n    {stored}"
+        stored = f"if row < {M}:\n" + _indent(stored, 4)
     return f"""
 @T.prim_func(s_tir=True)
 def main({", ".join(params)}):
     T.func_attr({{"tirx.noalias": True}})
-    acc = T.alloc_buffer((1,), "float32")
+    acc = T.alloc_buffer((2,), "float32")
     af = T.decl_buffer(({spec.a_elements},), "{dtype}", data={a}.data)
     bf = T.decl_buffer(({(spec.grid_batch if spec.b_batched else 1) * N * K},), "{dtype}", data={b}.data)
     for bz, row, col in T.grid({spec.grid_batch}, {-(-M // 64) * 64}, {N}):
-        acc[0] = T.float32(0)
+        acc[{h}] = T.float32(0)
         for kk in range({K}):
 {_indent(mac, 12)}{_indent(stored, 8)}"""
 
 
 def reference_for(func):
     """The scalar twin (:func:`reference_source`) of ``func``'s wgmma kernel, its parameters as the kernel's."""
-    spec, info = analyze(func)
+    spec, info = analyze(func, gated=True)
     return parse(reference_source(spec, _param_decls(func), f"p{info['a']}", f"p{info['b']}", info["store"]))

@@ -21,7 +21,7 @@ def schedule(sch, space, sms: int | None = None) -> GemmSpec | None:
     the whole PrimFunc for the annotated kernel, see :func:`expand`). Returns the spec, None if the kernel
     does not fit."""
     try:
-        spec, info = analyze(sch.mod["main"])
+        spec, info = analyze(sch.mod["main"], gated=True)
     except Exception:  # noqa: BLE001 - Misfit, or a kernel shape analyze() did not foresee: decline, and the
         return None    # GEMM space keeps its mma/wmma sketches rather than failing as a whole
     knobs = {k: space.knobs.get(f"wgmma_{k}") for k in _KNOBS}

@@ -31,6 +31,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   becomes one call to an online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores;
   a constant causal mask becomes the spec's ``causal`` flag and K/V heads repeated for GQA are read in place
   (``attention_inputs``).
+- :class:`GatedGemm` (``gated_gemm``): ``act(x @ Wg) * (x @ Wu)`` (SwiGLU, GeGLU) as one MatMul on the two
+  weights' columns interleaved, whose epilogue gates each accumulator pair (GPUs, where the GEMM template takes it).
 - :class:`HorizontalGemm` (``horizontal_gemm``): MatMuls reading the same input with constant weights become
   one MatMul on concatenated weights plus slices, when the cost model finds it saves bytes.
 
@@ -45,6 +47,7 @@ from tvmfuse.plan.rewrites.dead_taps import TrimDeadTaps, trim_dead_taps
 from tvmfuse.plan.rewrites.fold_batchnorm import FoldBatchNorm
 from tvmfuse.plan.rewrites.fuse_attention import FuseAttention
 from tvmfuse.plan.rewrites.int8_conv import Int8Convs, Int8ConvsAsGemms, int8_convs, int8_convs_as_gemms
+from tvmfuse.plan.rewrites.gated_gemm import GatedGemm
 from tvmfuse.plan.rewrites.int8_gemm import Int8Gemms, int8_gemms
 from tvmfuse.plan.rewrites.horizontal_gemm import HorizontalGemm
 from tvmfuse.plan.rewrites.identities import DropInferenceIdentities, drop_inference_identities
@@ -56,7 +59,7 @@ from tvmfuse.plan.rewrites.qdq import RedundantRequantize, redundant_requantize
 
 __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
-    "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
+    "GatedGemm", "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
     "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema",
     "pairwise_extrema", "PointwiseConvsAsGemms", "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps",
     "trim_dead_taps", "Int8Gemms", "int8_gemms", "Int8Convs", "int8_convs", "Int8ConvsAsGemms", "int8_convs_as_gemms",

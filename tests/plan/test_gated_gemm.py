@@ -1,0 +1,172 @@
+"""Gated GEMMs (``rewrites.gated_gemm``): ``act(x @ Wg) * (x @ Wu)`` as one GEMM on interleaved weights whose
+epilogue gates column pairs; where it applies, what it leaves alone, the plan it gives on Hopper, and the whole
+model against onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import tvmfuse.plan.rewrites as rewrites
+from conftest import build_and_run, ort_run, rel_err
+from tvmfuse._tvm import relax, tvm
+from tvmfuse.plan.tags import RewriteLog
+
+
+def _bind(mod, **params):
+    return relax.transform.BindParams("main", {k: np.asarray(v) for k, v in params.items()})(mod)
+
+
+def _run_llvm(mod, *args):
+    ex = tvm.compile(mod, target="llvm")
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+@I.ir_module
+class SwiGLU:
+    """LLaMA's MLP as the importer writes an fp16 export: fp32 products cast back, SiLU as x * sigmoid(x)."""
+
+    @R.function
+    def main(x: R.Tensor((4, 8), "float16"), wg: R.Tensor((8, 3), "float16"), wu: R.Tensor((8, 3), "float16"),
+             wd: R.Tensor((3, 8), "float16")):
+        with R.dataflow():
+            g = R.matmul(x, wg, out_dtype="float32")
+            gh = R.astype(g, "float16")
+            s = R.sigmoid(gh)
+            silu = R.multiply(gh, s)
+            u = R.matmul(x, wu, out_dtype="float32")
+            uh = R.astype(u, "float16")
+            h = R.multiply(silu, uh)
+            y = R.matmul(h, wd, out_dtype="float32")
+            out = R.astype(y, "float16")
+            R.output(out)
+        return out
+
+
+_RNG = np.random.default_rng(0)
+# small integers: the products are exact in fp16 and fp32, so the rewritten module agrees bitwise
+_WG, _WU, _WD = (_RNG.integers(-2, 3, s).astype("float16") for s in ((8, 3), (8, 3), (3, 8)))
+
+
+def test_a_swiglu_becomes_one_gemm_on_interleaved_weights_and_two_column_slices():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float16"), w: R.Tensor((8, 6), "float16"), wd: R.Tensor((3, 8), "float16")):
+            with R.dataflow():
+                mm = R.matmul(x, w, out_dtype="float32")
+                g = R.strided_slice(mm, axes=[-1], begin=[0], end=[6], strides=[2])
+                gh = R.astype(g, "float16")
+                s = R.sigmoid(gh)
+                silu = R.multiply(gh, s)
+                u = R.strided_slice(mm, axes=[-1], begin=[1], end=[6], strides=[2])
+                uh = R.astype(u, "float16")
+                h = R.multiply(silu, uh)
+                y = R.matmul(h, wd, out_dtype="float32")
+                out = R.astype(y, "float16")
+                R.output(out)
+            return out
+
+    log = RewriteLog()
+    before = _bind(SwiGLU, wg=_WG, wu=_WU, wd=_WD)
+    after = rewrites.GatedGemm(log=log, min_rows=4)(before)
+    interleaved = np.stack([_WG, _WU], axis=-1).reshape(8, 6)
+    assert (interleaved[:, 0::2] == _WG).all() and (interleaved[:, 1::2] == _WU).all()
+    tvm.ir.assert_structural_equal(after, _bind(Expected, w=interleaved, wd=_WD))
+    assert log.notes == ["gated GEMM: x @ [Wg | Wu] interleaved (8 x 6), then astype sigmoid multiply astype "
+                         "multiply on each column pair"]
+    assert {t.tag for t in log.tags.values()} == {"gated", "split"}
+    x = _RNG.integers(-2, 3, (4, 8)).astype("float16")
+    np.testing.assert_array_equal(_run_llvm(after, x), _run_llvm(before, x))
+
+
+@I.ir_module
+class Escaping:
+    """The gate's activation is also a result: the kernel would store two results."""
+
+    @R.function
+    def main(x: R.Tensor((4, 8), "float16"), wg: R.Tensor((8, 3), "float16"), wu: R.Tensor((8, 3), "float16")):
+        with R.dataflow():
+            g = R.matmul(x, wg)
+            s = R.sigmoid(g)
+            u = R.matmul(x, wu)
+            h = R.multiply(s, u)
+            out = (h, s)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class Apart:
+    """Two GEMMs of one input whose results never meet (Q and K)."""
+
+    @R.function
+    def main(x: R.Tensor((4, 8), "float16"), wg: R.Tensor((8, 3), "float16"), wu: R.Tensor((8, 3), "float16")):
+        with R.dataflow():
+            g = R.matmul(x, wg)
+            s = R.sigmoid(g)
+            u = R.matmul(x, wu)
+            v = R.sigmoid(u)
+            out = (s, v)
+            R.output(out)
+        return out
+
+
+@pytest.mark.parametrize("case", ["escaping", "apart", "few_rows", "inputs", "fp32"])
+def test_what_is_no_gated_gemm_is_left_as_it_is(case):
+    log = RewriteLog()
+    mod, min_rows, dtypes = {
+        "escaping": (_bind(Escaping, wg=_WG, wu=_WU), 4, ("float16",)),
+        "apart": (_bind(Apart, wg=_WG, wu=_WU), 4, ("float16",)),
+        "few_rows": (_bind(SwiGLU, wg=_WG, wu=_WU, wd=_WD), 5, ("float16",)),   # the GEMV template's
+        "inputs": (SwiGLU, 4, ("float16",)),                                     # weights no constants
+        "fp32": (_bind(SwiGLU, wg=_WG, wu=_WU, wd=_WD), 4, ("float32",)),       # no template's type
+    }[case]
+    cleaned = tvm.transform.Sequential(rewrites._common.CLEAN)(mod)
+    tvm.ir.assert_structural_equal(rewrites.GatedGemm(log=log, min_rows=min_rows, dtypes=dtypes)(mod), cleaned)
+    assert not log.notes and not log.tags
+
+
+def _llama_mlp_onnx(tmp_path, m=128, h=64, i=96):
+    from tvmfuse.bench.cases import llama_mlp
+
+    model, _, _ = llama_mlp(M=m, H=h, I=i)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    return model, path
+
+
+def test_hopper_plans_the_gate_and_up_projections_as_one_gated_kernel(tmp_path):
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.planner import plan_tvmfuse
+    from tvmfuse.target import resolve_target
+
+    _, path = _llama_mlp_onnx(tmp_path)
+    _, plan = plan_tvmfuse(import_model(load_model(path)), resolve_target("cuda"))
+    gated = [g for g in plan.groups if g.pattern == "gated_gemm"]
+    assert len(plan.groups) == 2 and len(gated) == 1, [(g.pattern, g.ops) for g in plan.groups]
+    assert gated[0].ops.count("matmul") == 2 and "sigmoid" in gated[0].ops
+    # the products never reach memory: the kernel reads x and [Wg | Wu] and writes silu(g) * u
+    assert gated[0].bytes_fused == (128 * 64 + 64 * 2 * 96 + 128 * 96) * 2
+    # no other CUDA arch takes the epilogue, and the CPU plans the two GEMMs apart
+    sm80 = resolve_target('{"kind": "cuda", "arch": "sm_80"}')
+    for target in (sm80, resolve_target("llvm")):
+        _, plan = plan_tvmfuse(import_model(load_model(path)), target)
+        assert not [g for g in plan.groups if g.pattern == "gated_gemm"]
+
+
+def test_a_gated_plan_computes_the_model_against_onnxruntime(tmp_path, llvm):
+    """The rewrite and the fused gated kernel (TVM's lowering of it, on the CPU) give onnxruntime's outputs."""
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    model, path = _llama_mlp_onnx(tmp_path, m=96, h=32, i=48)
+    config = PlannerConfig(cost_model=CostModel.for_target(llvm, gated_gemm_rows=1))
+    mod, plan = plan_tvmfuse(import_model(load_model(path)), llvm, config=config)
+    assert [g.pattern for g in plan.groups].count("gated_gemm") == 1
+    x = (np.random.default_rng(1).standard_normal((96, 32)) * 0.5).astype("float16")
+    got, want = build_and_run(mod, llvm, [x])[0], ort_run(model, [x])[0]
+    assert rel_err(got.astype("float32"), want.astype("float32")) < 2e-3

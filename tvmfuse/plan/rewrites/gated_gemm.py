@@ -1,0 +1,112 @@
+"""Gated GEMMs (SwiGLU, GeGLU): two MatMuls of one input whose results meet in one elementwise result,
+``act(x @ Wg) * (x @ Wu)``, become one MatMul on the weights' columns interleaved, ``[g0, u0, g1, u1, ..]``, and
+two stride-2 slices of it. The planner then fuses the slices and the gating into the GEMM's epilogue: each
+accumulator pair of a row (two adjacent columns, one thread's) is one ``(g, u)``, so the kernel stores
+``act(g) * u`` and neither ``x`` is read twice nor ``u`` written and read back."""
+from __future__ import annotations
+
+import numpy as np
+
+from tvmfuse._tvm import RelaxConstant, const_numpy, relax
+from tvmfuse.plan.graph import tensor_bytes, tensor_shape
+from tvmfuse.plan.rewrites._common import cleaned_dataflow, module_pass, op_name, rebuild_main
+from tvmfuse.plan.tags import RewriteLog, Tag
+
+# elementwise ops a gating may hold between the two products and its one result
+_GATING_OPS = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.nn.relu", "relax.sigmoid",
+               "relax.tanh", "relax.erf", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.astype",
+               "relax.clip", "relax.power", "relax.sqrt", "relax.exp", "relax.negative"}
+
+
+def _gating(g, u, bindings, users, out_vars) -> list | None:
+    """The bindings computing one result from the products ``g`` and ``u`` alone (and constants), elementwise at
+    their shape, ending in that result; None where a value between them is read by anything else, or the two never
+    meet."""
+    shape = tensor_shape(g.var.ty)
+    inside = {g.var, u.var}
+    members: list = []
+    for b in bindings:   # in binding order: a reader comes after what it reads
+        read = [a for a in b.value.args if isinstance(a, relax.Var)] if isinstance(b.value, relax.Call) else []
+        if not any(a in inside for a in read) or b.var in inside:
+            continue
+        if op_name(b.value) not in _GATING_OPS or tensor_shape(b.var.ty) != shape or any(
+                a not in inside for a in read):
+            continue   # a reader outside the gating: only the result may have one (checked below)
+        inside.add(b.var)
+        members.append(b)
+
+    def escapes(v) -> bool:
+        return v in out_vars or any(r.var not in inside for r in users.get(v, []))
+
+    if not members or escapes(g.var) or escapes(u.var) or any(escapes(b.var) for b in members[:-1]):
+        return None
+    return members
+
+
+class GatedGemm:
+    """``act(x @ Wg) * (x @ Wu)`` => one MatMul on ``[Wg | Wu]`` interleaved by column + two stride-2 slices."""
+
+    def __new__(cls, *, log: RewriteLog, min_rows: int, dtypes=("float16",)):
+        self = super().__new__(cls)
+        self.log, self.min_rows, self.dtypes = log, min_rows, tuple(dtypes)
+        return module_pass("GatedGemm", self.transform_module)
+
+    def transform_module(self, mod):
+        mod, bindings, users = cleaned_dataflow(mod)
+        if bindings is None:
+            return mod
+        out_vars = {b.var for b in bindings if not isinstance(b.var, relax.DataflowVar)}
+        by_input: dict = {}
+        for b in bindings:
+            if op_name(b.value) != "relax.matmul":
+                continue
+            x, w = b.value.args
+            xs, ws = tensor_shape(x.ty), tensor_shape(w.ty)
+            if (not isinstance(w, RelaxConstant) or not isinstance(x, relax.Var) or ws is None or len(ws) != 2
+                    or xs is None or int(np.prod(xs[:-1])) < self.min_rows or str(w.ty.dtype) not in self.dtypes
+                    or str(x.ty.dtype) != str(w.ty.dtype)):
+                continue
+            key = next((k for k in by_input if k.same_as(x)), x)
+            by_input.setdefault(key, []).append(b)
+        plan, names, pre, taken = {}, {}, {}, set()
+        for x, mms in by_input.items():
+            for i, g in enumerate(mms):
+                for u in mms[i + 1:]:
+                    if g.var in taken or u.var in taken or tensor_shape(g.var.ty) != tensor_shape(u.var.ty) \
+                            or str(g.value.attrs.out_dtype) != str(u.value.attrs.out_dtype):
+                        continue
+                    gating = _gating(g, u, bindings, users, out_vars)
+                    if gating is None:
+                        continue
+                    taken |= {g.var, u.var}
+                    self._merge(x, g, u, gating, plan, names, pre)
+        if not plan:
+            return mod
+        return rebuild_main(mod, plan, set(), names, pre)
+
+    def _merge(self, x, g, u, gating, plan, names, pre):
+        wg, wu = const_numpy(g.value.args[1]), const_numpy(u.value.args[1])
+        k, n = wg.shape
+        w = np.stack([wg, wu], axis=-1).reshape(k, 2 * n)   # column 2j: Wg's j, column 2j + 1: Wu's j
+        merged = self.log.fresh("gated")
+        holder = {}
+
+        out_dtype = g.value.attrs.out_dtype   # the products' type (fp32 sums of fp16 operands)
+
+        def emit_merged(bb, vmap, x=x, w=w):
+            holder["var"] = bb.emit(relax.op.matmul(vmap.get(x, x), relax.const(w), out_dtype=out_dtype),
+                                    name_hint=merged)
+
+        pre[g.var] = emit_merged
+        for half, mm in enumerate((g, u)):
+            plan[mm.var] = lambda bb, vmap, half=half: relax.op.strided_slice(
+                holder["var"], axes=[-1], begin=[half], end=[2 * n], strides=[2])
+            names[mm.var] = name = self.log.fresh("gate" if half == 0 else "up")
+            self.log.tags[name] = Tag("split", (), 0)   # a view of the merged GEMM's columns, in its epilogue
+        unfused = sum(tensor_bytes(x.ty) + tensor_bytes(mm.value.args[1].ty) + tensor_bytes(mm.var.ty)
+                      for mm in (g, u))
+        self.log.tags[merged] = Tag("gated", ("matmul", "matmul"), unfused,
+                                    note="x @ Wg and x @ Wu as one GEMM on interleaved columns, gated in pairs")
+        gates = " ".join(op_name(b.value).split(".")[-1] for b in gating)
+        self.log.notes.append(f"gated GEMM: {x.name} @ [Wg | Wu] interleaved ({k} x {2 * n}), then {gates} on each "
+                              "column pair")
