@@ -122,3 +122,40 @@ def test_a_gemm_kernel_left_with_two_results_is_split_after_grouping(llvm):
     ins = [rng.standard_normal((32, 64)).astype("float32") for _ in range(2)]
     got, want = build_and_run(fused, llvm, ins), ort_run(model, ins)
     assert all(rel_err(g, w_) < 1e-5 for g, w_ in zip(got, want))
+
+
+def _squeeze_excitation():
+    """EfficientNet's squeeze-excitation: x * sigmoid(conv(silu(conv(mean(x))))), 1x1 convs over [n, c, 1, 1]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((4, 16, 1, 1)) * 0.3).astype("float32"), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((16, 4, 1, 1)) * 0.3).astype("float32"), "w2")
+    axes = numpy_helper.from_array(np.array([2, 3], "int64"), "axes")
+    nodes = [helper.make_node("ReduceMean", ["x", "axes"], ["m"], keepdims=1),
+             helper.make_node("Conv", ["m", "w1"], ["c1"]), helper.make_node("Sigmoid", ["c1"], ["s1"]),
+             helper.make_node("Mul", ["c1", "s1"], ["a1"]), helper.make_node("Conv", ["a1", "w2"], ["c2"]),
+             helper.make_node("Sigmoid", ["c2"], ["g"]), helper.make_node("Mul", ["x", "g"], ["y"])]
+    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 8, 8])], [w1, w2, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_gpu_stores_a_squeeze_excitation_scale_the_cpu_broadcasts_it_in_the_gemms_kernel(llvm):
+    """On a GPU the excitation's GEMM does not take the multiply that broadcasts its [n, 1, 1, c] result over the
+    feature map: that kernel would compute the GEMM's dot products again for every pixel. The CPU keeps it."""
+    import numpy as np
+
+    from tvmfuse.target import resolve_target
+
+    model = _squeeze_excitation()
+    _, gpu = partition(import_proto(model), target=resolve_target("cuda"), planner="tvmfuse")
+    lone = [g for g in gpu.groups if g.ops == ("multiply",)]
+    assert len(lone) == 1 and lone[0].bytes_fused < 3 * 2 * 16 * 64 * 4, [(g.pattern, g.ops) for g in gpu.groups]
+    assert any("the kernel would compute its dot products again for each output" in r.reason for r in gpu.rejected)
+    fused, cpu = partition(import_proto(model), target=llvm, planner="tvmfuse")
+    assert not [g for g in cpu.groups if g.ops == ("multiply",)]
+    x = np.random.default_rng(1).standard_normal((2, 16, 8, 8)).astype("float32")
+    assert rel_err(build_and_run(fused, llvm, [x])[0], ort_run(model, [x])[0]) < 1e-5

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tvmfuse.plan.cluster import bytes_fused, external_inputs
-from tvmfuse.plan.graph import INJECTIVE_K, NORM, REDUCE, Graph, Node, tensor_shape
+from tvmfuse.plan.graph import CONV, GEMM, INJECTIVE_K, NORM, REDUCE, Graph, Node, tensor_shape
 from tvmfuse.target import TargetInfo, has_vnni, vector_lanes
 
 
@@ -95,6 +95,10 @@ class CostModel:
         inputs of a type the tensor-core conv template does not take (fp32); 0: never
     pad_channels_to : GEMMs and channels-last convs with a constant weight whose output channels this many lanes
         do not divide run on the weight zero-padded to a multiple of them (the CPU's vector width); 0: never
+    broadcast_anchor_results : a GEMM's or conv's small result (a squeeze-excitation scale, ``[n, 1, 1, c]``) may be
+        broadcast in its kernel's epilogue over a larger tensor (``x * sigmoid(se)``), the kernel then computing the
+        GEMM's dot products again for each output element. GPUs: no (EfficientNet-B0's excitation over a 112 x 112
+        map took 316 us so, where its bytes take about 17): the scale is stored and a pointwise kernel applies it
     gated_gemm_rows : ``act(x @ Wg) * (x @ Wu)`` of at least this many rows of ``x`` runs as one GEMM on the
         weights' columns interleaved, gating its accumulator pairs (``rewrites.gated_gemm``); 0: never. Hopper's
         wgmma template takes that epilogue; at 64 rows or fewer the two GEMMs stay the GEMV template's
@@ -125,6 +129,7 @@ class CostModel:
     tensor_core_dtypes: tuple = ("float16",)
     gemm_conv_rows: int = 0
     pad_channels_to: int = 0
+    broadcast_anchor_results: bool = True
     gated_gemm_rows: int = 0
     reduction_results: int = 0
     rows_keep_order: bool = False
@@ -148,6 +153,7 @@ class CostModel:
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
                        conv_layout="NHWC", im2col_k=512, im2col_pixels=16,
                        im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1,
+                       broadcast_anchor_results=False,
                        gated_gemm_rows=65 if str(attrs.get("arch", "")) == "sm_90a" else 0)
         else:
             cores = int(attrs.get("num-cores", 2)) if attrs else 2
@@ -211,6 +217,13 @@ class CostModel:
                 and any(_reorders(n) for n in merged):
             return Score(False, 0.0, saved, 1, pressure, units,
                          "a normalization's rows and a transpose: the row rules keep the rows' order")
+        if not self.broadcast_anchor_results:
+            anchor = next((n for n in merged if n.kind in (GEMM, CONV) and n.out_shape), None)
+            widest = max((n for n in merged if n.out_shape), key=lambda n: int(np.prod(n.out_shape)), default=None)
+            if anchor is not None and widest is not None and np.prod(widest.out_shape) > np.prod(anchor.out_shape):
+                return Score(False, 0.0, saved, 1, pressure, units,
+                             f"{widest.op} broadcasts {anchor.op}'s result {anchor.out_shape} to {widest.out_shape}: "
+                             f"the kernel would compute its dot products again for each output")
         smem = self.row_bytes(merged)
         if smem > self.shared_memory_bytes:
             return Score(False, 0.0, saved, 1, pressure, units,
