@@ -273,8 +273,9 @@ class ShortReduction:
     def __init__(self, max_outputs: int | None = None, vector: int = 1):
         # vector > 1: a thread takes that many adjacent outputs along the innermost output axis, its loads and stores
         # one vector each where they are contiguous (a channels-last depthwise conv: 8 fp16 channels, 16 bytes);
-        # an axis it does not divide keeps one output a thread. Not the untuned default: not yet timed on a GPU
-        # (benchmarks/short_reduction_gpu.py)
+        # an axis it does not divide keeps one output a thread. Not the untuned default: on the H100
+        # (benchmarks/short_reduction_gpu.py) 4 lanes ran 1.3-2.6x slower than 1 on 10 of EfficientNet-B0's 12
+        # depthwise convs, faster only on the two widest maps, and 8 lanes did not compile under NVRTC
         self.max_outputs, self.vector = max_outputs, vector
 
     def apply(self, func, target, tunable):
