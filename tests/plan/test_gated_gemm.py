@@ -170,3 +170,70 @@ def test_a_gated_plan_computes_the_model_against_onnxruntime(tmp_path, llvm):
     x = (np.random.default_rng(1).standard_normal((96, 32)) * 0.5).astype("float16")
     got, want = build_and_run(mod, llvm, [x])[0], ort_run(model, [x])[0]
     assert rel_err(got.astype("float32"), want.astype("float32")) < 2e-3
+
+
+def test_gemmas_geglu_as_users_export_it_becomes_a_gated_gemm_and_verifies(llvm):
+    """Gemma's MLP from a Hugging Face export (dynamic axes, tanh-GELU written out as Mul / Pow / Tanh, fp16 by the
+    converter) is found and, planned gated (forced here on the CPU), gives onnxruntime's outputs."""
+    from pathlib import Path
+
+    from tvmfuse import verify
+    from tvmfuse.compile import build
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"
+    feeds = dict(np.load(folder / "gemma.inputs.npz"))
+    loaded = load_model(folder / "gemma.onnx", input_shapes={k: v.shape for k, v in feeds.items()}, precision="fp16")
+    config = PlannerConfig(cost_model=CostModel.for_target(llvm, gated_gemm_rows=1))
+    fused, plan = plan_tvmfuse(import_model(loaded), llvm, config=config)
+    (gated,) = [g for g in plan.groups if g.pattern == "gated_gemm"]
+    assert "tanh" in gated.ops and gated.ops.count("matmul") == 2
+    built = build(fused, target=llvm, database=None)
+    vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)
+    got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+    assert verify.relative_error(got, verify.run_onnxruntime(folder / "gemma.onnx", feeds)[0]) < 1e-2
+
+
+def _fused_gate_up(split: str):
+    """Phi-3's MLP: one ``gate_up_proj`` GEMM whose result is cut in halves (``Split``, or two ``Slice``s)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 24)) * 0.3).astype("float16"), "w")]
+    if split == "split":
+        inits.append(numpy_helper.from_array(np.array([12, 12], "int64"), "sizes"))
+        cut = [helper.make_node("Split", ["gu", "sizes"], ["g", "u"], axis=-1)]
+    else:
+        for name, v in (("s0", 0), ("s1", 12), ("s2", 24), ("ax", -1)):
+            inits.append(numpy_helper.from_array(np.array([v], "int64"), name))
+        cut = [helper.make_node("Slice", ["gu", "s0", "s1", "ax"], ["g"]),
+               helper.make_node("Slice", ["gu", "s1", "s2", "ax"], ["u"])]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["gu"]), *cut, helper.make_node("Sigmoid", ["g"], ["sg"]),
+             helper.make_node("Mul", ["g", "sg"], ["silu"]), helper.make_node("Mul", ["silu", "u"], ["y"])]
+    graph = helper.make_graph(nodes, "phi3_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [96, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [96, 12])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("split", ["split", "slices"])
+def test_a_fused_gate_up_projection_cut_in_halves_gets_its_columns_interleaved(tmp_path, llvm, split):
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+    from tvmfuse.target import resolve_target
+
+    model = _fused_gate_up(split)
+    path = tmp_path / "phi3_mlp.onnx"
+    onnx.save(model, path)
+    _, plan = plan_tvmfuse(import_model(load_model(path)), resolve_target("cuda"))
+    assert [g.pattern for g in plan.groups] == ["gated_gemm"], [(g.pattern, g.ops) for g in plan.groups]
+    assert plan.rewrites[-1].startswith("gated GEMM: x @ [Wg | Wu] (16 x 24) split in halves")
+    config = PlannerConfig(cost_model=CostModel.for_target(llvm, gated_gemm_rows=1))
+    mod, plan = plan_tvmfuse(import_model(load_model(path)), llvm, config=config)
+    assert [g.pattern for g in plan.groups] == ["gated_gemm"]
+    x = (np.random.default_rng(3).standard_normal((96, 16)) * 0.5).astype("float16")
+    got, want = build_and_run(mod, llvm, [x])[0], ort_run(model, [x])[0]
+    assert rel_err(got.astype("float32"), want.astype("float32")) < 2e-3

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvmfuse._tvm import RelaxConstant, const_numpy, relax
+from tvmfuse._tvm import RelaxConstant, const_numpy, relax, tvm
 from tvmfuse.plan.graph import tensor_bytes, tensor_shape
-from tvmfuse.plan.rewrites._common import cleaned_dataflow, module_pass, op_name, rebuild_main
+from tvmfuse.plan.rewrites._common import CLEAN, cleaned_dataflow, module_pass, op_name, rebuild_main
 from tvmfuse.plan.tags import RewriteLog, Tag
 
 # elementwise ops a gating may hold between the two products and its one result
@@ -41,6 +41,42 @@ def _gating(g, u, bindings, users, out_vars) -> list | None:
     if not members or escapes(g.var) or escapes(u.var) or any(escapes(b.var) for b in members[:-1]):
         return None
     return members
+
+
+def _halves(mm, users):
+    """(the last binding before the split, the first half's binding, the second half's) where the product of
+    ``mm`` (through casts) is split in two halves of its last axis, by ``split`` or by two slices; None otherwise."""
+    cur = mm
+    while len(users.get(cur.var, [])) == 1 and op_name(users[cur.var][0].value) == "relax.astype":
+        cur = users[cur.var][0]
+    shape = tensor_shape(cur.var.ty)
+    readers = users.get(cur.var, [])
+    if shape is None or shape[-1] % 2 or not readers:
+        return None
+    n, axis = shape[-1] // 2, len(shape) - 1
+    if len(readers) == 1 and op_name(readers[0].value) == "relax.split":
+        at = readers[0].value.attrs
+        parts = users.get(readers[0].var, [])
+        sections = at.indices_or_sections
+        even = [int(i) for i in sections] == [n] if not isinstance(sections, int) and hasattr(sections, "__len__") \
+            else int(sections) == 2
+        if not even or int(at.axis) % len(shape) != axis or len(parts) != 2 or \
+                not all(isinstance(p.value, relax.TupleGetItem) for p in parts):
+            return None
+        by_index = {int(p.value.index): p for p in parts}
+        return (cur, by_index[0], by_index[1]) if set(by_index) == {0, 1} else None
+    if len(readers) != 2 or any(op_name(r.value) != "relax.strided_slice" for r in readers):
+        return None
+    spans = {}
+    for r in readers:   # strided_slice(x, axes, begin, end[, strides]), each a tuple of integers
+        try:
+            axes, begin, end, *strides = ([int(getattr(f, "value", f)) for f in a.fields] for a in r.value.args[1:])
+        except (AttributeError, TypeError):
+            return None
+        if [a % len(shape) for a in axes] != [axis] or strides not in ([], [[1]]):
+            return None
+        spans[(begin[0], min(end[0], 2 * n))] = r
+    return (cur, spans[(0, n)], spans[(n, 2 * n)]) if set(spans) == {(0, n), (n, 2 * n)} else None
 
 
 class GatedGemm:
@@ -80,9 +116,41 @@ class GatedGemm:
                         continue
                     taken |= {g.var, u.var}
                     self._merge(x, g, u, gating, plan, names, pre)
+        for mm in (m for ms in by_input.values() for m in ms if m.var not in taken):
+            halves = _halves(mm, users)
+            if halves is not None:
+                last, g, u = halves
+                gating = _gating(g, u, bindings, users, out_vars)
+                if gating is not None:
+                    self._interleave(mm, last, g, u, gating, plan, names)
         if not plan:
             return mod
-        return rebuild_main(mod, plan, set(), names, pre)
+        return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set(), names, pre))
+
+    def _interleave(self, mm, last, g, u, gating, plan, names):
+        """One GEMM on ``[Wg | Wu]`` already (a fused ``gate_up_proj``) split in halves: its columns interleaved."""
+        w = const_numpy(mm.value.args[1])
+        k, n = w.shape[0], w.shape[1] // 2
+        w = np.stack([w[:, :n], w[:, n:]], axis=-1).reshape(k, 2 * n)
+        attrs = mm.value.attrs
+
+        def emit_mm(bb, vmap, x=mm.value.args[0], w=w):
+            return relax.op.matmul(vmap.get(x, x), relax.const(w), out_dtype=attrs.out_dtype)
+
+        plan[mm.var] = emit_mm
+        names[mm.var] = merged = self.log.fresh("gated")
+        for half, b in enumerate((g, u)):
+            plan[b.var] = lambda bb, vmap, half=half: relax.op.strided_slice(
+                vmap[last.var], axes=[-1], begin=[half], end=[2 * n], strides=[2])
+            names[b.var] = name = self.log.fresh("gate" if half == 0 else "up")
+            self.log.tags[name] = Tag("split", (), 0)
+        x = mm.value.args[0]
+        self.log.tags[merged] = Tag("gated", ("matmul",), tensor_bytes(x.ty) + tensor_bytes(mm.value.args[1].ty)
+                                    + tensor_bytes(mm.var.ty), note="x @ [Wg | Wu] split in halves, its columns "
+                                                                    "interleaved and gated in pairs")
+        gates = " ".join(op_name(b.value).split(".")[-1] for b in gating)
+        self.log.notes.append(f"gated GEMM: {x.name} @ [Wg | Wu] ({k} x {2 * n}) split in halves, its columns "
+                              f"interleaved, then {gates} on each column pair")
 
     def _merge(self, x, g, u, gating, plan, names, pre):
         wg, wu = const_numpy(g.value.args[1]), const_numpy(u.value.args[1])
