@@ -99,3 +99,37 @@ def test_each_output_is_its_column_pairs_gate_stored_once(m, n, cfg):
             _run_stores(stores, tile, c, pm, pn, store, T)
     assert (writes == 1).all(), (writes != 1).sum()
     np.testing.assert_allclose(out, product[:, 0::2] - 3 * product[:, 1::2], rtol=1e-12)
+
+
+def test_a_tf32_gated_kernel_computes_the_planners_function(tmp_path):
+    """An fp32 model under ``--precision tf32``: its gate and up projections are one TF32 wgmma GEMM, gated too."""
+    from onnx import numpy_helper
+
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import extract_kernels
+
+    model, _, _ = CASES["llama_mlp"](M=128, H=64, I=96)
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"), init.name))
+    for v in [*model.graph.input, *model.graph.output]:
+        v.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    path = tmp_path / "mlp32.onnx"
+    onnx.save(model, path)
+    cuda = resolve_target("cuda")
+    fused, plan = partition(import_model(load_model(path, precision="tf32")), target=cuda, precision="tf32")
+    assert [g.pattern for g in plan.groups].count("gated_gemm") == 1
+    funcs = [k.mod["main"] for k in extract_kernels(fused, target=cuda)]
+    (func,) = [f for f in funcs if (_gated_info(f) or {}).get("gated")]
+    spec, info = hopper.analyze(func, gated=True)
+    assert spec.dtype == "float32" and info["gated"]
+    outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
+    assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 1e-5
+    assert hopper.default_kernel(func, cuda.target) is not None
+
+
+def _gated_info(func):
+    try:
+        return hopper.analyze(func, gated=True)[1]
+    except Exception:  # noqa: BLE001 - not a GEMM the template takes
+        return None
