@@ -22,14 +22,13 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
     mac = f"acc[0] = acc[0] + T.Cast('float32', af[{a_at}]) * T.Cast('float32', bf[{b_at}])"
     if pred is not None:
         mac = f"if {pred}:\n    {mac}"
-    # a gated store (``{acc0}``, ``{acc1}``) makes one output of the even column and the next: at an odd column
-    # both sums are in ``acc``
-    h = "col % 2" if "{acc0}" in store else "0"
+    if "{acc0}" in store:   # gated: one output of an even column and the next, stored once both sums are in
+        h = "col % 2"
+        stored = "if col % 2 == 1:\n    " + store.format(bz="bz", row="row", col="(col - 1)", acc0="acc[0]",
+                                                       acc1="acc[1]")
+    else:
+        h, stored = "0", store.format(bz="bz", row="row", col="col", acc="acc[0]")
     mac = mac.replace("acc[0]", f"acc[{h}]")
-    stored = store.format(bz="bz", row="row", col="col", acc="acc[0]", acc0="acc[0]", acc1="acc[1]")
-    if "{acc0}" in store:
-        stored = store.format(bz="bz", row="row", col="(col - 1)", acc0="acc[0]", acc1="acc[1]")
-        stored = f"if col % 2 == 1:\n    {stored}"
     if tail:
         stored = f"if row < {M}:\n" + _indent(stored, 4)
     return f"""
