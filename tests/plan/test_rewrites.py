@@ -255,34 +255,38 @@ def test_convs_run_channels_last_with_transposes_at_the_edges():
 
 
 @I.ir_module
-class DepthwiseThenPointwise:
+class DepthwiseGroupedPointwise:
     @R.function
     def main(x: R.Tensor((1, 4, 5, 5), "float32"), dw: R.Tensor((4, 1, 3, 3), "float32"),
-             pw: R.Tensor((6, 4, 1, 1), "float32")) -> R.Tensor((1, 6, 5, 5), "float32"):
+             gw: R.Tensor((4, 2, 3, 3), "float32"), pw: R.Tensor((6, 4, 1, 1), "float32")
+             ) -> R.Tensor((1, 6, 5, 5), "float32"):
         with R.dataflow():
             y = R.nn.conv2d(x, dw, padding=[1, 1, 1, 1], groups=4)
-            out = R.nn.conv2d(y, pw)
+            z = R.nn.conv2d(y, gw, padding=[1, 1, 1, 1], groups=2)
+            out = R.nn.conv2d(z, pw)
             R.output(out)
         return out
 
 
-def test_grouped_convs_take_hwio_filters_where_asked_and_compute_the_same():
+def test_depthwise_convs_take_hwio_filters_where_asked_and_compute_the_same():
     """On GPUs a depthwise conv's filter is stored HWIO (adjacent output channels' weights side by side for the
-    threads that compute them); the 1x1 conv keeps OHWI for the tensor-core template. Same outputs."""
+    threads that compute them); a grouped conv of wider groups (its reduction spread over threads, read along
+    OHWI's contiguous axis) and the 1x1 conv (the tensor-core template's) keep OHWI. Same outputs."""
     from tvmfuse.plan.rewrites._common import main_bindings, op_name
 
     rng = np.random.default_rng(0)
-    dw, pw = rng.integers(-2, 3, (4, 1, 3, 3)).astype("float32"), rng.integers(-2, 3, (6, 4, 1, 1)).astype("float32")
-    before = _bind(DepthwiseThenPointwise, dw=dw, pw=pw)
+    dw, gw, pw = (rng.integers(-2, 3, s).astype("float32") for s in ((4, 1, 3, 3), (4, 2, 3, 3), (6, 4, 1, 1)))
+    before = _bind(DepthwiseGroupedPointwise, dw=dw, gw=gw, pw=pw)
     log = RewriteLog()
-    after = rewrites.ChannelsLast(log=log, grouped_kernel_layout="HWIO")(before)
+    after = rewrites.ChannelsLast(log=log, depthwise_kernel_layout="HWIO")(before)
     convs = [b.value for b in main_bindings(after) if op_name(b.value) == "relax.nn.conv2d"]
-    assert [(str(c.attrs.kernel_layout), int(c.attrs.groups)) for c in convs] == [("HWIO", 4), ("OHWI", 1)]
+    assert [(str(c.attrs.kernel_layout), int(c.attrs.groups)) for c in convs] == [("HWIO", 4), ("OHWI", 2),
+                                                                                  ("OHWI", 1)]
     assert const_numpy(convs[0].args[1]).shape == (3, 3, 1, 4)
-    assert log.notes[0].endswith("; 1 grouped convs' filters HWIO")
+    assert log.notes[0].endswith("; 1 depthwise convs' filters HWIO")
     plain = rewrites.ChannelsLast(log=RewriteLog())(before)
-    assert [str(b.value.attrs.kernel_layout) for b in main_bindings(plain) if op_name(b.value) == "relax.nn.conv2d"] \
-        == ["OHWI", "OHWI"]
+    assert {str(b.value.attrs.kernel_layout) for b in main_bindings(plain) if op_name(b.value) == "relax.nn.conv2d"} \
+        == {"OHWI"}
     x = rng.integers(-2, 3, (1, 4, 5, 5)).astype("float32")
     np.testing.assert_array_equal(_run_llvm(after, x), _run_llvm(before, x))
 

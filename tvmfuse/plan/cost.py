@@ -81,8 +81,8 @@ class CostModel:
         reads its operands contiguously along K), or None to keep the model's layout
     conv_kernel_layout : the filters' layout in a channels-last conv: OHWI (GPUs: K contiguous for the implicit
         GEMM) or HWIO (CPUs: output channels contiguous, the axis the CPU default vectorises)
-    grouped_conv_kernel_layout : HWIO: grouped and depthwise convs' filters stored so (GPUs, whose OHWI is for the
-        tensor-core template, which takes no grouped conv: adjacent threads read adjacent weights); None: as the rest
+    depthwise_kernel_layout : HWIO: depthwise convs' filters stored so (GPUs, whose OHWI is for the tensor-core
+        template, which takes no grouped conv: adjacent threads read adjacent weights); None: as the rest
     conv1d_kernel_layout : with ``conv_layout`` set, 1-D convolutions run NWC with filters in this layout (WIO on
         CPUs); None keeps them as the model has them (GPUs: no conv template reads a 1-D conv)
     im2col_k : channels-last convs with fewer than 16 input channels (a stem's 3) run as an im2col kernel and a
@@ -124,7 +124,7 @@ class CostModel:
     attention_decline: object = None   # a reason (str), or a function of the AttentionSpec giving one
     conv_layout: str | None = None
     conv_kernel_layout: str = "OHWI"
-    grouped_conv_kernel_layout: str | None = None
+    depthwise_kernel_layout: str | None = None
     conv1d_kernel_layout: str | None = None
     im2col_k: int = 0
     im2col_pixels: int = 0
@@ -156,7 +156,7 @@ class CostModel:
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
                        conv_layout="NHWC", im2col_k=512, im2col_pixels=16,
                        im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1,
-                       broadcast_anchor_results=False, grouped_conv_kernel_layout="HWIO",
+                       broadcast_anchor_results=False, depthwise_kernel_layout="HWIO",
                        gated_gemm_rows=65 if str(attrs.get("arch", "")) == "sm_90a" else 0)
         else:
             cores = int(attrs.get("num-cores", 2)) if attrs else 2

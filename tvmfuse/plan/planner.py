@@ -235,7 +235,7 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
         mod = rewrites.channels_last(mod, log=log,
                                      kernel_layout=getattr(cost_model, "conv_kernel_layout", "OHWI"),
                                      conv1d_kernel_layout=getattr(cost_model, "conv1d_kernel_layout", None),
-                                     grouped_kernel_layout=getattr(cost_model, "grouped_conv_kernel_layout", None))
+                                     depthwise_kernel_layout=getattr(cost_model, "depthwise_kernel_layout", None))
         dump("channels_last", mod)
         if int8:
             mod = rewrites.Int8ConvsAsGemms(log=log)(mod)

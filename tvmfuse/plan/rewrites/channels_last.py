@@ -11,16 +11,16 @@ from tvmfuse.plan.tags import RewriteLog
 
 
 def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_kernel_layout: str | None = None,
-                  grouped_kernel_layout: str | None = None):
+                  depthwise_kernel_layout: str | None = None):
     """Run 2-D convolutions in NHWC with ``kernel_layout`` weights (OHWI: the tensor-core template reads K
     contiguously; HWIO: a CPU kernel vectorised along the output channels reads them contiguously) (Relax's
     ConvertLayout), then fold the weight and parameter transposes into the constants. Elementwise ops, pooling and
     the folded BatchNorm follow the layout, so one transpose stays at the input and one where the features leave
     the conv stack. With ``conv1d_kernel_layout`` (WIO on CPUs) 1-D convolutions run NWC too: an NCW conv's
     vector ran along time, half a vector where no whole one divides the frames (Whisper's stem, 3000 frames:
-    4 GMAC/s on the 2-core EPYC). ``grouped_kernel_layout`` (HWIO on GPUs): the filters of grouped and depthwise
-    convs (no tensor-core template takes them) stored so that threads of adjacent output channels read adjacent
-    weights (:func:`grouped_filters`)."""
+    4 GMAC/s on the 2-core EPYC). ``depthwise_kernel_layout`` (HWIO on GPUs): the filters of depthwise convs (no
+    tensor-core template takes them) stored so that threads of adjacent output channels read adjacent weights
+    (:func:`depthwise_filters`)."""
     wanted = {"relax.nn.conv2d": ["NHWC", kernel_layout]}
     if conv1d_kernel_layout:
         wanted["relax.nn.conv1d"] = ["NWC", conv1d_kernel_layout]
@@ -35,23 +35,25 @@ def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_k
     added = count_calls(mod, "relax.permute_dims") - before
     mod, cancelled = compose_transposes(mod)
     mod, shuffles = shuffle_channels_last(mod)
-    grouped = 0
-    if grouped_kernel_layout == "HWIO" and kernel_layout == "OHWI":
-        mod, grouped = grouped_filters(mod)
+    depthwise = 0
+    if depthwise_kernel_layout == "HWIO" and kernel_layout == "OHWI":
+        mod, depthwise = depthwise_filters(mod)
     names = " / ".join(layout for layout, _ in layouts.values())
     log.notes.append(f"convolutions run channels-last ({names}): {added} layout transposes added at the edges"
                      + (f"; {cancelled} transposes that undid each other removed" if cancelled else "")
                      + (f"; {shuffles} channel shuffles, splits, concatenations and scalar elementwise ops moved past "
                         "their layout transposes" if shuffles else "")
-                     + (f"; {grouped} grouped convs' filters HWIO" if grouped else ""))
+                     + (f"; {depthwise} depthwise convs' filters HWIO" if depthwise else ""))
     return mod
 
 
-def grouped_filters(mod) -> tuple:
-    """(``mod``, how many) with the constant OHWI filters of grouped NHWC convs (depthwise ones above all) stored
-    HWIO. A grouped conv runs one output a thread, adjacent threads on adjacent output channels: an OHWI filter put
-    their weights of one tap ``r * s`` elements apart (a 5 x 5 depthwise conv: 50 bytes, a sector a thread), HWIO
-    puts them side by side. EfficientNet-B0's 32 x 14 x 14 x 672 5 x 5 conv took 74 us on an H100 so, for 17 MB."""
+def depthwise_filters(mod, most_taps: int = 64) -> tuple:
+    """(``mod``, how many) with the constant OHWI filters of depthwise NHWC convs (one input channel a group, at
+    most ``most_taps`` taps) stored HWIO. Such a conv runs one output a thread (``ShortReduction``), adjacent
+    threads on adjacent output channels: an OHWI filter put their weights of one tap ``r * s`` elements apart (a 5 x 5
+    conv: 50 bytes, a sector a thread), HWIO puts them side by side (EfficientNet-B0's 32 x 14 x 14 x 672 5 x 5 conv
+    took 74 us on an H100 with OHWI, for 17 MB; the model 1.555 ms, 1.335 with HWIO). Grouped convs of wider groups
+    keep OHWI: a reduction spread over a block's threads reads a filter along (r, s, c), OHWI's contiguous axis."""
     bindings = main_bindings(mod)
     if bindings is None:
         return mod, 0
@@ -63,7 +65,10 @@ def grouped_filters(mod) -> tuple:
         at = call.attrs
         if int(at.groups) == 1 or (str(at.data_layout), str(at.kernel_layout)) != ("NHWC", "OHWI"):
             continue
-        w = np.ascontiguousarray(const_numpy(call.args[1]).transpose(1, 2, 3, 0))
+        w = const_numpy(call.args[1])
+        if w.shape[3] != 1 or w.shape[1] * w.shape[2] > most_taps:
+            continue
+        w = np.ascontiguousarray(w.transpose(1, 2, 3, 0))
 
         def emit(bb, vmap, call=call, w=w, at=at):
             x = vmap.get(call.args[0], call.args[0])
@@ -75,8 +80,8 @@ def grouped_filters(mod) -> tuple:
 
 
 def ChannelsLast(*, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_kernel_layout: str | None = None,
-                 grouped_kernel_layout: str | None = None) -> tvm.transform.Pass:
+                 depthwise_kernel_layout: str | None = None) -> tvm.transform.Pass:
     """:func:`channels_last` as a Relax module pass."""
     return module_pass("ChannelsLast", lambda mod: channels_last(mod, log=log, kernel_layout=kernel_layout,
                                                                  conv1d_kernel_layout=conv1d_kernel_layout,
-                                                                 grouped_kernel_layout=grouped_kernel_layout))
+                                                                 depthwise_kernel_layout=depthwise_kernel_layout))
