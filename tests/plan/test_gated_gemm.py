@@ -82,44 +82,29 @@ def test_a_swiglu_becomes_one_gemm_on_interleaved_weights_and_two_column_slices(
     np.testing.assert_array_equal(_run_llvm(after, x), _run_llvm(before, x))
 
 
-@I.ir_module
-class Escaping:
-    """The gate's activation is also a result: the kernel would store two results."""
+def _two_gemms(case: str):
+    """x @ Wg and x @ Wu that are no gating: the gate's activation also a result (``escaping``: the kernel would
+    store two results), or two results that never meet (``apart``, as Q and K)."""
+    from tvmfuse._tvm import TensorType
 
-    @R.function
-    def main(x: R.Tensor((4, 8), "float16"), wg: R.Tensor((8, 3), "float16"), wu: R.Tensor((8, 3), "float16")):
-        with R.dataflow():
-            g = R.matmul(x, wg)
-            s = R.sigmoid(g)
-            u = R.matmul(x, wu)
-            h = R.multiply(s, u)
-            out = (h, s)
-            R.output(out)
-        return out
-
-
-@I.ir_module
-class Apart:
-    """Two GEMMs of one input whose results never meet (Q and K)."""
-
-    @R.function
-    def main(x: R.Tensor((4, 8), "float16"), wg: R.Tensor((8, 3), "float16"), wu: R.Tensor((8, 3), "float16")):
-        with R.dataflow():
-            g = R.matmul(x, wg)
-            s = R.sigmoid(g)
-            u = R.matmul(x, wu)
-            v = R.sigmoid(u)
-            out = (s, v)
-            R.output(out)
-        return out
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType((4, 8), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.sigmoid(bb.emit(relax.op.matmul(x, relax.const(_WG)))))
+            u = bb.emit(relax.op.matmul(x, relax.const(_WU)))
+            other = relax.op.multiply(s, u) if case == "escaping" else relax.op.sigmoid(u)
+            out = bb.emit_output(relax.Tuple([bb.emit(other), s]))
+        bb.emit_func_output(out)
+    return bb.finalize()
 
 
 @pytest.mark.parametrize("case", ["escaping", "apart", "few_rows", "inputs", "fp32"])
 def test_what_is_no_gated_gemm_is_left_as_it_is(case):
     log = RewriteLog()
     mod, min_rows, dtypes = {
-        "escaping": (_bind(Escaping, wg=_WG, wu=_WU), 4, ("float16",)),
-        "apart": (_bind(Apart, wg=_WG, wu=_WU), 4, ("float16",)),
+        "escaping": (_two_gemms("escaping"), 4, ("float16",)),
+        "apart": (_two_gemms("apart"), 4, ("float16",)),
         "few_rows": (_bind(SwiGLU, wg=_WG, wu=_WU, wd=_WD), 5, ("float16",)),   # the GEMV template's
         "inputs": (SwiGLU, 4, ("float16",)),                                     # weights no constants
         "fp32": (_bind(SwiGLU, wg=_WG, wu=_WU, wd=_WD), 4, ("float32",)),       # no template's type
