@@ -75,7 +75,7 @@ def test_a_swiglu_becomes_one_gemm_on_interleaved_weights_and_two_column_slices(
     interleaved = np.stack([_WG, _WU], axis=-1).reshape(8, 6)
     assert (interleaved[:, 0::2] == _WG).all() and (interleaved[:, 1::2] == _WU).all()
     tvm.ir.assert_structural_equal(after, _bind(Expected, w=interleaved, wd=_WD))
-    assert log.notes == ["gated GEMM: x @ [Wg | Wu] interleaved (8 x 6), then astype sigmoid multiply astype "
+    assert log.notes == ["gated GEMM: x @ [Wg | Wu] (8 x 6) interleaved, then astype sigmoid multiply astype "
                          "multiply on each column pair"]
     assert {t.tag for t in log.tags.values()} == {"gated", "split"}
     x = _RNG.integers(-2, 3, (4, 8)).astype("float16")
@@ -215,7 +215,7 @@ def test_a_fused_gate_up_projection_cut_in_halves_gets_its_columns_interleaved(t
     onnx.save(model, path)
     _, plan = plan_tvmfuse(import_model(load_model(path)), resolve_target("cuda"))
     assert [g.pattern for g in plan.groups] == ["gated_gemm"], [(g.pattern, g.ops) for g in plan.groups]
-    assert plan.rewrites[-1].startswith("gated GEMM: x @ [Wg | Wu] (16 x 24) split in halves")
+    assert plan.rewrites[-1].startswith("gated GEMM: x @ [Wg | Wu] (16 x 24) split in halves, its columns interleaved")
     config = PlannerConfig(cost_model=CostModel.for_target(llvm, gated_gemm_rows=1))
     mod, plan = plan_tvmfuse(import_model(load_model(path)), llvm, config=config)
     assert [g.pattern for g in plan.groups] == ["gated_gemm"]

@@ -143,7 +143,7 @@ def _squeeze_excitation():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def test_a_gpu_stores_a_squeeze_excitation_scale_the_cpu_broadcasts_it_in_the_gemms_kernel(llvm):
+def test_a_gpu_stores_a_squeeze_excitation_scale_a_cpu_broadcasts_in_its_gemms_kernel(llvm):
     """On a GPU the excitation's GEMM does not take the multiply that broadcasts its [n, 1, 1, c] result over the
     feature map: that kernel would compute the GEMM's dot products again for every pixel. The CPU keeps it."""
     import numpy as np

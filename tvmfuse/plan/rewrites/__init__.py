@@ -59,7 +59,8 @@ from tvmfuse.plan.rewrites.qdq import RedundantRequantize, redundant_requantize
 
 __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
-    "GatedGemm", "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes", "drop_inference_identities",
+    "GatedGemm", "HorizontalGemm", "Im2colNarrowConvs", "channels_last", "compose_transposes",
+    "drop_inference_identities",
     "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema",
     "pairwise_extrema", "PointwiseConvsAsGemms", "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps",
     "trim_dead_taps", "Int8Gemms", "int8_gemms", "Int8Convs", "int8_convs", "Int8ConvsAsGemms", "int8_convs_as_gemms",

@@ -130,51 +130,48 @@ class GatedGemm:
     def _interleave(self, mm, last, g, u, gating, plan, names):
         """One GEMM on ``[Wg | Wu]`` already (a fused ``gate_up_proj``) split in halves: its columns interleaved."""
         w = const_numpy(mm.value.args[1])
-        k, n = w.shape[0], w.shape[1] // 2
-        w = np.stack([w[:, :n], w[:, n:]], axis=-1).reshape(k, 2 * n)
-        attrs = mm.value.attrs
+        n = w.shape[1] // 2
+        x, w = mm.value.args[0], _interleaved(w[:, :n], w[:, n:])
 
-        def emit_mm(bb, vmap, x=mm.value.args[0], w=w):
-            return relax.op.matmul(vmap.get(x, x), relax.const(w), out_dtype=attrs.out_dtype)
+        def emit_mm(bb, vmap, out_dtype=mm.value.attrs.out_dtype):
+            return relax.op.matmul(vmap.get(x, x), relax.const(w), out_dtype=out_dtype)
 
         plan[mm.var] = emit_mm
         names[mm.var] = merged = self.log.fresh("gated")
-        for half, b in enumerate((g, u)):
-            plan[b.var] = lambda bb, vmap, half=half: relax.op.strided_slice(
-                vmap[last.var], axes=[-1], begin=[half], end=[2 * n], strides=[2])
-            names[b.var] = name = self.log.fresh("gate" if half == 0 else "up")
-            self.log.tags[name] = Tag("split", (), 0)
-        x = mm.value.args[0]
-        self.log.tags[merged] = Tag("gated", ("matmul",), tensor_bytes(x.ty) + tensor_bytes(mm.value.args[1].ty)
-                                    + tensor_bytes(mm.var.ty), note="x @ [Wg | Wu] split in halves, its columns "
-                                                                    "interleaved and gated in pairs")
-        gates = " ".join(op_name(b.value).split(".")[-1] for b in gating)
-        self.log.notes.append(f"gated GEMM: {x.name} @ [Wg | Wu] ({k} x {2 * n}) split in halves, its columns "
-                              f"interleaved, then {gates} on each column pair")
+        self._gate_pairs(g, u, lambda vmap: vmap[last.var], 2 * n, plan, names)
+        self._record(merged, x, ("matmul",), tensor_bytes(x.ty) + tensor_bytes(mm.value.args[1].ty)
+                     + tensor_bytes(mm.var.ty), w.shape, gating, "split in halves, its columns interleaved")
 
     def _merge(self, x, g, u, gating, plan, names, pre):
-        wg, wu = const_numpy(g.value.args[1]), const_numpy(u.value.args[1])
-        k, n = wg.shape
-        w = np.stack([wg, wu], axis=-1).reshape(k, 2 * n)   # column 2j: Wg's j, column 2j + 1: Wu's j
+        w = _interleaved(const_numpy(g.value.args[1]), const_numpy(u.value.args[1]))
         merged = self.log.fresh("gated")
         holder = {}
 
-        out_dtype = g.value.attrs.out_dtype   # the products' type (fp32 sums of fp16 operands)
-
-        def emit_merged(bb, vmap, x=x, w=w):
+        def emit_merged(bb, vmap, out_dtype=g.value.attrs.out_dtype):   # the products' type (fp32 sums of fp16)
             holder["var"] = bb.emit(relax.op.matmul(vmap.get(x, x), relax.const(w), out_dtype=out_dtype),
                                     name_hint=merged)
 
         pre[g.var] = emit_merged
-        for half, mm in enumerate((g, u)):
-            plan[mm.var] = lambda bb, vmap, half=half: relax.op.strided_slice(
-                holder["var"], axes=[-1], begin=[half], end=[2 * n], strides=[2])
-            names[mm.var] = name = self.log.fresh("gate" if half == 0 else "up")
-            self.log.tags[name] = Tag("split", (), 0)   # a view of the merged GEMM's columns, in its epilogue
+        self._gate_pairs(g, u, lambda vmap: holder["var"], w.shape[1], plan, names)
         unfused = sum(tensor_bytes(x.ty) + tensor_bytes(mm.value.args[1].ty) + tensor_bytes(mm.var.ty)
                       for mm in (g, u))
-        self.log.tags[merged] = Tag("gated", ("matmul", "matmul"), unfused,
-                                    note="x @ Wg and x @ Wu as one GEMM on interleaved columns, gated in pairs")
+        self._record(merged, x, ("matmul", "matmul"), unfused, w.shape, gating, "interleaved")
+
+    def _gate_pairs(self, g, u, source, width: int, plan, names) -> None:
+        """``g`` and ``u`` become the even and the odd columns of ``source(vmap)`` (views the epilogue reads)."""
+        for half, b in enumerate((g, u)):
+            plan[b.var] = lambda bb, vmap, half=half: relax.op.strided_slice(
+                source(vmap), axes=[-1], begin=[half], end=[width], strides=[2])
+            names[b.var] = name = self.log.fresh("gate" if half == 0 else "up")
+            self.log.tags[name] = Tag("split", (), 0)   # a view of the merged GEMM's columns, in its epilogue
+
+    def _record(self, merged: str, x, ops: tuple, unfused: int, shape, gating, how: str) -> None:
+        self.log.tags[merged] = Tag("gated", ops, unfused, note=f"x @ [Wg | Wu] {how}, gated in column pairs")
         gates = " ".join(op_name(b.value).split(".")[-1] for b in gating)
-        self.log.notes.append(f"gated GEMM: {x.name} @ [Wg | Wu] interleaved ({k} x {2 * n}), then {gates} on each "
-                              "column pair")
+        self.log.notes.append(f"gated GEMM: {x.name} @ [Wg | Wu] ({shape[0]} x {shape[1]}) {how}, then {gates} "
+                              "on each column pair")
+
+
+def _interleaved(wg: np.ndarray, wu: np.ndarray) -> np.ndarray:
+    """``[K, N]`` twice as ``[K, 2N]``: column ``2j`` is ``wg``'s ``j``, column ``2j + 1`` ``wu``'s."""
+    return np.stack([wg, wu], axis=-1).reshape(wg.shape[0], 2 * wg.shape[1])
