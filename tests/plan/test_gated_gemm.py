@@ -77,7 +77,7 @@ def test_a_swiglu_becomes_one_gemm_on_interleaved_weights_and_two_column_slices(
     tvm.ir.assert_structural_equal(after, _bind(Expected, w=interleaved, wd=_WD))
     assert log.notes == ["gated GEMM: x @ [Wg | Wu] (8 x 6) interleaved, then astype sigmoid multiply astype "
                          "multiply on each column pair"]
-    assert {t.tag for t in log.tags.values()} == {"gated", "split"}
+    assert {t.tag for t in log.tags.values()} == {"gated", "pair"}
     x = _RNG.integers(-2, 3, (4, 8)).astype("float16")
     np.testing.assert_array_equal(_run_llvm(after, x), _run_llvm(before, x))
 
@@ -222,3 +222,29 @@ def test_a_fused_gate_up_projection_cut_in_halves_gets_its_columns_interleaved(t
     x = (np.random.default_rng(3).standard_normal((96, 16)) * 0.5).astype("float16")
     got, want = build_and_run(mod, llvm, [x])[0], ort_run(model, [x])[0]
     assert rel_err(got.astype("float32"), want.astype("float32")) < 2e-3
+
+
+def test_a_models_own_every_other_column_slices_stay_out_of_the_gemms_kernel(tmp_path):
+    """Stride-2 slices of a GEMM's result that no gated rewrite made (an interleaved rotary embedding's ``x[..., ::2]``)
+    are not a gated epilogue: the GEMM keeps a kernel the tensor-core template takes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan.planner import plan_tvmfuse
+    from tvmfuse.target import resolve_target
+
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 24)) * 0.3).astype("float16"), "w")]
+    for name, v in (("b0", 0), ("b1", 1), ("end", 24), ("ax", -1), ("st", 2)):
+        inits.append(numpy_helper.from_array(np.array([v], "int64"), name))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Slice", ["y", "b0", "end", "ax", "st"], ["even"]),
+             helper.make_node("Slice", ["y", "b1", "end", "ax", "st"], ["odd"]),
+             helper.make_node("Sub", ["even", "odd"], ["z"])]
+    graph = helper.make_graph(nodes, "rope_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [96, 16])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT16, [96, 12])], inits)
+    path = tmp_path / "rope_like.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    _, plan = plan_tvmfuse(import_model(load_model(path)), resolve_target("cuda"))
+    gemm = [g for g in plan.groups if "matmul" in g.ops]
+    assert len(gemm) == 1 and "strided_slice" not in gemm[0].ops and gemm[0].pattern != "gated_gemm", plan.groups

@@ -78,7 +78,7 @@ class Node:
     out_bytes: int = 0
     out_shape: tuple[int, ...] | None = None
     users: list["Node"] = field(default_factory=list)
-    column_pairs: bool = False   # a slice of every other column (a gated GEMM's g or u: rewrites.gated_gemm)
+    column_pairs: bool = False   # a gated GEMM's g or u, every other column of it (rewrites.gated_gemm)
 
     @property
     def is_kernel(self) -> bool:
@@ -180,8 +180,10 @@ def _vars_in(expr) -> list[relax.Var]:
     return found
 
 
-def build_graph(mod: tvm.IRModule, *, func_name: str = "main") -> Graph:
-    """The graph of ``func_name``'s (single) dataflow block in a legalized module."""
+def build_graph(mod: tvm.IRModule, *, func_name: str = "main", column_pairs: set = frozenset()) -> Graph:
+    """The graph of ``func_name``'s (single) dataflow block in a legalized module. ``column_pairs``: the names of
+    the slices a gated GEMM's epilogue reads as column pairs (``rewrites.gated_gemm``), where they are such a
+    slice; a model's own stride-2 slices (an interleaved rotary embedding's) stay out of GEMM epilogues."""
     func = mod[func_name]
     blocks = [b for b in func.body.blocks if isinstance(b, relax.DataflowBlock)]
     if len(blocks) != 1:
@@ -209,7 +211,8 @@ def build_graph(mod: tvm.IRModule, *, func_name: str = "main") -> Graph:
         node = Node(index=i, var=binding.var, value=value, op=op, kind=kind, inputs=inputs, consts=consts,
                     out_bytes=tensor_bytes(binding.var.ty) if kind != NOT_KERNEL else 0,
                     out_shape=tensor_shape(binding.var.ty),
-                    column_pairs=op == "strided_slice" and kind == INJECTIVE_K and every_other_column(callee))
+                    column_pairs=str(binding.var.name) in column_pairs and op == "strided_slice"
+                    and kind == INJECTIVE_K and every_other_column(callee))
         nodes.append(node)
         producer[binding.var] = node
     for node in nodes:

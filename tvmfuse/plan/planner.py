@@ -289,7 +289,7 @@ def plan_tvmfuse(mod: tvm.IRModule, target: TargetInfo, *, config: PlannerConfig
     mod = _legalize(mod, target)
     dump("legalized", mod)
     # phase 3: grouping
-    graph = build_graph(mod)
+    graph = build_graph(mod, column_pairs={name for name, tag in log.tags.items() if tag.tag == "pair"})
     grouping = group_nodes(graph, cost_model)
     multi = [c for c in grouping.clusters if len(c.members) > 1]
     used: set[str] = {gv.name_hint for gv in mod.functions}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Tag:
-    tag: str                      # "bn_folded", "attention", "horizontal", "split"
+    tag: str                      # "bn_folded", "attention", "horizontal", "split", "gated", "pair"
     ops: tuple[str, ...]          # the original operators this node stands for (may be empty)
     bytes_unfused: int            # their HBM bytes, each as its own kernel
     note: str = ""

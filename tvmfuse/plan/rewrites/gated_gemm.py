@@ -163,7 +163,7 @@ class GatedGemm:
             plan[b.var] = lambda bb, vmap, half=half: relax.op.strided_slice(
                 source(vmap), axes=[-1], begin=[half], end=[width], strides=[2])
             names[b.var] = name = self.log.fresh("gate" if half == 0 else "up")
-            self.log.tags[name] = Tag("split", (), 0)   # a view of the merged GEMM's columns, in its epilogue
+            self.log.tags[name] = Tag("pair", (), 0)   # a view of the merged GEMM's columns, in its epilogue
 
     def _record(self, merged: str, x, ops: tuple, unfused: int, shape, gating, how: str) -> None:
         self.log.tags[merged] = Tag("gated", ops, unfused, note=f"x @ [Wg | Wu] {how}, gated in column pairs")
