@@ -133,3 +133,24 @@ def _gated_info(func):
         return hopper.analyze(func, gated=True)[1]
     except Exception:  # noqa: BLE001 - not a GEMM the template takes
         return None
+
+
+def test_gemmas_gated_kernel_folds_its_batch_into_rows_and_computes_the_planners_function():
+    """Gemma's fp16 export at 2 x 64 tokens: x is [2, 64, hidden], so the gated GEMM folds the batch into its rows and
+    the epilogue (tanh-GELU written out) indexes the output by (batch, token, column pair)."""
+    from tvmfuse.frontend import import_model, load_model
+    from tvmfuse.plan import partition
+    from tvmfuse.tune import extract_kernels
+
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"
+    cuda = resolve_target("cuda")
+    loaded = load_model(folder / "gemma.onnx", input_shapes={"input_ids": (2, 64), "attention_mask": (2, 64)},
+                        precision="fp16")
+    fused, _ = partition(import_model(loaded), target=cuda, precision="fp16")
+    (func,) = [k.mod["main"] for k in extract_kernels(fused, target=cuda)
+               if (_gated_info(k.mod["main"]) or {}).get("gated")]
+    spec, info = hopper.analyze(func, gated=True)
+    assert spec.batch == (2,) and spec.fold_batch and spec.rows == 128 and "T.tanh" in info["store"]
+    outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
+    assert not np.isnan(outs[0]).any()
+    assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 2e-3
