@@ -103,7 +103,8 @@ class CostModel:
         map took 316 us so, where its bytes take about 17): the scale is stored and a pointwise kernel applies it
     gated_gemm_rows : ``act(x @ Wg) * (x @ Wu)`` of at least this many rows of ``x`` runs as one GEMM on the
         weights' columns interleaved, gating its accumulator pairs (``rewrites.gated_gemm``); 0: never. Hopper's
-        wgmma template takes that epilogue; at 64 rows or fewer the two GEMMs stay the GEMV template's
+        wgmma template takes that epilogue; at 64 rows or fewer (decode, the GEMV template's range) the two GEMMs
+        stay apart
     reduction_results : the most results a kernel holding a reduction may store (0: no limit). The GPU's row
         templates and the CPU default's row rules store one; a second (an embedding's sum kept as the residual
         beside its RMSNorm) left the kernel to dlight's Fallback, one thread an output, or on the CPU to TVM's
