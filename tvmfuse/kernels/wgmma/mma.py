@@ -1,8 +1,6 @@
 """One K step's wgmmas and the store of the accumulators: the part the cp.async and the TMA kernels share."""
 from __future__ import annotations
 
-import re
-
 from tvmfuse.kernels.wgmma.config import WgmmaConfig, _patches, pixel_tile
 from tvmfuse.kernels.wgmma.layout import _all, _pixel_origin, desc, tile_layout
 from tvmfuse.kernels.wgmma.ptx import _indent, wgmma_issue
@@ -36,7 +34,7 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector
     lane, warp = "(tx % 32)", "(tx % 128 // 32)"
     within = f"{warp} * 16 + {lane} // 4 + p % 2 * 8"   # row within the warpgroup's m-tile t
-    acc = f"acc[t * {BN // 2} + p * 2 + v]"
+    acc = lambda v: f"acc[t * {BN // 2} + p * 2 + {v}]"  # noqa: E731 - column col + v of the pair
     if cfg.staged:
         return wgmmas, _staged_stores(spec, cfg, store, pid_m, pid_n, f"({wg} * {MT} + t) * 64 + {within}", acc)
     if cfg.tma and spec.conv is not None:   # m-tile t is one bh x bw patch of output pixels
@@ -54,8 +52,8 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     return wgmmas, f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n" + _indent(pair, 8)
 
 
-def _pair_store(spec: GemmSpec, BN: int, store: str, row: str, col: str, acc: str, conds: list) -> str:
-    """TVMScript of the store of two adjacent columns ``col``, ``col + 1`` of ``row`` (``acc`` reads the value of
+def _pair_store(spec: GemmSpec, BN: int, store: str, row: str, col: str, acc, conds: list) -> str:
+    """TVMScript of the store of two adjacent columns ``col``, ``col + 1`` of ``row`` (``acc(v)`` reads the value of
     column ``col + v``) under ``conds``, and in a partial last tile column only those inside N: an even N's pairs
     whole, as one 4-byte vector; an odd N's rows leave a pair unaligned, so one column at a time. A gated store
     (``{acc0}``, ``{acc1}``: ``analysis.analyze(gated=True)``) makes one output of the pair."""
@@ -64,17 +62,16 @@ def _pair_store(spec: GemmSpec, BN: int, store: str, row: str, col: str, acc: st
         conds = conds + [f"{col} < {spec.n}" if pairs else f"{col} + v < {spec.n}"]
     pred = _all(conds)
     if "{acc0}" in store:   # a gated GEMM's (g, u) pair: N is even
-        at = lambda v: re.sub(r"\bv\b", str(v), acc)  # noqa: E731
-        stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc0=at(0), acc1=at(1))
+        stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc0=acc(0), acc1=acc(1))
         return stored if pred is None else f"if {pred}:\n    {stored}"
-    stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=acc)
+    stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=acc("v"))
     if pred is not None:
         stored = f"if {pred}:\n    {stored}"
     return f"for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 4)
 
 
 def _staged_stores(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str, within: str,
-                   acc: str) -> str:
+                   acc) -> str:
     """The epilogue through shared memory (``staged`` 1, the cp.async kernel): every thread puts its accumulator
     pairs (``acc``, at tile row ``within``) into the fp32 tile ``sacc`` (rows :attr:`WgmmaConfig.staged_stride`
     floats apart), then the block reads it back a pair of adjacent columns a thread, consecutive threads along a
@@ -85,11 +82,11 @@ def _staged_stores(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     lane = "(tx % 32)"
     put = (f"T.evaluate(T.ptx.cp.async_.wait_group(0))\nT.tvm_storage_sync(\"shared\")\n"
            f"for t in T.unroll({MT}):\n    for p in T.unroll({BN // 4}):\n        for v in T.vectorized(2):\n"
-           f"            sacc[({within}) * {LD} + p // 2 * 8 + {lane} % 4 * 2 + v] = {acc}\n"
+           f"            sacc[({within}) * {LD} + p // 2 * 8 + {lane} % 4 * 2 + v] = {acc('v')}\n"
            f"T.tvm_storage_sync(\"shared\")\n")
     e = f"(it * {NT} + tx)"   # the pair this thread stores: row e // (BN / 2), columns e % (BN / 2) * 2 and up
     r, c = f"{e} // {BN // 2}", f"{e} % {BN // 2} * 2"
     row = f"{pid_m} * {BM} + {r}"
-    pair = _pair_store(spec, BN, store, row, f"{pid_n} * {BN} + {c}", f"sacc[({r}) * {LD} + {c} + v]",
+    pair = _pair_store(spec, BN, store, row, f"{pid_n} * {BN} + {c}", lambda v: f"sacc[({r}) * {LD} + {c} + {v}]",
                        [f"{row} < {spec.rows}"] if spec.rows % BM else [])
     return put + f"for it in T.unroll({MT * BN // 4}):\n" + _indent(pair, 4)

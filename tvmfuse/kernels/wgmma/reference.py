@@ -19,16 +19,15 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
     step = 64 if spec.dtype == "float16" else 32   # K per stage: 128 bytes of a row
     dtype = "float16" if spec.dtype == "float16" else "float32"
     pred, a_at = _a_read(spec, "row", f"kk // {step} * {step}", f"kk % {step}", tail)
-    mac = f"acc[0] = acc[0] + T.Cast('float32', af[{a_at}]) * T.Cast('float32', bf[{b_at}])"
-    if pred is not None:
-        mac = f"if {pred}:\n    {mac}"
     if "{acc0}" in store:   # gated: one output of an even column and the next, stored once both sums are in
         h = "col % 2"
         stored = "if col % 2 == 1:\n    " + store.format(bz="bz", row="row", col="(col - 1)", acc0="acc[0]",
                                                        acc1="acc[1]")
     else:
         h, stored = "0", store.format(bz="bz", row="row", col="col", acc="acc[0]")
-    mac = mac.replace("acc[0]", f"acc[{h}]")
+    mac = f"acc[{h}] = acc[{h}] + T.Cast('float32', af[{a_at}]) * T.Cast('float32', bf[{b_at}])"
+    if pred is not None:
+        mac = f"if {pred}:\n    {mac}"
     if tail:
         stored = f"if row < {M}:\n" + _indent(stored, 4)
     return f"""
