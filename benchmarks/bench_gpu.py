@@ -323,18 +323,6 @@ def trials_to_90(curve):
     return pts[-1][0]
 
 
-def _ungated_partition(mod, target):
-    """``partition`` with gated GEMMs off (``rewrites.gated_gemm``): the gate and up projections as two GEMMs, the
-    A/B of ``--ungated``."""
-    from tvmfuse.plan.cost import CostModel
-    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
-    from tvmfuse.plan.weights import odd_columns_kmajor
-
-    fused, plan = plan_tvmfuse(mod, target, config=PlannerConfig(
-        cost_model=CostModel.for_target(target, gated_gemm_rows=0)))
-    return odd_columns_kmajor(fused)[0], plan
-
-
 def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, deadline_s, ungated=False) -> dict:
     from tvmfuse.compile import build
     from tvmfuse.db import open_database
@@ -347,7 +335,8 @@ def tvmfuse_case(name, path, loaded, target, args, ref, *, db_path, trials, dead
     rec: dict = {}
     t0 = time.time()
     mod = import_model(loaded)
-    fused, plan = _ungated_partition(mod, target) if ungated else partition(mod, target=target)
+    # --ungated: the gate and up projections as two GEMMs (rewrites.gated_gemm off), the A/B of that rewrite
+    fused, plan = partition(mod, target=target, cost_overrides={"gated_gemm_rows": 0} if ungated else None)
     rec["patterns"] = [g.pattern for g in plan.groups]
     kernels = extract_kernels(fused, target=target)
     rec["kernels_planned"] = [k.name for k in kernels]

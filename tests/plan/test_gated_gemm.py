@@ -135,6 +135,12 @@ def test_hopper_plans_the_gate_and_up_projections_as_one_gated_kernel(tmp_path):
     assert gated[0].ops.count("matmul") == 2 and "sigmoid" in gated[0].ops
     # the products never reach memory: the kernel reads x and [Wg | Wu] and writes silu(g) * u
     assert gated[0].bytes_fused == (128 * 64 + 64 * 2 * 96 + 128 * 96) * 2
+    # the A/B switch benchmarks/bench_gpu.py --ungated uses: the same plan with the rewrite off
+    from tvmfuse.plan import partition
+
+    _, apart = partition(import_model(load_model(path)), target=resolve_target("cuda"),
+                         cost_overrides={"gated_gemm_rows": 0})
+    assert len(apart.groups) == 3 and not [g for g in apart.groups if g.pattern == "gated_gemm"]
     # no other CUDA arch takes the epilogue, and the CPU plans the two GEMMs apart
     sm80 = resolve_target('{"kind": "cuda", "arch": "sm_80"}')
     for target in (sm80, resolve_target("llvm")):

@@ -84,20 +84,22 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
     return fused, Plan(planner="fuseops", groups=tuple(groups))
 
 
-def _tvmfuse(mod: tvm.IRModule, target: TargetInfo, tf32: bool = False) -> "tuple[tvm.IRModule, Plan]":
+def _tvmfuse(mod: tvm.IRModule, target: TargetInfo, tf32: bool = False,
+             cost_overrides: dict | None = None) -> "tuple[tvm.IRModule, Plan]":
     """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``). ``tf32``: fp32
     GEMMs and convs have a tensor-core template (wgmma in TF32): a small fp32 conv is not made im2col + GEMM for lack
     of one, and a narrow one (a stem) is, for the template's GEMM, as in fp16; fp32 attention is fused where the TF32
-    flash kernel takes it."""
+    flash kernel takes it. ``cost_overrides``: fields of the target's :class:`CostModel` set otherwise."""
     from tvmfuse.plan.cost import CostModel, gpu_tf32_attention_decline
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
+    overrides = dict(cost_overrides or {})
     if tf32 and target.is_gpu:
-        return plan_tvmfuse(mod, target, config=PlannerConfig(
-            cost_model=CostModel.for_target(target, im2col_untemplated_pixels=0,
-                                            tensor_core_dtypes=("float16", "float32"),
-                                            attention_decline=gpu_tf32_attention_decline)))
-    return plan_tvmfuse(mod, target)
+        overrides = dict(im2col_untemplated_pixels=0, tensor_core_dtypes=("float16", "float32"),
+                         attention_decline=gpu_tf32_attention_decline, **overrides)
+    if not overrides:
+        return plan_tvmfuse(mod, target)
+    return plan_tvmfuse(mod, target, config=PlannerConfig(cost_model=CostModel.for_target(target, **overrides)))
 
 
 PLANNERS: dict[str, Planner] = {"fuseops": _fuseops, "tvmfuse": _tvmfuse}
@@ -105,12 +107,13 @@ DEFAULT_PLANNER = "tvmfuse"
 
 
 def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_PLANNER,
-              precision: str = "model") -> "tuple[tvm.IRModule, Plan]":
+              precision: str = "model", cost_overrides: dict | None = None) -> "tuple[tvm.IRModule, Plan]":
     """Partition ``mod`` into fused kernels.
 
     ``precision`` (``--precision``; the graph is converted before, by the loader): under ``tf32`` on a GPU the fp32
     GEMM and conv kernels are marked for the tensor cores and their weights stored in the order those read them
-    (:mod:`tvmfuse.plan.tf32`).
+    (:mod:`tvmfuse.plan.tf32`). ``cost_overrides``: fields of tvmfuse's cost model set otherwise (an A/B of one
+    decision, e.g. ``{"gated_gemm_rows": 0}``).
 
     Returns the module whose ``main`` calls one PrimFunc per fused kernel, and the plan explaining it.
     """
@@ -121,7 +124,7 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
     tf32 = precision == "tf32"
-    fused, plan = fn(mod, target, tf32) if fn is _tvmfuse else fn(mod, target)
+    fused, plan = fn(mod, target, tf32, cost_overrides) if fn is _tvmfuse else fn(mod, target)
     if target.is_gpu or tf32:
         from dataclasses import replace
 
