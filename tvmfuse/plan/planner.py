@@ -35,7 +35,7 @@ class PlannerConfig:
     """Knobs of the tvmfuse planner.
 
     cost_model : any object with ``score(graph, a, b) -> Score``; ``None``: :meth:`CostModel.for_target`
-    fold_batchnorm, attention, horizontal : enable the high-level rewrites
+    fold_batchnorm, attention, horizontal : enable the high-level rewrites (``horizontal``: the gated GEMMs too)
     debug_dump : a folder to write ``mod.script()`` after each phase
     """
 
