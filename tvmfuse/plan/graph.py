@@ -115,6 +115,8 @@ def _kind(op: str, func) -> str:
         return REDUCE if op not in ("argmax", "argmin") else OPAQUE_K
     if op in ("strided_slice", "take", "split", "dynamic_strided_slice", "gather_elements", "gather_nd"):
         return INJECTIVE_K  # reads part of its input: never a same-shape pointwise op
+    if op in ("pad", "pad_channels"):
+        return INJECTIVE_K  # reads each input element once into a larger output: no broadcast
     if pattern in (ELEMWISE, BROADCAST):
         return POINTWISE
     if pattern == INJECTIVE:

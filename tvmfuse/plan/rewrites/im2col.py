@@ -26,8 +26,17 @@ def _im2col(x, *, oh: int, ow: int, r: int, s: int, kpad: int, stride, dilation,
     return te.compute((n * oh * ow, kpad), row, name="im2col")
 
 
+def _pad_channels(x, *, channels: int):
+    """An NHWC input ``x`` with its channels zero-padded to ``channels``, as TE."""
+    from tvm import te
+
+    c = int(x.shape[3])
+    return te.compute((*x.shape[:3], channels), lambda n, h, w, k: tirx.if_then_else(
+        k < c, x[n, h, w, tirx.min(k, c - 1)], tirx.const(0, x.dtype)), name="pad_channels")
+
+
 def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",), few_pixels: int = 0,
-                        untemplated_pixels: int = 0):
+                        untemplated_pixels: int = 0, pad_channels: bool = False):
     """NHWC convs with fewer than 16 input channels (an image's 1-4: a network's stem), as an im2col kernel and a
     GEMM.
 
@@ -47,7 +56,14 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     KB at most, and as a GEMM of that few rows it is the gemv template's, which streams the filter over every SM
     (split along K). As a conv it ran dlight's matmul rule in 4-16 thread blocks: ResNet-50 fp32 (1 x 3 x 64 x 64)
     untuned took 3.25 ms on the H200 against torch.compile's 0.86, 0.35 ms after. A 1x1 conv of stride 1 is left
-    to :func:`pointwise_convs_as_gemms`."""
+    to :func:`pointwise_convs_as_gemms`.
+
+    With ``pad_channels`` a narrow conv instead keeps its conv, on its input's channels zero-padded to whole
+    16-byte copies (8 fp16 or 4 fp32 channels; the filter padded alike at compile time), which the tensor-core
+    conv template takes, each K step spanning filter taps. ResNet-50's stem at batch 32 (3 channels, 7x7, stride
+    2, 112^2 outputs) wrote 154 MB of im2col rows (K 147 padded to 192) and read them back: 203 us for the rows,
+    whose reads of an NCHW image were strided, and 72 us for the GEMM on the H100, where cuDNN's first-layer
+    kernel took 60 us. Padded, the only extra bytes are the input's 8 channels (26 MB at 224^2)."""
     bindings = main_bindings(mod)
     if bindings is None:
         return mod
@@ -62,6 +78,12 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
         few = not gemm_already and (pixels <= few_pixels or (str(x.ty.dtype) not in allow_dtypes
                                                             and pixels <= untemplated_pixels))
         if not few and (xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes or kpad > limit_k):
+            continue
+        if not few and pad_channels:
+            per_copy = 16 // np.dtype(str(x.ty.dtype)).itemsize
+            cpad = -(-c // per_copy) * per_copy
+            if cpad != c:
+                _pad_conv(b, x, weight, cpad, log, plan, names)
             continue
         w_mat = np.zeros((kpad, f), weight.dtype)
         w_mat[:k] = weight.reshape(f, k).T
@@ -88,9 +110,27 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set(), names))
 
 
+def _pad_conv(b, x, weight, cpad: int, log: RewriteLog, plan: dict, names: dict) -> None:
+    """Plan ``b``'s conv on its input's and filter's channels zero-padded to ``cpad``."""
+    c = weight.shape[3]
+    w_pad = np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, cpad - c)])
+    pad_name, out_name = log.fresh("pad_channels"), log.fresh("padded_conv")
+    log.tags[pad_name] = Tag("pad_channels", (), 0)
+
+    def emit(bb, vmap, call=b.value, x=x, w_pad=w_pad, pad_name=pad_name):
+        xp = bb.emit_te(_pad_channels, vmap.get(x, x), channels=cpad, primfunc_name_hint="pad_channels",
+                        name_hint=pad_name)
+        return relax.Call(call.op, [xp, relax.const(w_pad), *call.args[2:]], call.attrs, call.ty_args)
+
+    plan[b.var], names[b.var] = emit, out_name
+    log.notes.append(f"conv {b.var.name} ({c} input channels) runs on its channels zero-padded to {cpad} "
+                     f"(whole 16-byte copies for the conv template)")
+
+
 def Im2colNarrowConvs(*, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",),
-                      few_pixels: int = 0, untemplated_pixels: int = 0) -> tvm.transform.Pass:
+                      few_pixels: int = 0, untemplated_pixels: int = 0, pad_channels: bool = False
+                      ) -> tvm.transform.Pass:
     """:func:`im2col_narrow_convs` as a Relax module pass."""
     return module_pass("Im2colNarrowConvs", lambda mod: im2col_narrow_convs(
         mod, log=log, limit_k=limit_k, allow_dtypes=allow_dtypes, few_pixels=few_pixels,
-        untemplated_pixels=untemplated_pixels))
+        untemplated_pixels=untemplated_pixels, pad_channels=pad_channels))
