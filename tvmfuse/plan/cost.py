@@ -87,8 +87,9 @@ class CostModel:
         CPUs); None keeps them as the model has them (GPUs: no conv template reads a 1-D conv)
     im2col_k : channels-last convs with fewer than 16 input channels (a stem's 3) run as an im2col kernel and a
         GEMM where their K, padded to 64, is at most this; 0: never
-    narrow_conv_pad : with ``im2col_k`` set, a narrow conv of a tensor-core type keeps its conv on its channels
-        zero-padded to whole 16-byte copies instead (the conv template's K steps span taps), no im2col rows
+    narrow_conv_pad : with ``im2col_k`` set, a narrow conv of these input types keeps its conv on its channels
+        zero-padded to whole 16-byte copies instead (the conv template's K steps span taps), no im2col rows (fp16
+        on GPUs; a TF32 conv of 4 channels has not run on a GPU, so fp32 stems keep im2col)
     im2col_pixels : with ``im2col_k`` set, convs of at most this many output pixels (any channels, type and K) run
         as im2col + GEMM too: a GEMM of that few rows is the gemv template's
     im2col_untemplated_pixels : the same for convs of a type no conv template takes (fp32), up to this many pixels
@@ -132,7 +133,7 @@ class CostModel:
     conv1d_kernel_layout: str | None = None
     im2col_k: int = 0
     im2col_pixels: int = 0
-    narrow_conv_pad: bool = False
+    narrow_conv_pad: tuple[str, ...] = ()
     im2col_untemplated_pixels: int = 0
     tensor_core_dtypes: tuple = ("float16",)
     gemm_conv_rows: int = 0
@@ -159,7 +160,7 @@ class CostModel:
                        min_parallel_units=device_figures(target).sm_count,
                        attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
-                       conv_layout="NHWC", im2col_k=512, im2col_pixels=16, narrow_conv_pad=True,
+                       conv_layout="NHWC", im2col_k=512, im2col_pixels=16, narrow_conv_pad=("float16",),
                        im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1,
                        broadcast_anchor_results=False, depthwise_kernel_layout="HWIO",
                        gated_gemm_rows=65 if str(attrs.get("arch", "")) == "sm_90a" else 0)

@@ -245,7 +245,7 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
                                                allow_dtypes=getattr(cost_model, "tensor_core_dtypes", ("float16",)),
                                                few_pixels=getattr(cost_model, "im2col_pixels", 0),
                                                untemplated_pixels=getattr(cost_model, "im2col_untemplated_pixels", 0),
-                                               pad_channels=getattr(cost_model, "narrow_conv_pad", False))
+                                               pad_dtypes=getattr(cost_model, "narrow_conv_pad", ()))
             dump("im2col", mod)
         if getattr(cost_model, "gemm_conv_rows", 0):
             mod = rewrites.pointwise_convs_as_gemms(mod, log=log, max_rows=cost_model.gemm_conv_rows)

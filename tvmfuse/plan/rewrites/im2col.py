@@ -36,7 +36,7 @@ def _pad_channels(x, *, channels: int):
 
 
 def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",), few_pixels: int = 0,
-                        untemplated_pixels: int = 0, pad_channels: bool = False):
+                        untemplated_pixels: int = 0, pad_dtypes=()):
     """NHWC convs with fewer than 16 input channels (an image's 1-4: a network's stem), as an im2col kernel and a
     GEMM.
 
@@ -58,12 +58,13 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     untuned took 3.25 ms on the H200 against torch.compile's 0.86, 0.35 ms after. A 1x1 conv of stride 1 is left
     to :func:`pointwise_convs_as_gemms`.
 
-    With ``pad_channels`` a narrow conv instead keeps its conv, on its input's channels zero-padded to whole
-    16-byte copies (8 fp16 or 4 fp32 channels; the filter padded alike at compile time), which the tensor-core
-    conv template takes, each K step spanning filter taps. ResNet-50's stem at batch 32 (3 channels, 7x7, stride
-    2, 112^2 outputs) wrote 154 MB of im2col rows (K 147 padded to 192) and read them back: 203 us for the rows,
-    whose reads of an NCHW image were strided, and 72 us for the GEMM on the H100, where cuDNN's first-layer
-    kernel took 60 us. Padded, the only extra bytes are the input's 8 channels (26 MB at 224^2)."""
+    A narrow conv whose input type is in ``pad_dtypes`` instead keeps its conv, on its input's channels
+    zero-padded to whole 16-byte copies (8 fp16 or 4 fp32 channels; the filter padded alike at compile time),
+    which the tensor-core conv template takes, each K step spanning filter taps. ResNet-50's stem at batch 32
+    (3 channels, 7x7, stride 2, 112^2 outputs) wrote 154 MB of im2col rows (K 147 padded to 192) and read them
+    back: 203 us for the rows, whose reads of an NCHW image were strided, and 72 us for the GEMM on the H100,
+    where cuDNN's first-layer kernel took 60 us. Padded, the only extra bytes are the input's 8
+    channels (26 MB at 224^2)."""
     bindings = main_bindings(mod)
     if bindings is None:
         return mod
@@ -79,7 +80,7 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
                                                             and pixels <= untemplated_pixels))
         if not few and (xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes or kpad > limit_k):
             continue
-        if not few and pad_channels:
+        if not few and str(x.ty.dtype) in pad_dtypes:
             per_copy = 16 // np.dtype(str(x.ty.dtype)).itemsize
             cpad = -(-c // per_copy) * per_copy
             if cpad != c:
@@ -92,7 +93,8 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
         rows_name, gemm_name, out_name = (log.fresh(p) for p in ("im2col", "im2col_gemm", "im2col_out"))
         # the conv (input, filter, output as one kernel) is the unfused baseline; the rows are the rewrite's own
         conv_bytes = tensor_bytes(x.ty) + weight.nbytes + tensor_bytes(b.var.ty)
-        log.tags[gemm_name] = Tag("im2col", ("conv2d",), conv_bytes, note=f"conv as im2col rows (K {k} -> {kpad}) x GEMM")
+        log.tags[gemm_name] = Tag("im2col", ("conv2d",), conv_bytes,
+                                  note=f"conv as im2col rows (K {k} -> {kpad}) x GEMM")
         log.tags[rows_name] = log.tags[out_name] = Tag("im2col", (), 0)
 
         def emit(bb, vmap, x=x, geometry=geometry, w_mat=w_mat, out_dtype=str(b.var.ty.dtype), ys=ys,
@@ -128,9 +130,9 @@ def _pad_conv(b, x, weight, cpad: int, log: RewriteLog, plan: dict, names: dict)
 
 
 def Im2colNarrowConvs(*, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",),
-                      few_pixels: int = 0, untemplated_pixels: int = 0, pad_channels: bool = False
+                      few_pixels: int = 0, untemplated_pixels: int = 0, pad_dtypes=()
                       ) -> tvm.transform.Pass:
     """:func:`im2col_narrow_convs` as a Relax module pass."""
     return module_pass("Im2colNarrowConvs", lambda mod: im2col_narrow_convs(
         mod, log=log, limit_k=limit_k, allow_dtypes=allow_dtypes, few_pixels=few_pixels,
-        untemplated_pixels=untemplated_pixels, pad_channels=pad_channels))
+        untemplated_pixels=untemplated_pixels, pad_dtypes=pad_dtypes))
