@@ -8,7 +8,7 @@ import pytest
 
 import models
 from conftest import build_and_run, import_proto, ort_run, plan_and_run, rel_err
-from tvmfuse._tvm import PrimFunc, relax, tvm
+from tvmfuse._tvm import PrimFunc, param_buffers, relax, tvm
 from tvmfuse.plan import partition
 from tvmfuse.target import resolve_target
 
@@ -294,3 +294,47 @@ def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilati
     assert not any("im2col" in n for n in plan.rewrites)
     _, plan = plan_tvmfuse(import_proto(model32), llvm, config=config)   # fp32: the wgmma template would not take it
     assert not any("im2col" in n for n in plan.rewrites)
+
+
+@pytest.mark.parametrize("cin,k,stride,pad", [(3, 7, 2, 3), (12, 3, 1, 1)])
+def test_narrow_fp16_convs_run_on_padded_channels(llvm, cin, k, stride, pad):
+    """GPU plans keep an fp16 conv of fewer than 16 input channels a conv, on its channels zero-padded to whole
+    16-byte copies (8 or 16 fp16 channels), which the tensor-core conv template takes; the pad joins the input's
+    cast and transpose in one kernel, the plan accounts the conv as the model's, and the numerics stay the conv's.
+    fp32 keeps im2col; 8 channels need no padding."""
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    def stem(cin, dtype_fp16=True):
+        b = models._B(7)
+        conv = b.op("Conv", ["x", b.w(16, cin, k, k)], kernel_shape=[k, k], strides=[stride] * 2, pads=[pad] * 4)
+        out = (15 + 2 * pad - k) // stride + 1
+        model = b.model({"x": [2, cin, 15, 15]}, b.op("Relu", [conv]), [2, 16, out, out])
+        return models.to_fp16(model) if dtype_fp16 else model
+
+    config = PlannerConfig(cost_model=CostModel.for_target(llvm, conv_layout="NHWC", conv_kernel_layout="OHWI",
+                                                           im2col_k=512, narrow_conv_pad=("float16",)))
+    model = stem(cin)
+    fused, plan = plan_tvmfuse(import_proto(model), llvm, config=config)
+    cpad = -(-cin // 8) * 8
+    assert any(f"({cin} input channels) runs on its channels zero-padded to {cpad}" in n for n in plan.rewrites)
+    prims = {name: f for name, f in ((gv.name_hint, f) for gv, f in fused.functions.items())
+             if isinstance(f, PrimFunc)}
+    (conv,) = [f for name, f in prims.items() if "conv2d" in name]
+    assert [int(d) for d in param_buffers(conv)[0].shape][3] == cpad
+    assert [int(d) for d in param_buffers(conv)[1].shape] == [16, k, k, cpad]
+    (pad_kernel,) = [name for name in prims if "pad_channels" in name]
+    assert "transpose" in pad_kernel   # one kernel reads the NCHW image and writes the padded NHWC input
+    _, as_conv = plan_tvmfuse(import_proto(model), llvm, config=PlannerConfig(
+        cost_model=CostModel.for_target(llvm, conv_layout="NHWC", conv_kernel_layout="OHWI")))
+    assert plan.totals["kernels_unfused"] == as_conv.totals["kernels_unfused"]
+    assert plan.totals["bytes_unfused"] == as_conv.totals["bytes_unfused"]
+    x = np.random.default_rng(0).standard_normal((2, cin, 15, 15)).astype(np.float16)
+    (got,) = build_and_run(fused, llvm, [x])
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+    for other in (stem(cin, dtype_fp16=False), stem(8)):
+        _, plan = plan_tvmfuse(import_proto(other), llvm, config=config)
+        assert not any("zero-padded" in n for n in plan.rewrites), plan.rewrites
+    assert CostModel.for_target(resolve_target("cuda")).narrow_conv_pad == ("float16",)
+    assert not CostModel.for_target(llvm).narrow_conv_pad

@@ -118,6 +118,9 @@ def _pad_conv(b, x, weight, cpad: int, log: RewriteLog, plan: dict, names: dict)
     w_pad = np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, cpad - c)])
     pad_name, out_name = log.fresh("pad_channels"), log.fresh("padded_conv")
     log.tags[pad_name] = Tag("pad_channels", (), 0)
+    # the model's conv (its own input, filter and output) is the unfused baseline; the padding is the rewrite's
+    conv_bytes = tensor_bytes(x.ty) + weight.nbytes + tensor_bytes(b.var.ty)
+    log.tags[out_name] = Tag("pad_channels", ("conv2d",), conv_bytes, note=f"conv on channels padded {c} -> {cpad}")
 
     def emit(bb, vmap, call=b.value, x=x, w_pad=w_pad, pad_name=pad_name):
         xp = bb.emit_te(_pad_channels, vmap.get(x, x), channels=cpad, primfunc_name_hint="pad_channels",
