@@ -272,10 +272,12 @@ class ShortReduction:
 
     def __init__(self, max_outputs: int | None = None, vector: int = 1):
         # vector > 1: a thread takes that many adjacent outputs along the innermost output axis, its loads and stores
-        # one vector each where they are contiguous (a channels-last depthwise conv: 8 fp16 channels, 16 bytes);
-        # an axis it does not divide keeps one output a thread. Not the untuned default: on the H100
-        # (benchmarks/short_reduction_gpu.py) 4 lanes ran 1.3-2.6x slower than 1 on 10 of EfficientNet-B0's 12
-        # depthwise convs, faster only on the two widest maps, and 8 lanes did not compile under NVRTC
+        # one vector each where they are contiguous (a channels-last depthwise conv with HWIO filters: a tap's
+        # input and filter channels side by side); an axis it does not divide keeps one output a thread. On the
+        # H100 (benchmarks/short_reduction_gpu.py, EfficientNet-B0 fp16 batch 32) 4 lanes ran its 12 depthwise
+        # convs 1.0-2.0x faster than 1 (72.4 -> 36.2 us at 112^2 x 32), its 11 kernels of [32, 1, 1, C] outputs
+        # 0.65-1.4x (those few-output kernels keep 1); 8 lanes failed at run time. OHWI filters, 50 bytes apart a tap
+        # across the lanes, had made 4 lanes up to 2.6x slower
         self.max_outputs, self.vector = max_outputs, vector
 
     def apply(self, func, target, tunable):
@@ -373,8 +375,9 @@ def default_gpu_rules(sm_count: int = MEASURED_SMS) -> tuple:
     # a short reduction one output a thread: first where its outputs are few (a GEMM over 16-64 channels of a few
     # pixels, which dlight's matmul tiles into 1-8 blocks), after the matmul rule where they are many (its tiles
     # reuse each operand across a block; one output a thread reads both operands K times an output)
+    # (many outputs: 4 a thread, see ShortReduction's vector)
     return (WholeReduction(), ShortReduction(max_outputs=round(ShortReduction.few_outputs * scale)),
-            UnpaddedMatmul(), ShortReduction(), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
+            UnpaddedMatmul(), ShortReduction(vector=4), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
             _NoGuardedEpilogue(dlight.gpu.GEMV()),
             _NoGuardedEpilogue(dlight.gpu.Reduction()), _NoGuardedEpilogue(dlight.gpu.GeneralReduction()),
             dlight.gpu.Fallback())

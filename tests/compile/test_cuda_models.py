@@ -444,7 +444,8 @@ def test_a_depthwise_conv_takes_one_output_a_thread_with_its_epilogue(cuda_targe
 def test_a_short_reduction_can_take_adjacent_outputs_a_thread_with_vector_loads(cuda_target):
     """``ShortReduction(vector=4)`` on the fp32 depthwise conv of 32 channels: a thread takes 4 adjacent channels,
     its window loads and its store one float4 each, 4x fewer threads; 30 channels (4 does not divide them) keep one
-    output a thread. (Not the untuned default until timed: benchmarks/short_reduction_gpu.py.)"""
+    output a thread. The untuned default where outputs are many (128 x 128 x 32, past ``few_outputs``; timed on
+    EfficientNet-B0's depthwise convs, benchmarks/short_reduction_gpu.py), not where they are few."""
     from tvmfuse._gpu_rules import ShortReduction
     from tvmfuse._tvm import tvm
 
@@ -457,6 +458,13 @@ def test_a_short_reduction_can_take_adjacent_outputs_a_thread_with_vector_loads(
     src = tvm.compile(four.mod, target=cuda_target.target).mod.imports[0].inspect_source()
     assert "*(float4*)(" in src   # the loads and the store, 16 bytes each
     assert "T.vectorized" not in odd.mod["main"].script()
+    from tvmfuse._gpu_rules import default_gpu_schedule
+
+    assert 128 * 128 * 32 > ShortReduction.few_outputs
+    many, source = default_gpu_schedule(_fused(lambda bb: _depthwise(bb, hw=128)), cuda_target.target)
+    assert source == "short-reduction" and "T.vectorized(T.int64(4))" in many.mod["main"].script()
+    few, _ = default_gpu_schedule(_fused(_depthwise), cuda_target.target)
+    assert "T.vectorized" not in few.mod["main"].script()
 
 
 def test_a_short_gemm_takes_one_output_a_thread_only_where_its_outputs_are_few(cuda_target):

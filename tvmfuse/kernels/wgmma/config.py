@@ -240,6 +240,11 @@ def grid_time(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int) -> float:
 # smaller tiles for grids that leave SMs idle, by cp.async (the TMA kernels run on the H200 at the rule's shapes
 # only): 128 x 64, 128 x 128 by one warpgroup, 64 x 128, 64 x 64
 SMALL_TILES = ((2, 1, 64), (1, 2, 128), (1, 1, 128), (1, 1, 64))
+# a conv's, whose every thread gathers its A tile's rows: one 64-row tile a warpgroup, 64 x 128 first. On the H100
+# (ResNet-50's 3 x 3 convs at batch 32, every config of the space timed, benchmarks/wgmma_gemm.py), a warpgroup of
+# two 64-row tiles ran 1.5-3x slower than one: 14^2 x 256 -> 256 took 60.6 us as 128 x 128 by one warpgroup, 31.4
+# as 64 x 128; 7^2 x 512 -> 512 70.9 us as 128 x 64, 57.7 as 64 x 128; no m2 config was the fastest of any conv
+CONV_SMALL_TILES = ((1, 1, 128), (2, 1, 64), (1, 1, 64))
 
 
 def small_grid_config(spec: GemmSpec, rule: WgmmaConfig, sm_count: int) -> WgmmaConfig | None:
@@ -248,7 +253,7 @@ def small_grid_config(spec: GemmSpec, rule: WgmmaConfig, sm_count: int) -> Wgmma
     32 of 64 x 64); None where the rule's grid is as good (a large GEMM keeps its measured tiles)."""
     options = configs(spec)
     best, best_time = None, grid_time(spec, rule, sm_count) / 1.25
-    for g, mt, n in SMALL_TILES:
+    for g, mt, n in SMALL_TILES if spec.conv is None else CONV_SMALL_TILES:
         for raster in (8, 4, 1):
             cfg = WgmmaConfig(g, mt, n, 64, 3, raster, 128, 0, 0)
             if cfg in options:
@@ -276,6 +281,8 @@ def _rule_config(spec: GemmSpec) -> WgmmaConfig:
     # deepest pipeline that fits the K steps and the widest raster group that divides the tile rows
     for g, mt, n, t, stages in ((2, 1, 256, 1, (4, 3)), (2, 2, 128, 1, (4, 3)), (2, 1, 128, 1, (4, 3)),
                                 (2, 1, 256, 0, (3,)), (2, 2, 128, 0, (3,)), (2, 1, 128, 0, (3,))):
+        if mt > 1 and not t and spec.conv is not None:
+            continue   # a conv by cp.async: one 64-row tile a warpgroup (CONV_SMALL_TILES)
         for st in stages:
             for raster in (8, 4, 1):
                 cfg = WgmmaConfig(g, mt, n, 64, st, raster, 128, 0, t)
