@@ -338,3 +338,24 @@ def test_narrow_fp16_convs_run_on_padded_channels(llvm, cin, k, stride, pad):
         assert not any("zero-padded" in n for n in plan.rewrites), plan.rewrites
     assert CostModel.for_target(resolve_target("cuda")).narrow_conv_pad == ("float16",)
     assert not CostModel.for_target(llvm).narrow_conv_pad
+
+
+def test_a_patch_embedding_runs_as_im2col_rows_at_any_k(llvm):
+    """A conv of non-overlapping patches (kernel = stride, no padding: a ViT's) takes im2col rows even past
+    ``im2col_k``, its K exact (4 x 4 x 3 = 48, padded to 64 here): the rows are the input's elements reordered.
+    Without that it stayed a 3-channel conv (dlight's CUDA cores on a GPU); it is never padded instead."""
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    b = models._B(8)
+    conv = b.op("Conv", ["x", b.w(32, 3, 4, 4)], kernel_shape=[4, 4], strides=[4, 4])
+    model = models.to_fp16(b.model({"x": [2, 3, 16, 16]}, b.op("Relu", [conv]), [2, 32, 4, 4]))
+    config = PlannerConfig(cost_model=CostModel.for_target(llvm, conv_layout="NHWC", conv_kernel_layout="OHWI",
+                                                           im2col_k=32, narrow_conv_pad=("float16",)))
+    fused, plan = plan_tvmfuse(import_proto(model), llvm, config=config)
+    assert any("runs as im2col + GEMM (K 48 padded to 64)" in n for n in plan.rewrites), plan.rewrites
+    assert not any("zero-padded" in n for n in plan.rewrites)
+    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float16)
+    (got,) = build_and_run(fused, llvm, [x])
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2

@@ -58,7 +58,11 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     untuned took 3.25 ms on the H200 against torch.compile's 0.86, 0.35 ms after. A 1x1 conv of stride 1 is left
     to :func:`pointwise_convs_as_gemms`.
 
-    A narrow conv whose input type is in ``pad_dtypes`` instead keeps its conv, on its input's channels
+    A conv of non-overlapping patches (kernel = stride, no padding: a ViT's or Swin's patch embedding) takes im2col
+    rows at any K: they hold each input element once, in another order, and K stays exact (768 for 16x16x3); as a
+    conv of 3 channels a ViT-B/16's went to dlight's CUDA-core schedule.
+
+    Any other narrow conv whose input type is in ``pad_dtypes`` instead keeps its conv, on its input's channels
     zero-padded to whole 16-byte copies (8 fp16 or 4 fp32 channels; the filter padded alike at compile time),
     which the tensor-core conv template takes, each K step spanning filter taps. ResNet-50's stem at batch 32
     (3 channels, 7x7, stride 2, 112^2 outputs) wrote 154 MB of im2col rows (K 147 padded to 192) and read them
@@ -78,9 +82,12 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
         gemm_already = (r, s) == (1, 1) and all(int(v) == 1 for v in at.strides) and not any(int(v) for v in at.padding)
         few = not gemm_already and (pixels <= few_pixels or (str(x.ty.dtype) not in allow_dtypes
                                                             and pixels <= untemplated_pixels))
-        if not few and (xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes or kpad > limit_k):
+        # non-overlapping patches (a ViT's 16x16 stride 16): the rows are the input's own elements, reordered
+        patches = ((r, s) == tuple(int(v) for v in at.strides) and not any(int(v) for v in at.padding)
+                   and all(int(v) == 1 for v in at.dilation) and (ys[1] * r, ys[2] * s) == (xs[1], xs[2]))
+        if not few and (xs[3] >= 16 or str(x.ty.dtype) not in allow_dtypes or (kpad > limit_k and not patches)):
             continue
-        if not few and str(x.ty.dtype) in pad_dtypes:
+        if not few and not patches and str(x.ty.dtype) in pad_dtypes:
             per_copy = 16 // np.dtype(str(x.ty.dtype)).itemsize
             cpad = -(-c // per_copy) * per_copy
             if cpad != c:
