@@ -22,6 +22,7 @@ A's tiles), checked against torch in fp32 with TF32 off, beside cuBLAS / cuDNN i
     python benchmarks/wgmma_gemm.py [--conv] [--tf32] [--configs "g2 m1 n128 k64 s4 r8" ...] [--json out.json]
                                     [--build-only]
     python benchmarks/wgmma_gemm.py --shapes 25088,96,24 1024,1000,2048 c:32,24,56,40 [--configs ...]   # defaults
+    python benchmarks/wgmma_gemm.py --shapes c:32,256,14,256 --every-config --jobs 12   # the whole space, built ahead
 """
 from __future__ import annotations
 
@@ -107,7 +108,19 @@ def ptxas(lib) -> str:
     return regs[-1].strip() if regs else "ok"
 
 
-def run_case(spec, cfg, timing: bool) -> dict:
+def _build_to(job: tuple) -> tuple:
+    """A pool worker's build: (spec as JSON, config name, library path) -> (path or None, error, seconds)."""
+    spec_json, name, path = job
+    t0 = time.time()
+    try:
+        build(GemmSpec.from_json(spec_json), parse_config(name)).export_library(path)
+    except Exception as err:  # noqa: BLE001 - reported in the config's row
+        return None, str(err).strip().splitlines()[-1][:200], time.time() - t0
+    return path, None, time.time() - t0
+
+
+def run_case(spec, cfg, timing: bool, built=None) -> dict:
+    """Check (and time) one config; ``built``: a pool's ``_build_to`` result, else it is built here."""
     import torch
     import tvm
 
@@ -115,7 +128,13 @@ def run_case(spec, cfg, timing: bool) -> dict:
            "shape": [spec.m, spec.n, spec.k]}
     t0 = time.time()
     try:
-        lib = build(spec, cfg)
+        if built is not None:
+            path, error, seconds = built
+            if error:
+                raise RuntimeError(error)
+            lib, t0 = tvm.runtime.load_module(path), time.time() - seconds
+        else:
+            lib = build(spec, cfg)
     except Exception as err:  # noqa: BLE001
         rec["error"] = str(err).strip().splitlines()[-1][:200]
         return rec
@@ -135,7 +154,7 @@ def run_case(spec, cfg, timing: bool) -> dict:
     rec["rel_error"] = float(torch.linalg.norm(torch.nan_to_num(got - ref)) / torch.linalg.norm(ref))
     rec["ok"] = rec["unwritten"] == 0 and rec["rel_error"] < 1e-2
     if timing and rec["ok"]:
-        ev = lib.mod.time_evaluator("main", dev, number=20, repeat=5)
+        ev = (lib if built is not None else lib.mod).time_evaluator("main", dev, number=20, repeat=5)
         us = float(np.median(ev(*args).results)) * 1e6
         rec["us"] = round(us, 1)
         rec["tflops"] = round(2 * spec.m * spec.n * spec.k / us / 1e6, 1)
@@ -214,12 +233,13 @@ def torch_us(spec) -> dict:
     return {"cublas_us": round(t(lambda: A @ W), 1), "torch_fused_us": round(t(lambda: torch.relu(A @ W + b)), 1)}
 
 
-def shapes_table(shapes: list[str], extra: list) -> int:
-    """``--shapes``: each GEMM at its default config (:func:`default_config`) and the ``extra`` configs that fit,
-    checked and timed, beside cuBLAS in the same process; a table last."""
+def shapes_table(shapes: list[str], extra: list, every: bool = False, jobs: int = 1) -> int:
+    """``--shapes``: each GEMM at its default config (:func:`default_config`) and the ``extra`` configs that fit
+    (``every``: each config of the tuner's space), checked and timed, beside cuBLAS in the same process; a table
+    last. ``jobs`` > 1: the kernels are built ahead by that many processes while the GPU checks and times."""
     from tvmfuse.kernels.wgmma import default_config
 
-    rows = []
+    cases = []   # (spec, its configs in order) per shape, or an error row
     for text in shapes:
         if text.startswith("c:"):   # c:N,C,HW,F[,R[,STRIDE]]: an NHWC conv, padded to keep R // 2
             n_, c_, hw, f, *rest = (int(x) for x in text[2:].split(","))
@@ -233,11 +253,22 @@ def shapes_table(shapes: list[str], extra: list) -> int:
         # (the --configs asked for may go past the tuner's space: 2 stages, K steps of 32 unswizzled, staged stores)
         fits = configs(spec, tma=(0, 1), stages=(2, 3, 4, 5), block_k=(64, 32), swizzle=(128, 0), staged=(0, 1))
         if not fits:
-            rows.append({"shape": [m, n, k], "error": "no config takes it"})
+            cases.append(({"shape": [m, n, k], "error": "no config takes it"}, []))
+            continue
+        # (the tuner's choices, search_spaces/cuda.yaml's wgmma_* knobs)
+        space = configs(spec, raster=(8, 4, 1), tma=(0, 1), persistent=(0, 1), staged=(0, 1)) if every else []
+        cases.append((spec, list(dict.fromkeys([default_config(spec), *(c for c in extra if c in fits), *space]))))
+    built = _prebuild(cases, jobs)
+    rows = []
+    for spec, cfgs in cases:
+        if isinstance(spec, dict):
+            rows.append(spec)
             continue
         base = torch_us(spec)
-        for i, c in enumerate(dict.fromkeys([default_config(spec), *(c for c in extra if c in fits)])):
-            rows.append({**run_case(spec, c, timing=True), "default": i == 0, "cublas_us": base["cublas_us"]})
+        for i, c in enumerate(cfgs):
+            done = built.pop((spec, c)).result() if (spec, c) in built else None
+            rows.append({**run_case(spec, c, timing=True, built=done), "default": i == 0,
+                         "cublas_us": base["cublas_us"]})
             print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'M x N x K':22} {'B':7} {'config':30} {'ok':5} {'rel err':>9} {'us':>9} {'cuBLAS':>8} {'ratio':>6}")
     for r in rows:
@@ -247,6 +278,25 @@ def shapes_table(shapes: list[str], extra: list) -> int:
         print(f"{shape:22} {r.get('b', '-'):7} {name:30} {str(r.get('ok', r.get('error', '')))[:5]:5} "
               f"{r.get('rel_error', float('nan')):9.2e} {us or '-':>9} {r.get('cublas_us', '-'):>8} {ratio}")
     return 0
+
+
+def _prebuild(cases: list, jobs: int) -> dict:
+    """(spec, config) -> a future of :func:`_build_to`, submitted in the order the GPU takes them; {} for 1 job."""
+    if jobs <= 1:
+        return {}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = Path(tempfile.mkdtemp(prefix="wgmma_libs_"))
+    # spawn: a forked worker would inherit the parent's CUDA context, which the timing initialises
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    futures, i = {}, 0
+    for spec, cfgs in cases:
+        for c in cfgs:
+            futures[(spec, c)] = pool.submit(_build_to, (spec.to_json(), c.name, str(out / f"k{i}.so")))
+            i += 1
+    pool.shutdown(wait=False)
+    return futures
 
 
 def main() -> int:
@@ -262,9 +312,12 @@ def main() -> int:
                          "its untuned default and the "
                          "--configs that fit it, checked and timed beside cuBLAS; columns and K need not be whole "
                          "tiles")
+    ap.add_argument("--every-config", action="store_true",
+                    help="--shapes: every config of the tuner's space too (a table of the whole space)")
+    ap.add_argument("--jobs", type=int, default=1, help="--shapes: build kernels ahead in this many processes")
     a = ap.parse_args()
     if a.shapes:
-        return shapes_table(a.shapes, [parse_config(c) for c in a.configs or []])
+        return shapes_table(a.shapes, [parse_config(c) for c in a.configs or []], a.every_config, a.jobs)
     if a.conv:
         spec, small = conv_spec(64, 256, 56, 256), conv_spec(32, 512, 7, 512)
     else:
