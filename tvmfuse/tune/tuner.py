@@ -246,7 +246,7 @@ def _quiet_ms_console() -> None:
 def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config: TuneConfig,
                  progress: TuneProgress | None = None, model: str | None = None,
                  stop: Callable[[], bool] | None = None, cost_model=None, runner=None,
-                 ledger=None) -> list[KernelResult]:
+                 ledger=None, builder=None) -> list[KernelResult]:
     """Tune ``kernels`` into ``database`` (a tvmfuse database bound to ``target``).
 
     ``runner``: the MetaSchedule runner that measures the candidates (default: a local runner on this machine);
@@ -255,6 +255,7 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
     once the ledger says no server is left, the run stops as after Ctrl-C (the kernel being tuned
     ``interrupted``, the rest ``skipped-interrupt``).
 
+    ``builder``: the candidates' MetaSchedule builder (default: :func:`make_builder`'s), closed at the end.
     ``cost_model``: a MetaSchedule cost model to share (default: :func:`make_cost_model` of ``config.cost_model``,
     made before anything is tuned, so a model that cannot load stops the run at once).
 
@@ -286,8 +287,9 @@ def tune_kernels(kernels: list[Kernel], *, target: TargetInfo, database, config:
         workers = max(workers, min(_cores(target), int(getattr(config.rpc, "workers", None) or 1)))
     nvcc_cache.install(config.nvcc_cache)   # here and in the workers below: each compiles CUDA through it
     # a CUDA candidate measured here is compiled in the parallel build workers, the runner's load then a cache hit
-    builder = make_builder(workers=workers, timeout_s=max(config.builder_timeout_s, spaces.builder_timeout_s),
-                           precompile=target.is_gpu and runner is None and config.rpc is None)
+    if builder is None:
+        builder = make_builder(workers=workers, timeout_s=max(config.builder_timeout_s, spaces.builder_timeout_s),
+                               precompile=target.is_gpu and runner is None and config.rpc is None)
     runner = runner if runner is not None else local_runner(
         config.runner_timeout_s, gpu=target.is_gpu,
         cold=target.is_gpu or cpu_trials(kernels, config.cpu_trials)[0] == "cold")

@@ -1,0 +1,86 @@
+"""benchmarks/search_replay.py: the tuner searching a table of a space's measured times (its ``measure`` runs on
+the GPU; the replay, the tuner's own search against the table, runs here)."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from benchmarks.search_replay import TableRunner, main, replay_arm, summarize, template_space
+from benchmarks.bench_convergence import kernel_of
+
+
+@pytest.fixture(scope="module")
+def gemm_table():
+    """A real sm_90a wgmma kernel's space (a 512 x 384 x 256 GEMM), its configs given times of a fixed draw (a
+    table measure would write), two of them failed."""
+    from tvmfuse.kernels import get
+    from tvmfuse.target import resolve_target
+
+    target = resolve_target("cuda")
+    shape = {"M": 512, "N": 384, "K": 256}
+    kernel = kernel_of("gemm", shape, target)
+    tname, names = template_space(kernel.mod, target.target)
+    rng = random.Random(0)
+    configs = {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in names}
+    for n in names[1:3]:
+        configs[n] = {"ms": None, "ok": False, "error": "run: an error the table kept"}
+    default = get(tname).default_config(kernel.mod["main"], target.target).name
+    configs[default]["ms"] = 0.03   # slower than every other config: a default the search can beat
+    table = {"target": "cuda",
+             "shapes": {"gemm:M=512,N=384,K=256": {"class": "gemm", "shape": shape, "template": tname,
+                                                   "default": default, "configs": configs}}}
+    return target, table
+
+
+def test_the_space_of_a_wgmma_gemm_lists_its_configs(gemm_table):
+    _, table = gemm_table
+    (entry,) = table["shapes"].values()
+    assert entry["template"] == "wgmma" and len(entry["configs"]) > 8 and entry["default"] in entry["configs"]
+
+
+def test_the_tuner_searches_the_table_and_never_leaves_it(gemm_table):
+    """Both arms run the tuner against the table: the default first (its time the table's), then only configs of
+    the table, a failed one recorded as a failure; the search finds a config faster than the default."""
+    target, table = gemm_table
+    (key, entry), = table["shapes"].items()
+    for arm in ("random", "tvmfuse"):
+        times = replay_arm(arm, [(key, entry)], target, trials=8, seed=0)[key]
+        assert len(times) == 9 and times[0] == pytest.approx(0.03e-3)   # the default, then 8 trials
+        table_secs = {c["ms"] / 1e3 for c in entry["configs"].values() if c["ok"]}
+        assert all(t in table_secs or math.isinf(t) or t > 1e3 for t in times), times
+        assert min(times) < times[0]
+
+
+def test_the_runner_answers_from_the_table():
+    from tvmfuse._tvm import ms
+
+    runner = TableRunner({"a b": {"ms": 2.0, "ok": True, "error": None},
+                          "c d": {"ms": None, "ok": False, "error": "check: 1e-1"}}, {"/x/1": "a b", "/x/2": "c d"})
+    inputs = [ms.runner.RunnerInput("/x/1", "cuda", []), ms.runner.RunnerInput("/x/2", "cuda", [])]
+    ok, bad = (f.result() for f in runner.run(inputs))
+    assert [float(s) for s in ok.run_secs] == [0.002] and ok.error_msg is None
+    assert bad.run_secs is None and "check" in bad.error_msg and runner.asked == ["a b", "c d"]
+
+
+def test_the_summary_counts_the_shapes_whose_default_leaves_room(gemm_table):
+    _, table = gemm_table
+    (key,) = table["shapes"]
+    best = min(c["ms"] for c in table["shapes"][key]["configs"].values() if c["ok"])
+    runs = {0: {"random": {key: [0.03e-3, 0.02e-3] + [0.015e-3] * 32},
+                "tvmfuse": {key: [0.03e-3, 0.016e-3, best / 1e3]}}}
+    (row,) = summarize(table, runs, 32)
+    assert row["default_below_95pct"] == 1 and row["default_over_space_best"] == pytest.approx(0.03 / best)
+    assert row["trials_to_random32"] == 2 and row["default_over_tuned"] == pytest.approx(0.03 / best)
+
+
+def test_a_missing_table_or_gpu_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["replay", "--table", str(tmp_path / "none.json")]) == 2
+    assert "no table" in capsys.readouterr().err
+    from tvmfuse.target import resolve_target
+
+    if not resolve_target("cuda").runs_here():
+        assert main(["measure", "--table", str(tmp_path / "t.json")]) == 2
+        assert "needs the GPU" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
