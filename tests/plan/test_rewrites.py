@@ -376,11 +376,11 @@ _STEM_W = (np.arange(108) % 13 - 6).astype("float16").reshape(4, 3, 3, 3)
 
 
 def test_a_narrow_conv_becomes_im2col_rows_and_a_gemm():
-    """The conv becomes: the im2col rows (one per output pixel m = (n, oh, ow); K = 3x3 taps x 3 channels = 27,
-    in the filter's (r, s, c) order, zero-padded to 64; zero where the window leaves the input), a matmul by the
-    filter as a [64, 4] constant, and a reshape back to NHWC. The kernel below was printed once from the rewrite
-    and checked by reading: row m reads x[n, (m % 9 // 3) * 2 - 1 + r, (m % 3) * 2 - 1 + s, c] for
-    kk = r * 9 + s * 3 + c."""
+    """The conv becomes: the im2col rows (one per output pixel m = (n, oh, ow); K = 3 channels x 3x3 taps = 27,
+    in (c, r, s) order, so that adjacent K read adjacent pixels of the image; zero-padded to 64; zero where the
+    window leaves the input), a matmul by the filter as a [64, 4] constant in the same order, and a reshape back to
+    NHWC. The kernel below was printed once from the rewrite and checked by reading: row m reads
+    x[n, (m % 9 // 3) * 2 - 1 + r, (m % 3) * 2 - 1 + s, c] for kk = c * 9 + r * 3 + s."""
 
     @I.ir_module
     class Expected:
@@ -391,19 +391,19 @@ def test_a_narrow_conv_becomes_im2col_rows_and_a_gemm():
             for m, kk in T.grid(T.int64(9), T.int64(64)):
                 with T.sblock("im2col"):
                     v_m, v_kk = T.axis.remap("SS", [m, kk])
-                    T.reads(x[v_m // T.int64(9), v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9) - T.int64(1),
-                              v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) - T.int64(1),
-                              v_kk % T.int64(3)])
+                    T.reads(x[v_m // T.int64(9), v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) - T.int64(1),
+                              v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(3) - T.int64(1),
+                              v_kk // T.int64(9)])
                     T.writes(rows[v_m, v_kk])
                     rows[v_m, v_kk] = T.if_then_else(
                         v_kk < T.int64(27)
-                        and T.int64(1) <= v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9)
-                        and v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9) < T.int64(6)
-                        and T.int64(1) <= v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3)
-                        and v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) < T.int64(6),
-                        x[v_m // T.int64(9), v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk // T.int64(9) - T.int64(1),
-                          v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) - T.int64(1),
-                          v_kk % T.int64(3)],
+                        and T.int64(1) <= v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3)
+                        and v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) < T.int64(6)
+                        and T.int64(1) <= v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(3)
+                        and v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(3) < T.int64(6),
+                        x[v_m // T.int64(9), v_m % T.int64(9) // T.int64(3) * T.int64(2) + v_kk % T.int64(9) // T.int64(3) - T.int64(1),
+                          v_m % T.int64(3) * T.int64(2) + v_kk % T.int64(3) - T.int64(1),
+                          v_kk // T.int64(9)],
                         T.float16(0.0))
 
         @R.function
@@ -419,7 +419,7 @@ def test_a_narrow_conv_becomes_im2col_rows_and_a_gemm():
             return out
 
     w_mat = np.zeros((64, 4), "float16")
-    w_mat[:27] = _STEM_W.transpose(1, 2, 3, 0).reshape(27, 4)   # [r, s, c, f] -> [K, F]
+    w_mat[:27] = _STEM_W.transpose(3, 1, 2, 0).reshape(27, 4)   # [f, r, s, c] -> [c, r, s, f] -> [K, F]
     log = RewriteLog()
     after = rewrites.Im2colNarrowConvs(log=log)(_bind(Stem, w=_STEM_W))
     tvm.ir.assert_structural_equal(after, _bind(Expected, w=w_mat))
