@@ -249,6 +249,22 @@ def test_fp16_batchnorm_folds_through_the_accumulation_cast(llvm, tmp_path):
     assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
 
 
+def _as_the_conv(plan, fused, model, llvm, shape):
+    """A rewritten conv's plan accounts its nodes as the model's one conv (kernels and bytes before fusion), and
+    its fused module computes the conv on llvm (fp16, against onnxruntime)."""
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    _, as_conv = plan_tvmfuse(import_proto(model), llvm, config=PlannerConfig(
+        cost_model=CostModel.for_target(llvm, conv_layout="NHWC", conv_kernel_layout="OHWI")))
+    assert plan.totals["kernels_unfused"] == as_conv.totals["kernels_unfused"]
+    assert plan.totals["bytes_unfused"] == as_conv.totals["bytes_unfused"]
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float16)
+    (got,) = build_and_run(fused, llvm, [x])
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+
+
 @pytest.mark.parametrize("cin,k,stride,pad,dilation", [(3, 7, 2, 3, 1), (5, 3, 1, 2, 2)])
 def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilation):
     """GPU plans run a channels-last conv with fewer than 16 input channels (a stem's 3) as an im2col kernel
@@ -278,14 +294,7 @@ def test_narrow_convs_run_as_im2col_and_a_gemm(llvm, cin, k, stride, pad, dilati
     assert not any("conv2d" in p for p in prims) and any("im2col" in p for p in prims)
     assert [g.pattern for g in plan.groups if "matmul" in g.kernel] == ["gemm_epilogue"]
     # the plan accounts the rows, the GEMM and the reshape as the one conv they replace
-    _, as_conv = plan_tvmfuse(import_proto(model), llvm, config=PlannerConfig(
-        cost_model=CostModel.for_target(llvm, conv_layout="NHWC")))
-    assert plan.totals["kernels_unfused"] == as_conv.totals["kernels_unfused"]
-    assert plan.totals["bytes_unfused"] == as_conv.totals["bytes_unfused"]
-    x = np.random.default_rng(0).standard_normal((2, cin, 13, 13)).astype(np.float16)
-    (got,) = build_and_run(fused, llvm, [x])
-    (ref,) = ort_run(model, [x])
-    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+    _as_the_conv(plan, fused, model, llvm, (2, cin, 13, 13))
     assert CostModel.for_target(resolve_target("cuda")).im2col_k and not CostModel.for_target(llvm).im2col_k
     wide = models._B(6)
     y = wide.op("Conv", ["x", wide.w(16, 16, 3, 3)], kernel_shape=[3, 3], pads=[1] * 4)
@@ -325,14 +334,7 @@ def test_narrow_fp16_convs_run_on_padded_channels(llvm, cin, k, stride, pad):
     assert [int(d) for d in param_buffers(conv)[1].shape] == [16, k, k, cpad]
     (pad_kernel,) = [name for name in prims if "pad_channels" in name]
     assert "transpose" in pad_kernel   # one kernel reads the NCHW image and writes the padded NHWC input
-    _, as_conv = plan_tvmfuse(import_proto(model), llvm, config=PlannerConfig(
-        cost_model=CostModel.for_target(llvm, conv_layout="NHWC", conv_kernel_layout="OHWI")))
-    assert plan.totals["kernels_unfused"] == as_conv.totals["kernels_unfused"]
-    assert plan.totals["bytes_unfused"] == as_conv.totals["bytes_unfused"]
-    x = np.random.default_rng(0).standard_normal((2, cin, 15, 15)).astype(np.float16)
-    (got,) = build_and_run(fused, llvm, [x])
-    (ref,) = ort_run(model, [x])
-    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+    _as_the_conv(plan, fused, model, llvm, (2, cin, 15, 15))
     for other in (stem(cin, dtype_fp16=False), stem(8)):
         _, plan = plan_tvmfuse(import_proto(other), llvm, config=config)
         assert not any("zero-padded" in n for n in plan.rewrites), plan.rewrites
@@ -355,7 +357,4 @@ def test_a_patch_embedding_runs_as_im2col_rows_at_any_k(llvm):
     fused, plan = plan_tvmfuse(import_proto(model), llvm, config=config)
     assert any("runs as im2col + GEMM (K 48 padded to 64)" in n for n in plan.rewrites), plan.rewrites
     assert not any("zero-padded" in n for n in plan.rewrites)
-    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float16)
-    (got,) = build_and_run(fused, llvm, [x])
-    (ref,) = ort_run(model, [x])
-    assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < 1e-2
+    _as_the_conv(plan, fused, model, llvm, (2, 3, 16, 16))
