@@ -119,7 +119,10 @@ def measure(args) -> int:
     from tvmfuse.tune.builder import close_builder, make_builder
     from tvmfuse.tune.samples import KeptSamplesRunner, local_runner
 
+    from tvmfuse._tvm import ensure_tensor_intrinsics
+
     target = resolve_target(args.target)
+    ensure_tensor_intrinsics(target.kind)   # the GEMM sketch tensorizes: without them its space falls back
     if not target.is_gpu or not target.runs_here():
         print("search_replay: measure needs the GPU here (--target cuda on a machine with one)", file=sys.stderr)
         return 2
