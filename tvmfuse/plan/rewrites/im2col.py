@@ -33,7 +33,7 @@ def _pad_channels(x, *, channels: int):
     from tvm import te
 
     c = int(x.shape[3])
-    # (the clamped index keeps the read's region inside x, for the analyses that bound it)
+    # (the clamped index keeps the read's declared region inside x, as the guard keeps the read itself)
     return te.compute((*x.shape[:3], channels), lambda n, h, w, k: tirx.if_then_else(
         k < c, x[n, h, w, tirx.min(k, c - 1)], tirx.const(0, x.dtype)), name="pad_channels")
 
