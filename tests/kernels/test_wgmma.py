@@ -606,7 +606,7 @@ _CONVS = {   # (model, what the spec must say)
 
 
 @pytest.mark.parametrize("case", ["gemm_bias_relu", "gelu_residual", "head_split", "batched", "transposed_weight",
-                                  "stem_padded", *_CONVS])
+                                  "stem_padded", "patch_embed_padded", *_CONVS])
 def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, cuda, case):
     """wgmma cannot run here, so the kernel's scalar twin (the same spec, flat A/B addressing, batch folding,
     implicit-GEMM gather with its zero fill, row-tail predicates and epilogue store, one element per iteration)
@@ -622,6 +622,8 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
                  "batched": lambda: models.to_fp16(models.gemm_epilogue(m=64, k=128, n=64, batched=True)),
                  # a 3-channel 7x7 stride-2 stem: a conv on its channels padded to 8 (K 392: K steps span taps)
                  "stem_padded": lambda: _conv(n=2, cin=3, cout=64, hw=16, k=7, stride=2, pad=3),
+                 # SegFormer's overlapping patch embedding: 7x7, stride 4, padding 3, on channels padded to 8
+                 "patch_embed_padded": lambda: _conv(n=2, cin=3, cout=64, hw=16, k=7, stride=4, pad=3),
                  **{name: make for name, (make, _) in _CONVS.items()}}[case]()
         (kernel,) = _gemm_kernels(tmp_path, model, cuda)
         func = kernel.mod["main"]
@@ -632,9 +634,10 @@ def test_the_kernels_addressing_and_epilogue_compute_the_fused_kernel(tmp_path, 
     if case == "head_split":
         assert "// T.int64(64)" in info["store"] and "% T.int64(64)" in info["store"]
         assert info["reindexed"] and hopper.default_kernel(func, cuda.target) is not None
-    elif case == "stem_padded":
-        g = spec.conv
-        assert (spec.rows, spec.k, spec.n, g.c, g.r, g.stride, g.pad) == (2 * 8 * 8, 392, 64, 8, 7, (2, 2), (3, 3))
+    elif case in ("stem_padded", "patch_embed_padded"):
+        g, o = spec.conv, 8 if case == "stem_padded" else 4
+        assert (spec.rows, spec.k, spec.n, g.c, g.r, g.pad) == (2 * o * o, 392, 64, 8, 7, (3, 3))
+        assert g.stride == ((2, 2) if case == "stem_padded" else (4, 4))
     elif case not in _CONVS:
         assert not info["reindexed"]
     assert hopper.untuned_config(func, cuda.target) is not None
