@@ -36,9 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_convergence import draw_shapes, kernel_of, record_times, shape_name, trials_to  # noqa: E402
-from tvmfuse._tvm import derived_object, ms  # noqa: E402
+from tvmfuse._tvm import derived_object, ensure_tensor_intrinsics, ms  # noqa: E402
 
 CHECKED = 3   # the fastest configs of a shape checked against its reference (the tuner checks its best)
+
 
 # ------------------------------------------------------------------------------------------------ the space
 def template_space(mod, target) -> tuple[str, list[str]] | None:
@@ -119,13 +120,11 @@ def measure(args) -> int:
     from tvmfuse.tune.builder import close_builder, make_builder
     from tvmfuse.tune.samples import KeptSamplesRunner, local_runner
 
-    from tvmfuse._tvm import ensure_tensor_intrinsics
-
     target = resolve_target(args.target)
-    ensure_tensor_intrinsics(target.kind)   # the GEMM sketch tensorizes: without them its space falls back
     if not target.is_gpu or not target.runs_here():
         print("search_replay: measure needs the GPU here (--target cuda on a machine with one)", file=sys.stderr)
         return 2
+    ensure_tensor_intrinsics(target.kind)   # the GEMM sketch tensorizes: without them its space falls back
     table = json.loads(args.table.read_text()) if args.table.exists() else {"target": args.target, "shapes": {}}
     builder = make_builder(workers=args.workers, timeout_s=120.0, precompile=True)
     runner = KeptSamplesRunner(local_runner(30.0, gpu=True))
