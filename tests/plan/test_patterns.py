@@ -339,6 +339,7 @@ def test_narrow_fp16_convs_run_on_padded_channels(llvm, cin, k, stride, pad):
         _, plan = plan_tvmfuse(import_proto(other), llvm, config=config)
         assert not any("zero-padded" in n for n in plan.rewrites), plan.rewrites
     assert CostModel.for_target(resolve_target("cuda")).narrow_conv_pad == ("float16",)
+    assert not CostModel.for_target(resolve_target('{"kind": "cuda", "arch": "sm_80"}')).narrow_conv_pad
     assert not CostModel.for_target(llvm).narrow_conv_pad
 
 

@@ -89,7 +89,7 @@ class CostModel:
         GEMM where their K, padded to 64, is at most this; 0: never
     narrow_conv_pad : with ``im2col_k`` set, a narrow conv of these input types keeps its conv on its channels
         zero-padded to whole 16-byte copies instead (the conv template's K steps span taps), no im2col rows (fp16
-        on GPUs; a TF32 conv of 4 channels has not run on a GPU, so fp32 stems keep im2col)
+        on sm_90a, the wgmma conv template's; a TF32 conv of 4 channels has not run on a GPU: fp32 keeps im2col)
     im2col_pixels : with ``im2col_k`` set, convs of at most this many output pixels (any channels, type and K) run
         as im2col + GEMM too: a GEMM of that few rows is the gemv template's
     im2col_untemplated_pixels : the same for convs of a type no conv template takes (fp32), up to this many pixels
@@ -160,7 +160,9 @@ class CostModel:
                        min_parallel_units=device_figures(target).sm_count,
                        attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
-                       conv_layout="NHWC", im2col_k=512, im2col_pixels=16, narrow_conv_pad=("float16",),
+                       conv_layout="NHWC", im2col_k=512, im2col_pixels=16,
+                       # (the padded conv is for the wgmma conv template: sm_90a only)
+                       narrow_conv_pad=("float16",) if str(attrs.get("arch", "")) == "sm_90a" else (),
                        im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1,
                        broadcast_anchor_results=False, depthwise_kernel_layout="HWIO",
                        gated_gemm_rows=65 if str(attrs.get("arch", "")) == "sm_90a" else 0)
