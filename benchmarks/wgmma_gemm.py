@@ -108,6 +108,14 @@ def ptxas(lib) -> str:
     return regs[-1].strip() if regs else "ok"
 
 
+def _why(err: Exception) -> str:
+    """What an error says in one line: a TVM diagnostic's ``error:`` line (the source and carets follow it), else
+    the last line."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    said = [ln for ln in lines if ln.startswith("error:")] or lines[-1:] or [type(err).__name__]
+    return said[0][:200]
+
+
 def _build_to(job: tuple) -> tuple:
     """A pool worker's build: (spec as JSON, config name, library path) -> (path or None, error, seconds)."""
     spec_json, name, path = job
@@ -115,7 +123,7 @@ def _build_to(job: tuple) -> tuple:
     try:
         build(GemmSpec.from_json(spec_json), parse_config(name)).export_library(path)
     except Exception as err:  # noqa: BLE001 - reported in the config's row
-        return None, str(err).strip().splitlines()[-1][:200], time.time() - t0
+        return None, _why(err), time.time() - t0
     return path, None, time.time() - t0
 
 
@@ -136,7 +144,7 @@ def run_case(spec, cfg, timing: bool, built=None) -> dict:
         else:
             lib = build(spec, cfg)
     except Exception as err:  # noqa: BLE001
-        rec["error"] = str(err).strip().splitlines()[-1][:200]
+        rec["error"] = _why(err)
         return rec
     rec["build_s"] = round(time.time() - t0, 2)
     dev = tvm.cuda(0)
@@ -146,7 +154,7 @@ def run_case(spec, cfg, timing: bool, built=None) -> dict:
         lib["main"](*args)
         dev.sync()
     except Exception as err:  # noqa: BLE001 - e.g. more shared memory than a block may have
-        rec["error"] = str(err).strip().splitlines()[-1][:200]
+        rec["error"] = _why(err)
         return rec
     ref = reference()
     got = out.float()
