@@ -288,14 +288,15 @@ def shapes_table(shapes: list[str], extra: list, every: bool = False, jobs: int 
     return 0
 
 
-def _prebuild(cases: list, jobs: int) -> dict:
-    """(spec, config) -> a future of :func:`_build_to`, submitted in the order the GPU takes them; {} for 1 job."""
+def _prebuild(cases: list, jobs: int, out: Path | None = None) -> dict:
+    """(spec, config) -> a future of :func:`_build_to`, submitted in the order the GPU takes them, the libraries
+    written under ``out`` (default: a new temporary folder); {} for 1 job."""
     if jobs <= 1:
         return {}
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    out = Path(tempfile.mkdtemp(prefix="wgmma_libs_"))
+    out = out or Path(tempfile.mkdtemp(prefix="wgmma_libs_"))
     # spawn: a forked worker would inherit the parent's CUDA context, which the timing initialises
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     futures, i = {}, 0
