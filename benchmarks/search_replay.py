@@ -42,18 +42,15 @@ CHECKED = 3   # the fastest configs of a shape checked against its reference (th
 
 
 # ------------------------------------------------------------------------------------------------ the space
-def template_space(mod, target) -> tuple[str, list[str]] | None:
-    """(the template whose configs ``mod``'s space samples, their names in the sketch's order), or None."""
+def template_space(mod, target) -> tuple[str, dict] | None:
+    """(the template whose configs ``mod``'s space samples, config name -> its schedule in the sketch's order), or
+    None."""
     from tvmfuse.kernels import registry
-    from tvmfuse.tune.defaults import config_schedule
+    from tvmfuse.tune.defaults import config_schedules
 
     for t in registry():
-        if t.candidates_key is None:
-            continue
-        names: list[str] = []
-        config_schedule(mod, target, t.name, lambda found: names.extend(found))   # lists them, chooses none
-        if names:
-            return t.name, names
+        if t.candidates_key is not None and (schedules := config_schedules(mod, target, t.name)):
+            return t.name, schedules
     return None
 
 
@@ -74,19 +71,17 @@ def measure_shape(cls: str, shape: dict, target, *, builder, runner) -> dict:
     """Every config of one shape's kernel built, timed and checked: its table entry."""
     from tvmfuse.kernels import get
     from tvmfuse.tune.check import build_references, check_kernel
-    from tvmfuse.tune.defaults import config_schedule
 
     kernel = kernel_of(cls, shape, target)
     found = None if kernel is None else template_space(kernel.mod, target.target)
     if found is None:
         return {"class": cls, "shape": shape, "error": "no template space takes the kernel"}
-    tname, names = found
+    tname, schedules = found
     default = get(tname).default_config(kernel.mod["main"], target.target)
-    schedules = [config_schedule(kernel.mod, target.target, tname, lambda found, n=n: found.index(n)) for n in names]
     configs: dict[str, dict] = {}
-    built = builder.build([ms.builder.BuilderInput(s.mod, target.target) for s in schedules])
+    built = builder.build([ms.builder.BuilderInput(s.mod, target.target) for s in schedules.values()])
     runs = []
-    for name, sch, b in zip(names, schedules, built):
+    for (name, sch), b in zip(schedules.items(), built):
         if b.error_msg is not None:
             configs[name] = {"ms": None, "ok": False, "error": "build: " + b.error_msg.strip().splitlines()[-1][:200]}
             continue

@@ -22,7 +22,8 @@ def gemm_table():
     target = resolve_target("cuda")
     shape = {"M": 512, "N": 384, "K": 256}
     kernel = kernel_of("gemm", shape, target)
-    tname, names = template_space(kernel.mod, target.target)
+    tname, schedules = template_space(kernel.mod, target.target)
+    names = list(schedules)
     rng = random.Random(0)
     configs = {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in names}
     for n in names[1:3]:

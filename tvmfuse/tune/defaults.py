@@ -45,21 +45,40 @@ def template_default_schedule(mod, target, template: str, spaces: SpaceFile | No
     return traced_default(t, sketch_template(t.searched_in), mod, target, space)
 
 
-def config_schedule(mod, target, template: str, choose: Callable, spaces: SpaceFile | None = None):
-    """The sketch of ``mod``'s space whose candidates are the configs of the template named ``template`` (flash,
-    wgmma, rows), with its config decided by ``choose`` (the candidates' names -> an index, or None): a Schedule
-    whose trace a database can keep, or None where the space does not tune ``mod`` with that sketch, the template
-    does not take it, or ``choose`` declines."""
+def _config_sketches(mod, target, template: str, spaces: SpaceFile | None):
+    """(the sketches of ``mod``'s space, the candidates' annotation key) where that space tunes ``mod`` with the
+    sketch whose candidates are the configs of the template named ``template``, else None."""
     t = get(template)
     if target.kind.name not in t.targets or t.candidates_key is None or t.fits(mod["main"], target) is not None:
         return None
     choice = select_space(mod, target, spaces)
     if choice.source != f"template:{t.searched_in}":
         return None
-    trace = config_trace(tune_context(mod, target, choice.generator).generate_design_space(), t.candidates_key,
-                         choose)
-    if trace is None:
-        return None
+    return tune_context(mod, target, choice.generator).generate_design_space(), t.candidates_key
+
+
+def _applied(mod, trace):
     sch = tvm.s_tir.Schedule(mod)
     trace.apply_to_schedule(sch, remove_postproc=True)
     return sch
+
+
+def config_schedule(mod, target, template: str, choose: Callable, spaces: SpaceFile | None = None):
+    """The sketch of ``mod``'s space whose candidates are the configs of the template named ``template`` (flash,
+    wgmma, rows), with its config decided by ``choose`` (the candidates' names -> an index, or None): a Schedule
+    whose trace a database can keep, or None where the space does not tune ``mod`` with that sketch, the template
+    does not take it, or ``choose`` declines."""
+    found = _config_sketches(mod, target, template, spaces)
+    trace = None if found is None else config_trace(*found, choose)
+    return None if trace is None else _applied(mod, trace)
+
+
+def config_schedules(mod, target, template: str, spaces: SpaceFile | None = None) -> dict:
+    """Every candidate of :func:`config_schedule`'s sketch: config name -> its Schedule, in the sketch's order, the
+    space generated once ({} where :func:`config_schedule` gives None whatever the choice)."""
+    found = _config_sketches(mod, target, template, spaces)
+    if found is None:
+        return {}
+    names: list[str] = []
+    config_trace(*found, lambda offered: names.extend(offered))   # lists them, chooses none
+    return {n: _applied(mod, config_trace(*found, lambda offered, i=i: i)) for i, n in enumerate(names)}
