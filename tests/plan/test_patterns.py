@@ -359,3 +359,21 @@ def test_a_patch_embedding_runs_as_im2col_rows_at_any_k(llvm):
     assert any("runs as im2col + GEMM (K 48 padded to 64)" in n for n in plan.rewrites), plan.rewrites
     assert not any("zero-padded" in n for n in plan.rewrites)
     _as_the_conv(plan, fused, model, llvm, (2, 3, 16, 16))
+
+
+def test_a_pad_joins_the_pointwise_kernel_before_it(llvm):
+    """A model's Pad after an elementwise op: TVM's pattern annotation calls TOPI's pad elementwise, which the
+    legality read as a broadcast of the intermediate; the planner classifies it as the injective op it is, so the
+    sigmoid and the pad run as one kernel, computing what onnxruntime computes."""
+    b = models._B(9)
+    s = b.op("Sigmoid", ["x"])
+    from onnx import numpy_helper
+
+    b.inits.append(numpy_helper.from_array(np.array([0, 0, 1, 2, 0, 0, 1, 2], np.int64), "pads"))
+    pads = "pads"
+    model = b.model({"x": [2, 3, 5, 6]}, b.op("Pad", [s, pads], mode="constant"), [2, 3, 7, 10])
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 6)).astype(np.float32)
+    _, plan, (got,) = plan_and_run(model, llvm, [x], "tvmfuse")
+    assert [g.ops for g in plan.groups] == [("sigmoid", "pad")], [(g.ops, g.pattern) for g in plan.groups]
+    (ref,) = ort_run(model, [x])
+    assert rel_err(got, ref) < 1e-6

@@ -116,7 +116,9 @@ def _kind(op: str, func) -> str:
     if op in ("strided_slice", "take", "split", "dynamic_strided_slice", "gather_elements", "gather_nd"):
         return INJECTIVE_K  # reads part of its input: never a same-shape pointwise op
     if op in ("pad", "pad_channels"):
-        return INJECTIVE_K  # reads each input element once into a larger output: no broadcast
+        # TOPI's pad reads each input element once into a larger output, but TVM's pattern annotation calls it
+        # elementwise or broadcast, which the legality read as a broadcast and kept out of its producer's kernel
+        return INJECTIVE_K
     if pattern in (ELEMWISE, BROADCAST):
         return POINTWISE
     if pattern == INJECTIVE:

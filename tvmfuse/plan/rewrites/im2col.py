@@ -29,13 +29,11 @@ def _im2col(x, *, oh: int, ow: int, r: int, s: int, kpad: int, stride, dilation,
 
 
 def _pad_channels(x, *, channels: int):
-    """An NHWC input ``x`` with its channels zero-padded to ``channels``, as TE."""
-    from tvm import te
+    """An NHWC input ``x`` with its channels zero-padded to ``channels``, as TE (TOPI's pad: an injective op, which
+    the planner fuses into the input's cast and transpose)."""
+    from tvm import topi
 
-    c = int(x.shape[3])
-    # (the clamped index keeps the read's declared region inside x, as the guard keeps the read itself)
-    return te.compute((*x.shape[:3], channels), lambda n, h, w, k: tirx.if_then_else(
-        k < c, x[n, h, w, tirx.min(k, c - 1)], tirx.const(0, x.dtype)), name="pad_channels")
+    return topi.nn.pad(x, [0, 0, 0, 0], [0, 0, 0, channels - int(x.shape[3])], name="pad_channels")
 
 
 def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtypes=("float16",), few_pixels: int = 0,
