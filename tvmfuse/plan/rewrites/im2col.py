@@ -106,9 +106,7 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
                         dilation=[int(v) for v in at.dilation], pad=[int(v) for v in at.padding[:2]],
                         channels_first=narrow)
         rows_name, gemm_name, out_name = (log.fresh(p) for p in ("im2col", "im2col_gemm", "im2col_out"))
-        # the conv (input, filter, output as one kernel) is the unfused baseline; the rows are the rewrite's own
-        conv_bytes = tensor_bytes(x.ty) + weight.nbytes + tensor_bytes(b.var.ty)
-        log.tags[gemm_name] = Tag("im2col", ("conv2d",), conv_bytes,
+        log.tags[gemm_name] = Tag("im2col", ("conv2d",), _conv_bytes(b, x, weight),
                                   note=f"conv as im2col rows (K {k} -> {kpad}) x GEMM")
         log.tags[rows_name] = log.tags[out_name] = Tag("im2col", (), 0)
 
@@ -127,15 +125,20 @@ def im2col_narrow_convs(mod, *, log: RewriteLog, limit_k: int = 512, allow_dtype
     return tvm.transform.Sequential(CLEAN)(rebuild_main(mod, plan, set(), names))
 
 
+def _conv_bytes(b, x, weight) -> int:
+    """The model's conv as one kernel (its input, filter and output): the unfused baseline the plan accounts a
+    rewritten conv as; the rows or the padding are the rewrite's own."""
+    return tensor_bytes(x.ty) + weight.nbytes + tensor_bytes(b.var.ty)
+
+
 def _pad_conv(b, x, weight, cpad: int, log: RewriteLog, plan: dict, names: dict) -> None:
     """Plan ``b``'s conv on its input's and filter's channels zero-padded to ``cpad``."""
     c = weight.shape[3]
     w_pad = np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, cpad - c)])
     pad_name, out_name = log.fresh("pad_channels"), log.fresh("padded_conv")
     log.tags[pad_name] = Tag("pad_channels", (), 0)
-    # the model's conv (its own input, filter and output) is the unfused baseline; the padding is the rewrite's
-    conv_bytes = tensor_bytes(x.ty) + weight.nbytes + tensor_bytes(b.var.ty)
-    log.tags[out_name] = Tag("pad_channels", ("conv2d",), conv_bytes, note=f"conv on channels padded {c} -> {cpad}")
+    log.tags[out_name] = Tag("pad_channels", ("conv2d",), _conv_bytes(b, x, weight),
+                             note=f"conv on channels padded {c} -> {cpad}")
 
     def emit(bb, vmap, call=b.value, x=x, w_pad=w_pad, pad_name=pad_name):
         xp = bb.emit_te(_pad_channels, vmap.get(x, x), channels=cpad, primfunc_name_hint="pad_channels",
