@@ -49,8 +49,8 @@ def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_k
 
 def depthwise_filters(mod, most_taps: int = 64) -> tuple:
     """(``mod``, how many) with the constant OHWI filters of depthwise NHWC convs (one input channel a group, at
-    most ``most_taps`` taps) stored HWIO. Such a conv runs one output a thread (``ShortReduction``), adjacent
-    threads on adjacent output channels: an OHWI filter put their weights of one tap ``r * s`` elements apart (a 5 x 5
+    most ``most_taps`` taps) stored HWIO. Such a conv runs one to four adjacent output channels a thread
+    (``ShortReduction``), adjacent threads on adjacent channels: an OHWI filter put their weights of one tap ``r * s`` elements apart (a 5 x 5
     conv: 50 bytes, a sector a thread), HWIO puts them side by side (EfficientNet-B0's 32 x 14 x 14 x 672 5 x 5 conv
     took 74 us on an H100 with OHWI, for 17 MB; the model 1.555 ms, 1.335 with HWIO). Grouped convs of wider groups
     keep OHWI: a reduction spread over a block's threads reads a filter along (r, s, c), OHWI's contiguous axis."""
