@@ -301,8 +301,9 @@ def test_a_record_that_selects_the_program_builds_it(tmp_path, cuda):
     choice = select_space(k.mod, cuda.target)
     ctx = ms.TuneContext(mod=k.mod, target=cuda.target, space_generator=choice.generator,
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t", rand_state=1)
-    programs = [s for s in ctx.generate_design_space() if rows.ANNOTATION in str(s.trace)]
-    assert len(programs) == 1
+    sketches = ctx.generate_design_space()
+    programs = [s for s in sketches if rows.ANNOTATION in str(s.trace)]
+    assert len(programs) == 1 and len(sketches) == 1   # where the program takes a kernel, its only sketch
     built = build_with_record(tmp_path / "r.db", cuda, fused, k, programs[0].trace)
     assert [kk.schedule for kk in built.kernels] == ["tuned"] and built.untuned == []
     src = cuda_source(built.executable)
@@ -511,3 +512,19 @@ def test_the_new_streamed_defaults_build_without_spills(tmp_path, case, n):
     assert "extern __shared__" in body and "x_k_ptr[" in body   # (the kept vectors: a local array in registers)
     assert re.search(r"\*\(uint4\*\)\(x_v_ptr \+ 0\) = \*\(uint4\*\)\(x_f_ptr \+ ", body)
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+
+
+def test_a_row_no_register_config_takes_is_still_searched_over_the_programs_configs(cuda):
+    """A LayerNorm of a width no thread count splits into whole vectors (848 = 16 x 53), narrower than 16384:
+    its untuned build keeps dlight's schedule (dlight measured faster than the streamed default there), but the
+    template takes it, so the search offers the program's streamed configs against that default."""
+    from tvmfuse.kernels import get
+    from tvmfuse.tune.defaults import config_schedules
+
+    _, (k,) = _row_kernels("layernorm", cuda, M=32, N=848)
+    template = get("rows")
+    assert template.default_config(k.mod["main"], cuda.target) is None
+    assert template.default_kernel(k.mod["main"], cuda.target) is None
+    assert template.fits(k.mod["main"], cuda.target) is None
+    schedules = config_schedules(k.mod, cuda.target, "rows")
+    assert schedules and all(" m" in name for name in schedules), list(schedules)

@@ -1,5 +1,6 @@
 """The row-reduction template's sketches: reductions over the last axis, each row reduced by its own threads, its
-row staged in shared memory, in registers, or re-read by every pass; and the row program's sketch last."""
+row staged in shared memory, in registers, or re-read by every pass; or, where the row program takes the kernel, the
+row program's sketch alone."""
 from __future__ import annotations
 
 from tvmfuse.kernels.knobs import Knob, sample
@@ -59,8 +60,19 @@ def template_row_reduction(sch, space, info: dict) -> list:
     (at most ``row_register_elements``), loaded once with vector loads; every pass reads the thread's
     own registers, and only the cross-thread reductions meet (warp shuffles, one small shared buffer):
     one read and one write of HBM per element, no shared-memory passes or barriers between them.
-    Sketch ``recompute``: no staging, each pass re-reads the inputs.
+    Sketch ``recompute``: no staging, each pass re-reads the inputs. Sketch ``program``: the row program
+    (``tvmfuse.kernels.rows``); where it takes the kernel on CUDA it is the only sketch.
     """
+    storages = list(space.knobs.get("row_storage", Knob("row_storage", ("shared", "recompute"), (0.5, 0.5))).values)
+    if "program" in storages and info.get("target_kind") == "cuda":
+        # where the row program takes the kernel it is the only sketch: its configs hold the row in registers,
+        # stage it in shared memory or re-read it through L2, and on the H200 its best beat the schedule-based
+        # sketches' on every kernel both took (softmax 65536 x 2048: 165 against 184 us, add+LayerNorm 16384 x 8192:
+        # 188 against 201). Beside it, a search spent most trials on those sketches: 27 of 33 in a replay of
+        # drawn row shapes (benchmarks/search_replay.py), where its neighbours in the program's configs went untried
+        program = program_sketch(sch, space, info)
+        if program is not None:
+            return [program]
     root = sch.get_sblock("root")
     outs = sch.get_output_blocks(root)
     if len(outs) != 1:
@@ -85,7 +97,6 @@ def template_row_reduction(sch, space, info: dict) -> list:
     # sum and output passes instead removes a barrier per step, but ran 1.26x slower on the H200:
     # 232 vs 184 us at 32 threads x 1 row, 65536 x 2048.)
     max_shared = int(space.extra.get("max_shared_bytes", 49152))
-    storages = list(space.knobs.get("row_storage", Knob("row_storage", ("shared", "recompute"), (0.5, 0.5))).values)
     sketches = []
     for storage in storages:
         if storage == "program":
@@ -193,10 +204,6 @@ def template_row_reduction(sch, space, info: dict) -> list:
         if "unroll" in space.knobs:
             s.annotate(root_s, "meta_schedule.unroll_explicit", sample(s, space.knobs["unroll"]))
         sketches.append(s)
-    if "program" in storages and info.get("target_kind") == "cuda":   # last: the others keep their places
-        program = program_sketch(sch, space, info)
-        if program is not None:
-            sketches.append(program)
     if not sketches:
         raise ValueError("row_reduction template: no sketch fits")
     return sketches
