@@ -290,7 +290,7 @@ def test_ragged_tiles_copy_zeros_past_the_end_and_store_only_the_output(m, n, k,
     out = np.full((m, n), np.nan)
     writes = np.zeros((m, n), int)
     _, stores = hopper.mma._mma_and_store(spec, c, "out[{row}, {col}] = {acc}", "pm", "pn", 0)
-    for pm in range(wcfg._tiles_m(spec, c)):
+    for pm in range(wcfg.tiles_m(spec, c)):
         for pn in range(wcfg.tiles_n(spec, c)):
             acc = np.zeros((c.block_m, c.block_n))
             for j in range(wcfg.k_steps(spec, c)):
@@ -871,7 +871,7 @@ def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
     class T:   # what the epilogue's predicates call
         And = staticmethod(lambda a, b: a and b)
 
-    tiles_m = hopper.config._tiles_m(spec, c)
+    tiles_m = hopper.config.tiles_m(spec, c)
     for pm in range(tiles_m):
         for pn in range(f // c.block_n):
             acc = np.zeros((c.block_m, c.block_n))

@@ -91,7 +91,7 @@ def test_each_output_is_its_column_pairs_gate_stored_once(m, n, cfg):
 
     _, stores = hopper.mma._mma_and_store(spec, c, "out[{row}, {col} // 2] = T.gate({acc0}, {acc1})", "pm", "pn", 0)
     assert "for v in" not in stores.split('T.tvm_storage_sync("shared")\n')[-1]   # one store a pair
-    for pm in range(wcfg._tiles_m(spec, c)):
+    for pm in range(wcfg.tiles_m(spec, c)):
         for pn in range(wcfg.tiles_n(spec, c)):
             tile = np.zeros((c.block_m, c.block_n))
             part = product[pm * c.block_m:(pm + 1) * c.block_m, pn * c.block_n:(pn + 1) * c.block_n]

@@ -17,7 +17,7 @@ from tvmfuse.plan import partition
 from tvmfuse.target import resolve_target
 from tvmfuse.tune import extract_kernels
 from tvmfuse.tune.defaults import config_schedule
-from tvmfuse.tune.features import TemplateFeatures, config_features, config_name, width
+from tvmfuse.tune.features import ANALYTIC, TemplateFeatures, config_features, config_name, width
 from tvmfuse.tune.spaces import classify
 from tvmfuse.tune.tuner import make_cost_model
 
@@ -57,8 +57,25 @@ def test_configs_of_one_template_differ_in_features_where_per_store_features_do_
     tails = [o[0, base[0].shape[1]:] for o in ours]
     assert len({t.tobytes() for t in tails}) == 3
     t = config_features(cands[1].sch.mod["main"])
-    letters = t[width() - 26:]
+    letters = t[width() - 26 - len(ANALYTIC):width() - len(ANALYTIC)]
     assert letters[ord("t") - ord("a")] == pytest.approx(np.log2(65)) and letters[ord("r") - ord("a")] == pytest.approx(np.log2(3))
+
+
+def test_the_analytic_columns_say_each_configs_launch(softmax_kernel):
+    """The columns after the knobs: grid, threads, shared memory, padding, work a block, blocks an SM, waves and
+    the last wave's fill, from the row program's figures (the test's softmax: 64 rows of 2048 fp16) on the
+    H200's 132 SMs: 64 blocks of one row or 32 of two, none of them a whole wave."""
+    from tvmfuse.target import device_figures
+
+    cuda, kernel = softmax_kernel
+    cands = _candidates(cuda, kernel, ["t32 r1", "t64 r2", "t256 r1"])
+    cols = [dict(zip(ANALYTIC, config_features(c.sch.mod["main"], device_figures(None))[-len(ANALYTIC):]))
+            for c in cands]
+    assert [2 ** c["blocks"] - 1 for c in cols] == pytest.approx([64, 32, 64])
+    assert [2 ** c["threads"] - 1 for c in cols] == pytest.approx([32, 128, 256])
+    assert [c["padding"] for c in cols] == [0, 0, 0]
+    assert [2 ** c["work"] - 1 for c in cols] == pytest.approx([2048, 4096, 2048])
+    assert [c["tail"] for c in cols] == pytest.approx([64 / (132 * 32), 32 / (132 * 16), 64 / (132 * 8)], rel=1e-5)
 
 
 def test_a_kernel_without_a_template_config_gets_zero_columns(softmax_kernel):

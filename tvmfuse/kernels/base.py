@@ -28,6 +28,12 @@ KERNELS = Path(__file__).resolve().parent
 _NOT_KERNEL_CODE = frozenset({KERNELS / "base.py", KERNELS / "__init__.py", KERNELS / "mutator.py"})
 
 
+# a config's launch (KernelTemplate.config_figures): blocks of its grid, threads and shared-memory bytes per block,
+# padding (work its tiles compute past the kernel's extents, over the work the kernel needs: a partial tile's idle
+# rows, columns or lanes) and work (outputs, or multiply-adds, of one block)
+FIGURES = ("blocks", "threads", "shared_bytes", "padding", "work")
+
+
 class KernelTemplate:
     """One kernel template. Subclasses set the class attributes and override the methods they have.
 
@@ -83,6 +89,12 @@ class KernelTemplate:
 
     def default_config(self, func, target):
         """The config an untuned build runs (an object with a ``name``), or None."""
+        return None
+
+    def config_figures(self, func, name: str) -> dict | None:
+        """What the config named ``name`` launches for ``func``, the cost model's analytic features across shapes
+        (``tvmfuse.tune.features``): each of :data:`FIGURES`. None where the template has no configs or cannot
+        read the kernel."""
         return None
 
     def default_kernel(self, func, target, space=None):

@@ -43,6 +43,8 @@ Hopper kernels' tiles and their overlapped variant) and ``sketch`` (the attentio
 """
 from __future__ import annotations
 
+import math
+
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.flash.config import (ANNOTATION, CANDIDATES, FlashConfig, all_configs, annotated_config, config_at,
                                           configs, default_config, parse_config, spec_of)
@@ -111,6 +113,22 @@ class FlashTemplate(KernelTemplate):
     def config_of(self, func) -> str | None:
         cfg = annotated_config(func)
         return None if cfg is None else cfg.name
+
+    def config_figures(self, func, name: str) -> dict | None:
+        spec = spec_of(func)
+        if spec is None:
+            return None
+        cfg = parse_config(name)
+        if spec.tf32 and isinstance(cfg, FlashConfig):
+            from tvmfuse.kernels.flash.tf32 import shared_bytes
+            shared = shared_bytes(spec, cfg)
+        else:
+            shared = cfg.shared_bytes(spec)
+        q_tiles, k_tiles = -(-spec.seq_q // cfg.block_m), -(-spec.seq_k // cfg.block_n)
+        keys = spec.seq_k if not spec.causal else (spec.seq_k + 1) / 2   # a causal row reads half the keys
+        return {"blocks": math.prod(spec.batch) * q_tiles, "threads": 32 * cfg.warps, "shared_bytes": shared,
+                "padding": q_tiles * cfg.block_m * k_tiles * cfg.block_n / (spec.seq_q * spec.seq_k) - 1.0,
+                "work": cfg.block_m * keys * (spec.head_dim + spec.head_dim_v)}
 
     def schedule(self, sch, space, info: dict) -> list:
         return template_attention(sch, space, info)

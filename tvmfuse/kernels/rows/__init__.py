@@ -166,6 +166,20 @@ class RowsTemplate(KernelTemplate):
         found = annotated(func)
         return None if found is None else found[1].name
 
+    def config_figures(self, func, name: str) -> dict | None:
+        from tvmfuse.kernels.rows.configs import _staged_bytes
+
+        found = annotated(func)   # a sketch's placeholder carries the planner's kernel
+        try:
+            prog = analyze(func if found is None else found[0])
+        except (Misfit, TypeError):
+            return None
+        cfg = parse_config(name)
+        step = cfg.threads * (cfg.lanes or prog.lanes())
+        return {"blocks": -(-prog.rows // cfg.rows_per_block), "threads": cfg.threads * cfg.rows_per_block,
+                "shared_bytes": _staged_bytes(prog, cfg) if cfg.mode == SHARED else 0,
+                "padding": -(-prog.cols // step) * step / prog.cols - 1.0, "work": prog.cols * cfg.rows_per_block}
+
     def expand(self, mod):
         return expand(mod)
 

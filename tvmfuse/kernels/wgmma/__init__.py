@@ -39,7 +39,7 @@ from __future__ import annotations
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.wgmma.analysis import Misfit, analyze
 from tvmfuse.kernels.wgmma.config import (ANNOTATION, CANDIDATES, SMS, SPEC, WgmmaConfig, configs, default_config,
-                                          parse_config, pixel_tile, supports, whole_tiles)
+                                          parse_config, pixel_tile, supports, tiles_m, tiles_n, whole_tiles)
 from tvmfuse.kernels.wgmma.cp_async import gemm_source
 from tvmfuse.kernels.wgmma.kernel import annotated, default_kernel, expand, kernel_for, untuned_config
 from tvmfuse.kernels.wgmma.layout import desc, tile_layout
@@ -100,6 +100,18 @@ class WgmmaTemplate(KernelTemplate):
     def config_of(self, func) -> str | None:
         found = annotated(func)
         return None if found is None else found[2].name
+
+    def config_figures(self, func, name: str) -> dict | None:
+        found = annotated(func)   # a sketch's placeholder carries the spec
+        try:
+            spec = analyze(func, gated=True)[0] if found is None else found[0]
+        except Exception:  # noqa: BLE001 - not a GEMM the template reads: no figures
+            return None
+        cfg = parse_config(name)
+        rows, cols = tiles_m(spec, cfg), tiles_n(spec, cfg)
+        computed = rows * cfg.block_m * cols * cfg.block_n
+        return {"blocks": rows * cols * spec.grid_batch, "threads": cfg.threads, "shared_bytes": cfg.shared_bytes(),
+                "padding": max(computed / (spec.rows * spec.n) - 1.0, 0.0), "work": cfg.block_m * cfg.block_n * spec.k}
 
     def expand(self, mod):
         return expand(mod)

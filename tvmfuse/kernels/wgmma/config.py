@@ -107,10 +107,10 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                 # (TF32: a TMA tile lands without passing a thread that could round it to
                                 # TF32, and wgmma truncates; the cp.async kernel rounds, see ptx.ROUND_TF32)
                                 continue
-                            tiles_m = _tiles_m(spec, c)   # a partial last tile row is predicated
+                            rows = tiles_m(spec, c)   # a partial last tile row is predicated
                             if ((whole_tiles(spec, c) or ragged and not c.tma)
                                     and (k_steps(spec, c) >= c.stages - 1 or c.stages == min(int(x) for x in stages))
-                                    and tiles_m % c.raster == 0
+                                    and rows % c.raster == 0
                                     # cp.async: a batch in flight holds a stage: at 3 stages that left two and
                                     # ran 1.24x slower on the H200; at 4 it matched or beat f0.
                                     # TMA: the producer refills a stage as soon as it is released; a batch
@@ -193,7 +193,7 @@ def _patches(spec: GemmSpec) -> int:
     return g.n * -(-g.oh // bh) * -(-g.ow // bw)
 
 
-def _tiles_m(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+def tiles_m(spec: GemmSpec, cfg: WgmmaConfig) -> int:
     """Tile rows: of ``block_m / 64`` patches of output pixels for a TMA conv (the last tile's past the output read
     zeros and store nothing), else of ``block_m`` GEMM rows (the last one partial where they do not divide)."""
     if cfg.tma and spec.conv is not None:
@@ -231,7 +231,7 @@ def grid_time(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int) -> float:
     """A relative time of ``cfg``'s grid: the waves of blocks over ``sm_count`` SMs times one block's tile, slowed
     where the tile is too small to feed the tensor cores from L2 (its FMAs per loaded element, block_m * block_n /
     (block_m + block_n), below 128 x 128's 64: a 64 x 64 tile loads twice the bytes per FMA)."""
-    blocks = _tiles_m(spec, cfg) * tiles_n(spec, cfg)
+    blocks = tiles_m(spec, cfg) * tiles_n(spec, cfg)
     tile = cfg.block_m * cfg.block_n
     efficiency = min(1.0, tile / (cfg.block_m + cfg.block_n) / 64)
     return -(-blocks // sm_count) * tile / efficiency

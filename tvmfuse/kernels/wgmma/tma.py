@@ -2,7 +2,8 @@
 mbarriers."""
 from __future__ import annotations
 
-from tvmfuse.kernels.wgmma.config import WgmmaConfig, SMS, _tiles_m, pixel_tile
+from tvmfuse.kernels.wgmma.config import WgmmaConfig, SMS, pixel_tile
+from tvmfuse.kernels.wgmma.config import tiles_m as m_tiles_of
 from tvmfuse.kernels.wgmma.layout import _pixel_origin, _tile_coords
 from tvmfuse.kernels.wgmma.mma import _mma_and_store
 from tvmfuse.kernels.wgmma.ptx import _indent, _ptx
@@ -74,7 +75,7 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     them, so the producer loads the next tile while the computing warpgroups store this one."""
     BM, BN, BK, S, F = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.inflight
     NC = 128 * cfg.warpgroups   # computing threads
-    tiles_m, tiles_n, kt = _tiles_m(spec, cfg), spec.n // BN, spec.k // BK
+    tiles_m, tiles_n, kt = m_tiles_of(spec, cfg), spec.n // BN, spec.k // BK
     tiles = tiles_m * tiles_n
     # blocks, and tiles per block: block bx takes tiles bx, bx + grid, ..; the barriers' phases run on across them
     # (step g = it * kt + k of the block's it-th tile)
