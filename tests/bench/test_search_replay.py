@@ -66,6 +66,24 @@ def test_the_runner_answers_from_the_table():
     assert bad.run_secs is None and "check" in bad.error_msg and runner.asked == ["a b", "c d"]
 
 
+def test_dlights_schedule_is_the_tables_stock_default_and_only_the_first_candidate_maps_to_it():
+    """A ragged LayerNorm whose untuned build runs dlight's rules: the tuner measures that schedule first, and the
+    table answers it as STOCK; a later candidate that selects no config (another sketch's) is outside the table."""
+    from benchmarks.search_replay import STOCK, TableBuilder
+    from tvmfuse._gpu_rules import default_schedule
+    from tvmfuse._tvm import ms
+    from tvmfuse.target import resolve_target
+
+    target = resolve_target("cuda")
+    kernel = kernel_of("rows", {"case": "layernorm", "M": 32, "N": 848}, target)
+    stock = default_schedule(kernel.mod, target.target, is_gpu=True)
+    names: dict = {}
+    builder = TableBuilder({STOCK: {"ms": 1.0, "ok": True, "error": None}}, names)
+    first, second = builder.build([ms.builder.BuilderInput(stock.mod, target.target)] * 2)
+    assert first.error_msg is None and list(names.values()) == [STOCK]
+    assert second.artifact_path is None and "not a config of the table" in second.error_msg
+
+
 def test_the_summary_counts_the_shapes_whose_default_leaves_room(gemm_table):
     _, table = gemm_table
     (key,) = table["shapes"]
