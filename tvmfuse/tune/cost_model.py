@@ -26,7 +26,12 @@ def make_cost_model(name: str):
                            hint="pip install xgboost, or --cost-model random") from None
     from tvmfuse.tune.features import TemplateFeatures
 
-    return ms.cost_model.XGBModel(extractor=TemplateFeatures(), num_warmup_samples=XGB_WARMUP_SAMPLES)
+    # retrained after every round: MetaSchedule's adaptive training waits until the data has grown by a fifth, so
+    # a model shared by a run's kernels stopped learning within a kernel once earlier kernels had filled it (in a
+    # replay of six drawn convs, 32 of 32 trials of a later conv went to one sketch the table had no time for,
+    # each a failure the model never saw)
+    return ms.cost_model.XGBModel(extractor=TemplateFeatures(), num_warmup_samples=XGB_WARMUP_SAMPLES,
+                                  adaptive_training=False)
 
 
 def fitted(model) -> bool:

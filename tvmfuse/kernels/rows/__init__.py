@@ -27,6 +27,8 @@ register program and ``stream`` the streamed one; this module is the template's 
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.rows.configs import (Room, configs, default_config, room_for, staged_bytes_for, streamed_configs,
                                           untuned_config)
@@ -119,6 +121,22 @@ def program_sketch(sch, space, info: dict | None = None):
     return s
 
 
+def _program(func) -> RowProgram | None:
+    try:
+        return analyze(func)
+    except (Misfit, TypeError):
+        return None
+
+
+@lru_cache(maxsize=256)
+def _program_of_source(text: str) -> RowProgram | None:
+    """The row program of a sketch's annotated kernel (its TVMScript): parsed once, as the cost model asks for every
+    candidate of a search's population."""
+    from tvmfuse.kernels.wgmma.ptx import parse
+
+    return _program(parse(text))
+
+
 class RowsTemplate(KernelTemplate):
     """The row program on CUDA; the row-reduction sketch samples its configs (its ``program`` sketch)."""
 
@@ -169,10 +187,11 @@ class RowsTemplate(KernelTemplate):
     def config_figures(self, func, name: str) -> dict | None:
         from tvmfuse.kernels.rows.configs import _staged_bytes
 
-        found = annotated(func)   # a sketch's placeholder carries the planner's kernel
-        try:
-            prog = analyze(func if found is None else found[0])
-        except (Misfit, TypeError):
+        from tvmfuse.kernels.annotations import root_annotations
+
+        notes = root_annotations(func, SOURCE)   # a sketch's placeholder carries the planner's kernel
+        prog = _program(func) if notes is None else _program_of_source(str(notes[SOURCE]))
+        if prog is None:
             return None
         cfg = parse_config(name)
         step = cfg.threads * (cfg.lanes or prog.lanes())
