@@ -55,6 +55,36 @@ def test_the_tuner_searches_the_table_and_never_leaves_it(gemm_table):
         assert min(times) < times[0]
 
 
+def test_candidates_that_fail_to_build_teach_the_shared_model(gemm_table, tmp_path):
+    """MetaSchedule's cost-model update skips a candidate whose build failed; the tuner hands those to its model as
+    failures, so every trial of the search (the default aside) is a sample the model learnt from."""
+    from benchmarks.search_replay import TableBuilder
+    from tvmfuse.db import open_database
+    from tvmfuse.tune import tune_kernels
+    from tvmfuse.tune.cost_model import make_cost_model
+    from tvmfuse.tune.tuner import TuneConfig
+
+    target, table = gemm_table
+    (key, entry), = table["shapes"].items()
+    kept = dict(list(entry["configs"].items())[::4])   # the rest fail to build: not configs of this table
+    kept[entry["default"]] = entry["configs"][entry["default"]]
+    names: dict = {}
+    model = make_cost_model("xgb")
+    config = TuneConfig(trials=16, trials_per_kernel=17, trials_per_round=8, population=64, seed=0, cost_model="xgb",
+                        check=False, retime_finalists=0, strategy="evolutionary", nvcc_cache="off")
+    kernel = kernel_of("gemm", entry["shape"], target)
+    (result,) = tune_kernels([kernel], target=target, database=open_database(tmp_path / "r.db", target=target),
+                             config=config, cost_model=model, builder=TableBuilder(kept, names),
+                             runner=TableRunner(kept, names))
+    assert result.status in ("tuned", "exhausted")
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "r.db") as db:
+        failed = db.execute("select count(*) from trial_errors").fetchone()[0]
+    # (trials_run counts the default too, which is measured outside the search)
+    assert failed > 0 and model.data_size == result.trials_run - 1 == 16, (model.data_size, result.trials_run, failed)
+
+
 def test_the_runner_answers_from_the_table():
     from tvmfuse._tvm import ms
 

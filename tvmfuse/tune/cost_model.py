@@ -1,7 +1,7 @@
 """The cost model one tuning run shares across its kernels."""
 from __future__ import annotations
 
-from tvmfuse._tvm import ms
+from tvmfuse._tvm import derived_object, ms
 from tvmfuse.errors import TvmfuseError
 
 COST_MODELS = ("xgb", "random")
@@ -40,3 +40,24 @@ def fitted(model) -> bool:
     data = getattr(model, "data_size", None)
     return (data is not None and data >= getattr(model, "num_warmup_samples", 0)
             and getattr(model, "booster", None) is not None)
+
+
+@derived_object
+class TeachFailedBuilds(ms.measure_callback.PyMeasureCallback):
+    """Gives ``cost_model`` the candidates that failed to build, as failures (a cost of 1e10, no throughput).
+
+    MetaSchedule's own update skips them, so a model never learns that a region of the space does not build and
+    keeps ranking it first: in a replay of drawn convs, whose table answers a sketch it has no times for as a
+    failed build, the model-guided search spent all 32 trials of three of six convs there."""
+
+    def __init__(self, cost_model):
+        super().__init__()
+        self.cost_model = cost_model
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        failed = [i for i, b in enumerate(builder_results) if b.error_msg is not None]
+        if not failed or not isinstance(self.cost_model, ms.cost_model.XGBModel):
+            return
+        ctx = task_scheduler.tasks_[task_id].ctx
+        self.cost_model.update(ctx, [measure_candidates[i] for i in failed],
+                               [ms.runner.RunnerResult(None, "build failed") for _ in failed])
