@@ -85,6 +85,41 @@ def test_candidates_that_fail_to_build_teach_the_shared_model(gemm_table, tmp_pa
     assert failed > 0 and model.data_size == result.trials_run - 1 == 16, (model.data_size, result.trials_run, failed)
 
 
+def test_a_default_the_model_chose_is_measured_beside_the_rule(gemm_table, tmp_path):
+    """Once the shared model has learnt the template at one shape, it picks the next shape's first config; the
+    hand rule (what an untuned build runs) is measured too, so a tuned build is never slower than the untuned
+    one because the model's pick was worse."""
+    from benchmarks.search_replay import TableBuilder
+    from tvmfuse.db import open_database
+    from tvmfuse.kernels import get
+    from tvmfuse.tune import tune_kernels
+    from tvmfuse.tune.cost_model import make_cost_model
+    from tvmfuse.tune.tuner import TuneConfig
+
+    target, table = gemm_table
+    (key, entry), = table["shapes"].items()
+    shape = {"M": 512, "N": 384, "K": 512}
+    second = kernel_of("gemm", shape, target)
+    _, schedules = template_space(second.mod, target.target)
+    rng = random.Random(1)
+    configs = {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in schedules}
+    rule = get("wgmma").default_config(second.mod["main"], target.target).name
+    model, db = make_cost_model("xgb"), open_database(tmp_path / "m.db", target=target)
+    config = TuneConfig(trials=16, trials_per_kernel=17, trials_per_round=8, population=64, seed=0, cost_model="xgb",
+                        check=False, retime_finalists=0, strategy="evolutionary", nvcc_cache="off")
+    results, asked = [], []
+    for kernel, configs_of in ((kernel_of("gemm", entry["shape"], target), entry["configs"]), (second, configs)):
+        names: dict = {}
+        runner = TableRunner(configs_of, names)
+        (r,) = tune_kernels([kernel], target=target, database=db, config=config, cost_model=model,
+                            builder=TableBuilder(configs_of, names), runner=runner)
+        results.append(r)
+        asked.append(runner.asked)
+    assert results[0].default == "rule"
+    assert results[1].default.startswith("model (") and results[1].default.endswith(" + rule"), results[1].default
+    assert rule in asked[1][:2] and results[1].baseline_s == pytest.approx(configs[rule]["ms"] / 1e3)
+
+
 def test_the_runner_answers_from_the_table():
     from tvmfuse._tvm import ms
 

@@ -196,10 +196,8 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
             _report(st.progress, "on_remote", st.index, dict(st.servers), lost)
         if st.progress is not None:
             st.progress.on_batch(st.index, st.trials, st.best)
-        # Asked to stop: end this kernel's search here, the batch just measured being committed already (the
-        # database's callback runs before this one). Only while the pass has budget left: the scheduler then
-        # joins a batch inside its loop, and a task it has terminated is not terminated again; after the last
-        # batch it terminates the task itself.
+        # Asked to stop: end the search here (this batch is committed: the database's callback ran first); only while
+        # the pass has budget left (after its last batch the scheduler terminates the task itself, and never twice)
         if st.stop is not None and not st.cut and st.trials < st.pass_end and st.stop():
             task_scheduler.terminate_task(task_id)
             st.cut = True
@@ -405,6 +403,10 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
                 state.extra, result.baseline_s, state.default_error = _measure_baseline(
                     kernel, target=target, database=database, builder=builder, runner=runner, state=state)
                 result.default = state.default_source
+                if result.default.startswith("model"):   # the rule too: what an untuned build runs, never lost
+                    n, result.baseline_s, state.default_error = _measure_baseline(
+                        kernel, target=target, database=database, builder=builder, runner=runner, rule=True)
+                    state.extra, result.default = state.extra + n, result.default + " + rule"
                 _report(state.progress, "on_default", state.index, result.baseline_s)
         _tune_one(kernel, budget, target=target, database=database, config=config, builder=builder,
                   runner=runner, work_dir=work_dir, state=state, space=state.choice.generator)
@@ -505,7 +507,7 @@ def check_best(kernel: Kernel, *, target: TargetInfo, database, attempts: int = 
 
 
 def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, runner,
-                      state: _BatchState | None = None) -> tuple[int, float | None, str]:
+                      state: _BatchState | None = None, rule: bool = False) -> tuple[int, float | None, str]:
     """Measure the schedule an untuned build would give ``kernel`` and commit it as a record.
 
     With it in the database the best record, which is what a build applies, is never slower than the
@@ -513,14 +515,14 @@ def _measure_baseline(kernel: Kernel, *, target: TargetInfo, database, builder, 
     whose im2col reads are gathers) costs nothing. Its trace also seeds the evolutionary search.
     Returns (records committed: 0 or 1, mean seconds or None when it did not build or run, why it did not).
     A measurement lost with its RPC server commits nothing and is no failure (the next run measures it).
+    ``rule``: the template's hand rule (what an untuned build runs), never the cost model's pick.
     """
     from tvmfuse.rpc.runner import is_lost
     from tvmfuse.tune.model_default import model_default
 
-    # on CUDA an untuned build runs attention on the flash template's default tiles, not dlight's scalar
-    # kernel, and a GEMM on sm_90a on the wgmma template's default tiles; a template's default is the config the
-    # run's cost model ranks first where the database measured the template at other shapes
-    sch, source = model_default(kernel.mod, target, cost_model=getattr(state, "cost_model", None), database=database)
+    # a template's default (flash, wgmma, ...): the config the run's model ranks first where it learnt the template
+    sch, source = model_default(kernel.mod, target, cost_model=None if rule else getattr(state, "cost_model", None),
+                                database=database)
     if sch is None:
         sch, source = default_schedule(kernel.mod, target.target, is_gpu=target.is_gpu,
                                        sm_count=device_figures(target).sm_count), "stock"
@@ -591,10 +593,8 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
             measure_callbacks=callbacks, task_scheduler="round-robin",
         )
     except Exception as err:  # noqa: BLE001 - one case is the stop asked for, the rest re-raised
-        # The stop (_ProgressCallback) terminated the task while the scheduler was joining its batch; when the
-        # search then has no candidate left the scheduler terminates it again and its check fails ("Check failed:
-        # (!task->is_terminated)"). Seen when every server was gone: the batch's trials all lost, nothing new to
-        # sample in a small space. Everything measured was committed before the stop: the search simply ended.
+        # the stop terminated the task mid-batch and a search with no candidate left terminated it again ("Check
+        # failed: (!task->is_terminated)", every server gone): all measured was committed, the search just ended
         if not (state.cut and "is_terminated" in str(err)):
             raise
     _quiet_ms_console()
