@@ -177,9 +177,8 @@ def make_runner(opts: RPCOptions, *, workers: int, number: int = 3, repeat: int 
 
 @derived_object
 class SkipLost(ms.measure_callback.PyMeasureCallback):
-    """Runs ``inner`` (MetaSchedule's AddToDatabase or UpdateCostModel) on the trials that were not lost: a lost
-    trial is no record, so it is neither a failed schedule in the database or the model nor a spent trial (the next
-    run measures it again)."""
+    """Runs ``inner`` (MetaSchedule's AddToDatabase) on the trials that were not lost: a lost trial is no record,
+    so it is neither a failed schedule in the database nor a spent trial (the next run measures it again)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -196,9 +195,9 @@ class SkipLost(ms.measure_callback.PyMeasureCallback):
 
 
 def measure_callbacks() -> list:
-    """MetaSchedule's default callbacks with the database's and the cost model's skipping lost trials (the model's
-    update takes a run's error as a failure of the candidate, a cost of 1e10: a lost server says nothing of it)."""
+    """MetaSchedule's default callbacks with the database's skipping lost trials (the tuner's cost-model update,
+    ``tvmfuse.tune.cost_model.LearnEveryTrial``, skips them itself)."""
     out = []
     for cb in ms.measure_callback.MeasureCallback.create("default"):
-        out.append(SkipLost(cb) if type(cb).__name__ in ("AddToDatabase", "UpdateCostModel") else cb)
+        out.append(SkipLost(cb) if type(cb).__name__ == "AddToDatabase" else cb)
     return out

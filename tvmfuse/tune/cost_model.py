@@ -43,21 +43,30 @@ def fitted(model) -> bool:
 
 
 @derived_object
-class TeachFailedBuilds(ms.measure_callback.PyMeasureCallback):
-    """Gives ``cost_model`` the candidates that failed to build, as failures (a cost of 1e10, no throughput).
+class LearnEveryTrial(ms.measure_callback.PyMeasureCallback):
+    """MetaSchedule's UpdateCostModel, but a candidate that failed to build is a failure the model learns (a cost
+    of 1e10, no throughput) rather than a sample it skips, and a trial lost with its RPC server is no sample.
 
-    MetaSchedule's own update skips them, so a model never learns that a region of the space does not build and
-    keeps ranking it first: in a replay of drawn convs, whose table answers a sketch it has no times for as a
-    failed build, the model-guided search spent all 32 trials of three of six convs there."""
+    Skipped, failed builds never taught a model that a region of the space does not build, and it kept ranking that
+    region first: in a replay of drawn convs, whose table answers a sketch it has no times for as a failed build,
+    the model-guided search spent all 32 trials of three of six convs there."""
 
     def __init__(self, cost_model):
         super().__init__()
         self.cost_model = cost_model
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-        failed = [i for i, b in enumerate(builder_results) if b.error_msg is not None]
-        if not failed or not isinstance(self.cost_model, ms.cost_model.XGBModel):
+        from tvmfuse.rpc.runner import is_lost
+
+        keep = [i for i, r in enumerate(runner_results) if not is_lost(r)]
+        if not keep:
             return
-        ctx = task_scheduler.tasks_[task_id].ctx
-        self.cost_model.update(ctx, [measure_candidates[i] for i in failed],
-                               [ms.runner.RunnerResult(None, "build failed") for _ in failed])
+        results = [runner_results[i] if builder_results[i].error_msg is None
+                   else ms.runner.RunnerResult(None, "build failed") for i in keep]
+        self.cost_model.update(task_scheduler.tasks_[task_id].ctx, [measure_candidates[i] for i in keep], results)
+
+
+def learning_callbacks(callbacks: list, cost_model) -> list:
+    """``callbacks`` (MetaSchedule's defaults, or the RPC runner's) with their cost-model update replaced by
+    :class:`LearnEveryTrial`."""
+    return [cb for cb in callbacks if type(cb).__name__ != "UpdateCostModel"] + [LearnEveryTrial(cost_model)]

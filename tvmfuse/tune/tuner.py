@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 
 from tvmfuse._gpu_rules import default_schedule
 from tvmfuse._tvm import derived_object, ensure_tensor_intrinsics, ms
-from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, TeachFailedBuilds, make_cost_model  # noqa: F401
+from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, learning_callbacks, make_cost_model  # noqa: F401
 from tvmfuse.target import TargetInfo, device_figures
 from tvmfuse import nvcc_cache
 from tvmfuse.tune.builder import close_builder, make_builder
@@ -584,7 +584,7 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
         defaults = measure_callbacks()
     else:
         defaults = list(ms.measure_callback.MeasureCallback.create("default"))
-    callbacks = defaults + [TeachFailedBuilds(state.cost_model), _ProgressCallback(state)]
+    callbacks = learning_callbacks(defaults, state.cost_model) + [_ProgressCallback(state)]
     try:
         ms.tune_tasks(
             tasks=ctxs, task_weights=[float(kernel.weight)], work_dir=str(work_dir),
