@@ -28,8 +28,8 @@ def make_cost_model(name: str):
 
     # retrained after every round: MetaSchedule's adaptive training waits until the data has grown by a fifth, so
     # a model shared by a run's kernels stopped learning within a kernel once earlier kernels had filled it (in a
-    # replay of six drawn convs, 32 of 32 trials of a later conv went to one sketch the table had no time for,
-    # each a failure the model never saw)
+    # replay of six drawn convs, retrained each round it reached random search's 32-trial best in 14 trials, not
+    # never; its median speedup over the default went from 1.19 to 1.15)
     return ms.cost_model.XGBModel(extractor=TemplateFeatures(), num_warmup_samples=XGB_WARMUP_SAMPLES,
                                   adaptive_training=False)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from tvmfuse._tvm import derived_object, ms, tvm
 from tvmfuse.kernels import registry
+from tvmfuse.kernels.base import FIGURES
 from tvmfuse.kernels.annotations import chosen
 from tvmfuse.kernels.mutator import knob_vector
 
@@ -34,7 +35,7 @@ def _keyed() -> tuple:
 
 # the analytic columns after the knobs: a config's launch (``KernelTemplate.config_figures``) and what it makes of
 # the GPU's SMs, the same columns for every template, so one model learns across shapes and templates
-ANALYTIC = ("blocks", "threads", "shared_bytes", "padding", "work", "blocks_per_sm", "waves", "tail")
+ANALYTIC = FIGURES + ("blocks_per_sm", "waves", "tail")
 
 
 def width() -> int:
