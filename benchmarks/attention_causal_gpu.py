@@ -115,11 +115,13 @@ CASES = {   # name: (attention_onnx arguments, what the planner must recognise: 
     "a causal": (dict(batch=8, heads=16, seq_q=2048, dim=64, mask="const"), (True, 1)),
     "b gqa causal": (dict(batch=4, heads=32, kv_heads=8, seq_q=4096, dim=128, mask="const", repeat="expand"),
                      (True, 4)),
+    "c d128": (dict(batch=4, heads=32, seq_q=4096, dim=128, mask="none"), (False, 1)),   # ANCHORS.md's attention
 }
 SMALL = {   # --small: the same graphs at llvm sizes
     "a unmasked": dict(batch=1, heads=2, seq_q=64, dim=16, mask="none"),
     "a causal": dict(batch=1, heads=2, seq_q=64, dim=16, mask="const"),
     "b gqa causal": dict(batch=1, heads=8, kv_heads=2, seq_q=64, dim=32, mask="const", repeat="expand"),
+    "c d128": dict(batch=1, heads=2, seq_q=64, dim=32, mask="none"),
 }
 
 
@@ -201,13 +203,19 @@ def _time_tvm(f, dev, args) -> float:
     return float(np.median(te(*args).results)) * 1e6
 
 
+NAMES: list[str] = []   # --names: the configs to time instead of the space's first N
+
+
 def _configs(spec, n: int) -> list:
     """``n`` configs of the template's space besides the default for ``spec``: the mma.sync default, the overlapped
     Hopper kernels, the runner-up Hopper tiles measured at the non-causal anchor, then the rest in space order."""
     from tvmfuse.kernels.flash import configs, default_config, parse_config
 
     default = default_config(spec, wgmma=True)
-    space = [c for c in configs(spec, wgmma=(True, False), overlap=(True, False)) if c != default]
+    space = [c for c in configs(spec, wgmma=(True, False), overlap=(True, False), tma=(0, 1, 2),
+                                max_shared_bytes=227 * 1024) if c != default]
+    if NAMES:
+        return [c for c in space if c.name in NAMES]
     first = [parse_config(x) for x in ("w4 m2 n32 s1", "w4 m1 n64 s2 hp", "w8 m1 n64 s2 hp", "w8 m1 n64 s2 h",
                                        "w4 m1 n64 s2 h", "w8 m1 n128 s1")]
     return ([c for c in first if c in space] + [c for c in space if c not in first])[:n]
@@ -284,6 +292,9 @@ def sdpa_rows() -> list[dict]:
     for causal in (False, True):
         out.append({"case": "a causal" if causal else "a unmasked", "kernel": f"SDPA is_causal={causal}",
                     "us": _time_torch(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))})
+    q, k, v = rnd(4, 32, 4096, 128), rnd(4, 32, 4096, 128), rnd(4, 32, 4096, 128)
+    out.append({"case": "c d128", "kernel": "SDPA is_causal=False",
+                "us": _time_torch(lambda: F.scaled_dot_product_attention(q, k, v))})
     q, k, v = rnd(4, 32, 4096, 128), rnd(4, 8, 4096, 128), rnd(4, 8, 4096, 128)
     try:
         us = _time_torch(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
@@ -349,6 +360,7 @@ def small() -> list[dict]:
 
 
 SDPA_OF = {"a unmasked": ("SDPA is_causal=False",), "a causal": ("SDPA is_causal=True",),
+           "c d128": ("SDPA is_causal=False",),
            "b gqa causal": ("SDPA is_causal enable_gqa", "SDPA is_causal (K/V repeated)")}
 
 
@@ -360,14 +372,14 @@ def _table(rows: list[dict]) -> str:
             sdpa[r["case"]] = r["us"]
     unmasked = {r["kernel"]: r["us"] for r in rows if r["case"] == "a unmasked" and "us" in r
                 and r["kernel"] in ("default kernel", "model (untuned default)")}
-    lines = [f"{'case':14s} {'kernel':30s} {'config':16s} {'recog':6s} {'ok':5s} {'rel err':>9s} {'us':>9s} "
+    lines = [f"{'case':14s} {'kernel':30s} {'config':18s} {'recog':6s} {'ok':5s} {'rel err':>9s} {'us':>9s} "
              f"{'x SDPA':>7s} {'/unmasked':>9s}"]
     for r in rows:
         us, ours = r.get("us"), not str(r.get("kernel", "")).startswith("SDPA")
         vs_sdpa = f"{us / sdpa[r['case']]:7.2f}" if us and ours and r["case"] in sdpa else ""
         vs_plain = (f"{us / unmasked[r['kernel']]:9.2f}" if us and r["case"] == "a causal" and r["kernel"] in unmasked
                     else "")
-        lines.append(f"{r['case']:14s} {str(r.get('kernel', ''))[:30]:30s} {str(r.get('config', ''))[:16]:16s} "
+        lines.append(f"{r['case']:14s} {str(r.get('kernel', ''))[:30]:30s} {str(r.get('config', ''))[:18]:18s} "
                      f"{str(r.get('recognised', ''))[:6]:6s} {str(r.get('ok', '')):5s} "
                      f"{r.get('rel_error', float('nan')):9.2e} {us if us is not None else float('nan'):9.1f} "
                      f"{vs_sdpa:>7s} {vs_plain:>9s} {r.get('error', '')[:60]}")
@@ -380,7 +392,9 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="plan and build every kernel for CUDA, run nothing")
     ap.add_argument("--small", action="store_true", help="small shapes on llvm against onnxruntime")
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated case names (GPU run)")
+    ap.add_argument("--names", default="", help="comma-separated config names to time (with --configs N: at most N)")
     a = ap.parse_args()
+    NAMES.extend(n.strip() for n in a.names.split(",") if n.strip())
     t0 = time.time()
     if a.small:
         rows = small()

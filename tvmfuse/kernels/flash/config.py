@@ -14,6 +14,8 @@ from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit
 # trace, so a record keeps the list it was sampled from) and the sampled index into them.
 ANNOTATION = "tvmfuse.flash_config"
 CANDIDATES = "tvmfuse.flash_candidates"
+# A TMA kernel's dynamic shared memory at most: one block an SM (an H100's and H200's 227 KB a block)
+TMA_SHARED_BYTES = 227 * 1024
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class FlashConfig:
     #                       (Q, K and V by cp.async), P fed to the PV wgmma from registers (m_tiles 1)
     overlap: bool = False  # (wgmma, 2 stages) the next step's Q·Kᵀ runs on the tensor cores during this step's
     #                        softmax, and this step's P·V during the next step's loads and waits
+    tma: int = 0          # (wgmma) 1: warp-specialized, a producer warp loads Q, K and V by TMA into ``stages``
+    #                       slots handed over by mbarriers (:mod:`tvmfuse.kernels.flash.tma`); 2: its two computing
+    #                       warpgroups also take turns on the tensor cores (ping-pong)
 
     @property
     def block_m(self) -> int:
@@ -35,11 +40,17 @@ class FlashConfig:
     @property
     def name(self) -> str:
         return (f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}"
-                + (" hp" if self.overlap else " h" if self.wgmma else ""))
+                + (" hp" if self.overlap else {1: " ht", 2: " htp"}.get(self.tma, " h") if self.wgmma else ""))
+
+    @property
+    def threads(self) -> int:
+        """Threads a block: the computing warps, and a TMA kernel's producer warpgroup."""
+        return 32 * self.warps + (128 if self.tma else 0)
 
     def shared_bytes(self, spec: AttentionSpec) -> int:
-        if self.wgmma:   # unpadded (swizzled) tiles, Q staged too
-            return 2 * (self.stages * self.block_n * (spec.head_dim + spec.head_dim_v) + self.block_m * spec.head_dim)
+        if self.wgmma:   # unpadded (swizzled) tiles, Q staged too; a TMA kernel's mbarriers (Q's, 4 a slot)
+            return (2 * (self.stages * self.block_n * (spec.head_dim + spec.head_dim_v) + self.block_m * spec.head_dim)
+                    + (8 * (1 + 4 * self.stages) if self.tma else 0))
         k_tile = self.block_n * (spec.head_dim + 8) if spec.k_rows else spec.head_dim * (self.block_n + 8)
         v_tile = self.block_n * (spec.head_dim_v + 8)
         q_tile = self.block_m * (spec.head_dim + 8) if self.m_tiles > 1 else 0
@@ -47,7 +58,7 @@ class FlashConfig:
 
 
 def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
-            max_shared_bytes: int = 100 * 1024, wgmma=(False,), overlap=(False,)) -> list[FlashConfig]:
+            max_shared_bytes: int = 100 * 1024, wgmma=(False,), overlap=(False,), tma=(0,)) -> list[FlashConfig]:
     """The tile configs (from the given choices) that fit ``spec``'s registers and ``max_shared_bytes`` of (dynamic)
     shared memory; the Hopper ones must also divide its sequences (the ``mma.sync`` ones guard a ragged last tile).
     100 KB leaves room for two blocks on an H200 SM (228 KB).
@@ -98,6 +109,17 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
                             and spec.seq_q % c.block_m == 0 and spec.seq_k % (2 * c.block_n) == 0
                             and c.shared_bytes(spec) <= max_shared_bytes):
                         out.append(c)
+        # warp-specialized by TMA: two computing warpgroups (128 query rows) and a producer, one block an SM (its
+        # registers go to the computing warpgroups), so its slots may fill the SM's shared memory
+        for t in (t for t in tma if t):
+            for n in block_n:
+                for st in (2, 3):
+                    c = FlashConfig(8, int(n), st, 1, True, False, int(t))
+                    regs = c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2
+                    if (8 in tuple(warps) and c.block_n in (64, 128) and regs <= 160 and spec.head_dim <= 256
+                            and spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0
+                            and c.shared_bytes(spec) <= TMA_SHARED_BYTES):
+                        out.append(c)
     return out
 
 
@@ -107,9 +129,10 @@ def parse_config(name: str) -> FlashConfig | SimtConfig:
     parts = name.split()
     if "c" in parts:
         return parse_simt(name)
-    fields = dict((part[0], int(part[1:])) for part in parts if part not in ("h", "hp"))
+    fields = dict((part[0], int(part[1:])) for part in parts if part not in ("h", "hp", "ht", "htp"))
     return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"],
-                       wgmma="h" in parts or "hp" in parts, overlap="hp" in parts)
+                       wgmma=bool({"h", "hp", "ht", "htp"} & set(parts)), overlap="hp" in parts,
+                       tma=2 if "htp" in parts else 1 if "ht" in parts else 0)
 
 
 def all_configs(spec: AttentionSpec, wgmma: bool = False) -> list:

@@ -11,6 +11,7 @@ from tvmfuse.kernels.wgmma.config import SMS
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices,
                                            key_loop, key_steps, kt_vector, kv_index, kv_tile_copies, query_read,
                                            tile_scores)
+from tvmfuse.kernels.flash.tma import tma_body
 from tvmfuse.kernels.flash.wgmma_tiles import _overlap_body, _wgmma_parts
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -160,6 +161,9 @@ for kv in T.unroll({BN // 16}):
     out_at = f"out[{', '.join([*bidx, row, f'i // 4 * 8 + {tig} * 2 + i % 2'])}]"
     if cfg.overlap:
         return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
+    if cfg.tma:
+        encode, body = tma_body(spec, cfg, out_at, row, tig)
+        return _kernel(spec, cfg, params, body, threads=cfg.threads, prelude=encode)
     if cfg.wgmma:
         allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
 
@@ -188,26 +192,30 @@ for h in T.unroll({2 * M}):
     return _kernel(spec, cfg, params, body)
 
 
-def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str) -> str:
+def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str, threads: int | None = None,
+            prelude: str = "") -> str:
+    """The kernel's PrimFunc text: ``prelude`` (host statements: TMA tensor maps) before the grid of query tiles and
+    heads, ``threads`` a block (``32 * cfg.warps`` where not given), ``body`` inside."""
     # (a CUDA-core kernel's last query tile may be ragged)
     tiles, heads = -(-spec.seq_q // cfg.block_m), math.prod(spec.batch)
+    threads = threads or 32 * cfg.warps
     if spec.causal:
         # a causal tile's work grows with its index: the heaviest launch first (blockIdx.y is the slower launch
         # order) so the last wave holds the light ones; blockIdx.x walks the heads, so the heads sharing a K/V head
         # (GQA) run side by side and meet in L2
         grid = (f"for byr in T.thread_binding({tiles}, thread=\"blockIdx.y\"):\n"
                 f"    for by in T.thread_binding({heads}, thread=\"blockIdx.x\"):\n"
-                f"        for tx in T.thread_binding({32 * cfg.warps}, thread=\"threadIdx.x\"):\n"
+                f"        for tx in T.thread_binding({threads}, thread=\"threadIdx.x\"):\n"
                 f"            bx: T.int32 = {tiles - 1} - byr\n")
     else:
         grid = (f"for by in T.thread_binding({heads}, thread=\"blockIdx.y\"):\n"
                 f"    for bx in T.thread_binding({tiles}, thread=\"blockIdx.x\"):\n"
-                f"        for tx in T.thread_binding({32 * cfg.warps}, thread=\"threadIdx.x\"):\n")
+                f"        for tx in T.thread_binding({threads}, thread=\"threadIdx.x\"):\n")
     return f"""
 @T.prim_func(private=True, s_tir=True)
 def flash_attention({', '.join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "tvmfuse.kernel": "attention_flash"}})
-{_indent(grid, 4)}{_indent(body, 16)}"""
+{_indent(prelude, 4)}{_indent(grid, 4)}{_indent(body, 16)}"""
 
 
 def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig | SimtConfig):
@@ -215,5 +223,7 @@ def flash_primfunc(spec: AttentionSpec, cfg: FlashConfig | SimtConfig):
 
     from tvmfuse.plan.attention import _parse
 
+    from tvmfuse.kernels.wgmma.ptx import _TMA_SOURCE
+
     src = simt_source(spec, cfg, _kernel) if isinstance(cfg, SimtConfig) else flash_source(spec, cfg)
-    return _parse(src, {"T": T})
+    return _parse(src, {"T": T, "_TMA_SOURCE": _TMA_SOURCE})

@@ -73,14 +73,12 @@ class _WgmmaTiles:
                                f"1, 1, 0, {0 if self.spec.k_rows else 1}")
         return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
 
-    def pv_wgmma(self, pf: str, slot: str) -> str:
-        """P (``pf``, fp16, packed into ``pu`` as the register A operand) times V(slot) into ``oacc``, committed
-        as one wgmma group."""
+    def pv_wgmma(self, pf: str | None, slot: str) -> str:
+        """P (``pf``, fp16, packed into ``pu`` as the register A operand; None: ``pu`` holds it packed already)
+        times V(slot) into ``oacc``, committed as one wgmma group."""
         BN, DV, SB = self.cfg.block_n, self.spec.head_dim_v, self.cfg.block_n // 2
-        half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', " + pf + "[{i}]))"
-        out = (f"for u in T.unroll({SB // 2}):\n"
-               f"    pu[u] = {half.format(i='u * 2')} | ({half.format(i='u * 2 + 1')} << T.uint32(16))\n"
-               "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n")
+        out = pack_p(pf, SB) if pf is not None else ""
+        out += "T.evaluate(T.ptx.wgmma.fence.sync.aligned())\n"
         oaccs = ", ".join(f"oacc[{i}]" for i in range(DV // 2))
         for kv in range(BN // 16):
             v_off, v_lbo, v_sbo = self.v_desc(kv)
@@ -88,6 +86,18 @@ class _WgmmaTiles:
                                desc("hs", f"{self.v_base} + ({slot}) * {self.v_tile} + {v_off}", v_lbo, v_sbo, 128),
                                "1, 1, 1")
         return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
+
+
+def pack_p(src: str, n: int, pin: bool = False, rounded: bool = False) -> str:
+    """P's ``n`` fp16 values (``src[i]``; ``rounded``: fp32 values, rounded to fp16) packed in pairs into ``pu``, the
+    A operand's registers (``pin``: each passed through ``tvmfuse_pin``, so nvcc computes it before the next volatile
+    asm, the wgmma fence, and ptxas injects no warpgroup.arrive)."""
+    value = f"T.Cast('float16', {src}[{{i}}])" if rounded else f"{src}[{{i}}]"
+    half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', " + value + "))"
+    packed = f"{half.format(i='u * 2')} | ({half.format(i='u * 2 + 1')} << T.uint32(16))"
+    if pin:
+        packed = f"T.cuda.func_call('tvmfuse_pin', {packed}, source_code=_TMA_SOURCE['tvmfuse_pin'], return_type='uint32')"
+    return f"for u in T.unroll({n // 2}):\n    pu[u] = {packed}\n"
 
 
 def _wgmma_parts(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], q_shape, k_shape, v_shape):

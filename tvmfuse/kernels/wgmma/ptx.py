@@ -97,6 +97,41 @@ __forceinline__ __device__ void tvmfuse_regs_give() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
 }
 """,
+    # a value through an empty volatile asm, which keeps its order among the other volatile asm statements (wgmma's
+    # fence): P's packed registers pinned before the fence, not computed by nvcc after it (ptxas then injects a
+    # warpgroup.arrive before each wgmma that reads them, and serializes them on a divergent path, C7520)
+    "tvmfuse_pin": r"""
+__forceinline__ __device__ unsigned int tvmfuse_pin(unsigned int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+""",
+    # named barriers (ids 1-15; 0 is __syncthreads): a warpgroup waits for its turn with sync, and hands the turn on
+    # with arrive, which does not wait; ids and the arrive's predicate are registers, so no branch lies between
+    # wgmmas (ptxas serializes wgmmas after a divergent path, C7520)
+    "tvmfuse_bar_sync": r"""
+__forceinline__ __device__ void tvmfuse_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(count));
+}
+""",
+    "tvmfuse_bar_arrive_if": r"""
+__forceinline__ __device__ void tvmfuse_bar_arrive_if(int id, int count, int pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p bar.arrive %0, %1;\n}"
+               :: "r"(id), "r"(count), "r"(pred));
+}
+""",
+    # the flash kernel's two computing warpgroups: 2 x 128 x 224 + 128 x 56 = 64512 of the SM's 65536 registers (a
+    # producer of 40 spilled its three tensor maps' coordinates at head dim 128)
+    "tvmfuse_regs_take_224": r"""
+__forceinline__ __device__ void tvmfuse_regs_take_224() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
+}
+""",
+    "tvmfuse_regs_give_56": r"""
+__forceinline__ __device__ void tvmfuse_regs_give_56() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+}
+""",
     "tvmfuse_tma_load_4d": r"""
 __forceinline__ __device__ void tvmfuse_tma_load_4d(unsigned int dst, unsigned long long map, int c0, int c1, int c2,
                                                     int c3, unsigned int bar) {
