@@ -200,7 +200,7 @@ def test_the_gpu_scripts_dry_run_plans_recognises_and_builds_every_case():
 
     rows = dry_run(1)
     models = [r for r in rows if r["kernel"] == "model (untuned default)"]
-    assert [r["case"] for r in models] == ["a unmasked", "a causal", "b gqa causal"]
+    assert [r["case"] for r in models] == ["a unmasked", "a causal", "b gqa causal", "c d128"]
     assert all(r["recognised"] == "yes" and r["schedules"] == ["flash-default"] for r in models)
-    assert len([r for r in rows if r["kernel"] == "built"]) == 6
+    assert len([r for r in rows if r["kernel"] == "built"]) == 8
     assert all(r["ok"] and r["recognised"] == "yes" for r in small())

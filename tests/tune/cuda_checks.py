@@ -12,11 +12,12 @@ from tvmfuse._tvm import ms, tvm
 EMULATE = tvm.target.Target({"kind": "llvm", "opt-level": 0})
 
 
-def assert_ptxas_without_spills(src: str, tmp_path, arch: str, *, serialized: bool = False) -> None:
+def assert_ptxas_without_spills(src: str, tmp_path, arch: str, *, serialized: bool = False) -> str:
     """Build CUDA source ``src`` with nvcc for ``arch`` and require no register spills and no stack frame, and
     that ptxas kept the kernel's ``wgmma`` instructions asynchronous (``serialized``: require that it did not;
     ptxas reports "C7514 ... wgmma.mma_async instructions are serialized" where it cannot prove that no other
-    instruction touches a wgmma's accumulators while it runs, and the tensor cores then wait on each)."""
+    instruction touches a wgmma's accumulators while it runs, and the tensor cores then wait on each). Returns
+    ptxas's report."""
     cu = tmp_path / "k.cu"
     cu.write_text(src)
     out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
@@ -32,6 +33,7 @@ def assert_ptxas_without_spills(src: str, tmp_path, arch: str, *, serialized: bo
                              timeout=300).stdout.splitlines()
         first_loop = next(i + 1 for i, ln in enumerate(ptx) if ln.startswith("$L__BB0_"))
         assert all(n < first_loop for n in injected), (injected, first_loop)
+    return out.stderr
 
 
 _KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
@@ -167,7 +169,7 @@ def assert_shared_offsets_aligned(func) -> int:
     for buf, expr, ranges in sites:
         if buf not in sizes:
             continue
-        vals = _at_every_value(ast.unparse(expr), ranges)
+        vals = _at_every_value(_py(expr), ranges)
         text = f"{buf}[{ast.unparse(expr)}]"
         assert (vals % 8 == 0).all(), f"not 16-byte aligned: {text}"
         assert (vals >= 0).all() and (vals + 8 <= sizes[buf]).all(), f"out of bounds: {text}"
