@@ -83,7 +83,7 @@ class FlashTemplate(KernelTemplate):
     config_words = ("the flash template with tiles {config} (warps, 16-row query tiles per warp, keys per step, K/V "
                     "stages; or on CUDA cores: threads, rows a thread, lanes a row, keys per step)")
     knobs = ("threads", "unroll", *(f"flash_{k}" for k in ("warps", "m_tiles", "block_n", "stages", "wgmma",
-                                                           "overlap")),
+                                                           "overlap", "tma")),
              *(f"flash_simt_{k}" for k in ("threads", "rows", "lanes", "block_n")))
 
     def fits(self, func, target) -> str | None:
@@ -126,7 +126,7 @@ class FlashTemplate(KernelTemplate):
             shared = cfg.shared_bytes(spec)
         q_tiles, k_tiles = -(-spec.seq_q // cfg.block_m), -(-spec.seq_k // cfg.block_n)
         keys = spec.seq_k if not spec.causal else (spec.seq_k + 1) / 2   # a causal row reads half the keys
-        return {"blocks": math.prod(spec.batch) * q_tiles, "threads": 32 * cfg.warps, "shared_bytes": shared,
+        return {"blocks": math.prod(spec.batch) * q_tiles, "threads": cfg.threads, "shared_bytes": shared,
                 "padding": q_tiles * cfg.block_m * k_tiles * cfg.block_n / (spec.seq_q * spec.seq_k) - 1.0,
                 "work": cfg.block_m * keys * (spec.head_dim + spec.head_dim_v)}
 

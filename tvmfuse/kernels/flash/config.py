@@ -139,7 +139,8 @@ def all_configs(spec: AttentionSpec, wgmma: bool = False) -> list:
     """Every config of ``spec`` on CUDA: the tensor-core ones where they fit (``wgmma``: Hopper's too), else the
     CUDA-core kernel's."""
     if tiled_gpu_misfit(spec) is None:
-        return configs(spec, wgmma=(False, True) if wgmma else (False,), overlap=(False, True) if wgmma else (False,))
+        return configs(spec, wgmma=(False, True) if wgmma else (False,), overlap=(False, True) if wgmma else (False,),
+                       tma=(0, 1, 2) if wgmma else (0,))
     return simt_configs(spec)
 
 

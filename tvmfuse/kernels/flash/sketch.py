@@ -22,12 +22,14 @@ def template_attention(sch, space, info: dict) -> list:
     spec = spec_of(sch.mod["main"])
     if info.get("target_kind") == "cuda" and spec is not None and tiled_gpu_misfit(spec) is None:
         knobs = {k: space.knobs.get(f"flash_{k}")
-                 for k in ("warps", "m_tiles", "block_n", "stages", "wgmma", "overlap")}
+                 for k in ("warps", "m_tiles", "block_n", "stages", "wgmma", "overlap", "tma")}
         choices = {k: v.values for k, v in knobs.items() if v is not None}
-        # Hopper's wgmma kernels (and their overlapped variant) need the arch-specific target
+        # Hopper's wgmma kernels (their overlapped and warp-specialized variants) need the arch-specific target
         for k in ("wgmma", "overlap"):
             choices[k] = tuple(bool(v) for v in choices.get(k, (False,))
                                if not v or info.get("target_arch") == "sm_90a") or (False,)
+        choices["tma"] = tuple(int(v) for v in choices.get("tma", (0,))
+                               if not v or info.get("target_arch") == "sm_90a") or (0,)
         options = configs(spec, **choices,
                           max_shared_bytes=int(space.extra.get("flash_max_shared_bytes", 100 * 1024)))
         if options:
