@@ -212,7 +212,7 @@ def _configs(spec, n: int) -> list:
     from tvmfuse.kernels.flash import configs, default_config, parse_config
 
     default = default_config(spec, wgmma=True)
-    space = [c for c in configs(spec, wgmma=(True, False), overlap=(True, False), tma=(0, 1, 2),
+    space = [c for c in configs(spec, wgmma=(True, False), overlap=(True, False), tma=(0, 1, 2, 3),
                                 max_shared_bytes=227 * 1024) if c != default]
     if NAMES:
         return [c for c in space if c.name in NAMES]

@@ -38,19 +38,19 @@ SPECS = {
 
 
 def _tma(spec):
-    return [c for c in flash.configs(spec, wgmma=(True,), tma=(1, 2)) if c.tma]
+    return [c for c in flash.configs(spec, wgmma=(True,), tma=(1, 2, 3)) if c.tma]
 
 
 def test_tma_configs_take_two_computing_warpgroups_and_are_offered_only_when_asked():
     spec = SPECS["causal-gqa-d128"]
     cfgs = _tma(spec)
-    assert {c.name for c in cfgs} == {f"w8 m1 n{n} s{s} {k}" for n in (64, 128) for s in (2, 3) for k in ("ht", "htp")}
+    assert {c.name for c in cfgs} == {f"w8 m1 n{n} s{s} {k}" for n in (64, 128) for s in (2, 3) for k in ("ht", "htp", "hto")}
     for c in cfgs:
         assert flash.parse_config(c.name) == c and c.threads == 384 and c.block_m == 128
         assert c.shared_bytes(spec) <= TMA_SHARED_BYTES
     assert not any(c.tma for c in flash.configs(spec, wgmma=(True,)))   # not unless asked
     assert not _tma(_spec(seq_q=192))                                    # whole 128-row tiles only
-    assert not any(c.tma for c in flash.configs(spec, wgmma=(False,), tma=(1, 2)))   # Hopper only
+    assert not any(c.tma for c in flash.configs(spec, wgmma=(False,), tma=(1, 2, 3)))   # Hopper only
 
 
 def _value(expr: str, env: dict) -> int:

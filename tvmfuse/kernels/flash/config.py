@@ -31,7 +31,8 @@ class FlashConfig:
     #                        softmax, and this step's P·V during the next step's loads and waits
     tma: int = 0          # (wgmma) 1: warp-specialized, a producer warp loads Q, K and V by TMA into ``stages``
     #                       slots handed over by mbarriers (:mod:`tvmfuse.kernels.flash.tma`); 2: its two computing
-    #                       warpgroups also take turns on the tensor cores (ping-pong)
+    #                       warpgroups also take turns on the tensor cores (ping-pong); 3: and each computes a step's
+    #                       softmax while the previous P·V runs
 
     @property
     def block_m(self) -> int:
@@ -40,7 +41,7 @@ class FlashConfig:
     @property
     def name(self) -> str:
         return (f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}"
-                + (" hp" if self.overlap else {1: " ht", 2: " htp"}.get(self.tma, " h") if self.wgmma else ""))
+                + (" hp" if self.overlap else {1: " ht", 2: " htp", 3: " hto"}.get(self.tma, " h") if self.wgmma else ""))
 
     @property
     def threads(self) -> int:
@@ -129,10 +130,11 @@ def parse_config(name: str) -> FlashConfig | SimtConfig:
     parts = name.split()
     if "c" in parts:
         return parse_simt(name)
-    fields = dict((part[0], int(part[1:])) for part in parts if part not in ("h", "hp", "ht", "htp"))
+    kinds = {"h": 0, "hp": 0, "ht": 1, "htp": 2, "hto": 3}
+    fields = dict((part[0], int(part[1:])) for part in parts if part not in kinds)
     return FlashConfig(warps=fields["w"], block_n=fields["n"], stages=fields["s"], m_tiles=fields["m"],
-                       wgmma=bool({"h", "hp", "ht", "htp"} & set(parts)), overlap="hp" in parts,
-                       tma=2 if "htp" in parts else 1 if "ht" in parts else 0)
+                       wgmma=bool(set(kinds) & set(parts)), overlap="hp" in parts,
+                       tma=max([kinds[p] for p in parts if p in kinds], default=0))
 
 
 def all_configs(spec: AttentionSpec, wgmma: bool = False) -> list:
@@ -140,7 +142,7 @@ def all_configs(spec: AttentionSpec, wgmma: bool = False) -> list:
     CUDA-core kernel's."""
     if tiled_gpu_misfit(spec) is None:
         return configs(spec, wgmma=(False, True) if wgmma else (False,), overlap=(False, True) if wgmma else (False,),
-                       tma=(0, 1, 2) if wgmma else (0,))
+                       tma=(0, 1, 2, 3) if wgmma else (0,))
     return simt_configs(spec)
 
 

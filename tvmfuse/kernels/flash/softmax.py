@@ -26,11 +26,14 @@ def _indent(text: str, n: int) -> str:
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
 
 
-def _online_softmax(M: int, SB: int, OB: int, score: str, acc: str, p_store: str | None = None) -> str:
+def _online_softmax(M: int, SB: int, OB: int, score: str, acc: str, p_store: str | None = None,
+                    rescale: bool = True) -> str:
     """One key step of the online softmax on the score accumulators ``acc`` (an element expression of ``mt`` and
     ``i``; ``score`` its scaled, masked value): the running row max and sum, P in ``pf`` (fp16; ``p_store``: the
-    statement that stores P instead), O rescaled."""
+    statement that stores P instead), O rescaled (``rescale`` False: not yet, :func:`rescale_o` does it)."""
     p_store = p_store or f'pf[mt * {SB} + i] = T.Cast("float16", {acc})'
+    tail = (f"    for i in T.unroll({OB}):\n        oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]\n"
+            if rescale else "")
     return f"""# online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
 for h in T.unroll({2 * M}):
     red[h] = T.float32(-1e30)
@@ -50,6 +53,12 @@ for mt in T.unroll({M}):
         {acc} = T.exp2({acc} - mrow[mt * 2 + i % 4 // 2])
         lrow[mt * 2 + i % 4 // 2] = lrow[mt * 2 + i % 4 // 2] + {acc}
         {p_store}
+{tail}"""
+
+
+def rescale_o(M: int, OB: int) -> str:
+    """O's rows scaled by ``alpha``, the factor the step's new row max gives the old sums."""
+    return f"""for mt in T.unroll({M}):
     for i in T.unroll({OB}):
         oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]
 """

@@ -1,5 +1,5 @@
-"""The warp-specialized Hopper flash kernel (``FlashConfig.tma``; names ending ``" ht"``, ``" htp"``): FlashAttention-3's
-division of labour on tvmfuse's wgmma tiles.
+"""The warp-specialized Hopper flash kernel (``FlashConfig.tma``; names ending ``" ht"``, ``" htp"``, ``" hto"``):
+FlashAttention-3's division of labour on tvmfuse's wgmma tiles.
 
 A block owns 128 query rows of one (batch, head): two computing warpgroups of 64 rows each and a producer warpgroup,
 one thread of which loads Q once and then each key step's K and V tiles by TMA (``cp.async.bulk.tensor``, 128-byte
@@ -13,7 +13,9 @@ Key step ``j`` of a computing warpgroup issues ``S_j = Q·K_jᵀ`` and the previ
 back to back, waits for both, releases ``K_j`` and ``V_{j-1}``, and runs the online softmax of ``S_j`` (P stays in
 registers until the next step's issue); the last ``P·V`` follows the loop. With ping-pong (``tma`` 2) the two
 warpgroups take turns at issuing (named barriers 1 and 2): one's wgmmas run while the other computes its softmax,
-where without it the two may fall into step and leave the tensor cores idle together.
+where without it the two may fall into step and leave the tensor cores idle together. With overlap too (``tma`` 3)
+a warpgroup waits for ``S_j`` alone and computes its softmax while ``P_{j-1}·V_{j-1}`` still runs (FlashAttention-3's
+intra-warpgroup pipelining); O is rescaled and P packed after the second wait.
 
 The host encodes the three tensor maps before the launch (3-D: the flattened batch outermost); causal tiles, GQA
 heads and additive masks as in the other flash kernels (:mod:`tvmfuse.kernels.flash.softmax`). Whole tiles only.
@@ -24,7 +26,7 @@ import math
 
 from tvmfuse.kernels.flash.config import FlashConfig
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices,
-                                           key_loop, key_steps, kv_index, tile_scores)
+                                           full_steps, key_steps, kv_index, rescale_o, tile_scores)
 from tvmfuse.kernels.flash.wgmma_tiles import _WgmmaTiles, pack_p
 from tvmfuse.kernels.wgmma.ptx import _ptx
 from tvmfuse.plan.attention import AttentionSpec
@@ -97,7 +99,7 @@ def tma_body(spec: AttentionSpec, cfg: FlashConfig, out_at: str, row: str, tig: 
                           + "\n" + loads("v", "j", tiles.v_base, tiles.v_tile, f"j % {S}", bar("vfull", f"j % {S}")),
                           4))
 
-    pingpong = cfg.tma == 2
+    pingpong, overlap = cfg.tma >= 2, cfg.tma == 3
     wg = "(tx // 128)"
 
     def turn(issue: str, last: bool = False) -> str:
@@ -114,20 +116,35 @@ def tma_body(spec: AttentionSpec, cfg: FlashConfig, out_at: str, row: str, tig: 
     prev = f"(j - 1) % {S}"
     v_prev_ready = _ptx("tvmfuse_mbar_wait", bar("vfull", prev), f"(j - 1) // {S} % 2")
 
-    def step(score: str) -> str:
-        pv_prev = "if j > 0:\n" + _indent(v_prev_ready + tiles.pv_wgmma(None, prev), 4)
-        return (_ptx("tvmfuse_mbar_wait", bar("kfull", f"j % {S}"), f"j // {S} % 2")
-                + f"for i in T.unroll({SB}):\n    sacc[i] = T.float32(0)\n"
-                + turn(tiles.s_wgmma("sacc", f"j % {S}") + pv_prev)
-                + wait
-                + _ptx("tvmfuse_mbar_arrive_if", bar("kempty", f"j % {S}"), "1")
-                + _ptx("tvmfuse_mbar_arrive_if", bar("vempty", prev), "T.Cast('int32', j > 0)")
-                + _online_softmax(1, SB, OB, score, f"sacc[mt * {SB} + i]", p_store="T.evaluate(0)")
-                + pack_p("sacc", SB, pin=True, rounded=True))
+    def step(score: str, first: bool = False) -> str:
+        """Key step ``j``'s body (``first``: step 0, which has no P·V before it)."""
+        head = (_ptx("tvmfuse_mbar_wait", bar("kfull", f"j % {S}"), f"j // {S} % 2")
+                + f"for i in T.unroll({SB}):\n    sacc[i] = T.float32(0)\n")
+        issue = tiles.s_wgmma("sacc", f"j % {S}") + ("" if first else v_prev_ready + tiles.pv_wgmma(None, prev))
+        release_k = _ptx("tvmfuse_mbar_arrive_if", bar("kempty", f"j % {S}"), "1")
+        release_v = "" if first else _ptx("tvmfuse_mbar_arrive_if", bar("vempty", prev), "1")
+        pack = pack_p("sacc", SB, pin=True, rounded=True)
+        if not overlap or first:
+            return (head + turn(issue) + wait + release_k + release_v
+                    + _online_softmax(1, SB, OB, score, f"sacc[mt * {SB} + i]", p_store="T.evaluate(0)") + pack)
+        # S_j and P_{j-1}·V_{j-1} are two groups: the softmax of S_j runs while P·V is in flight, which reads P's
+        # registers and accumulates O, so O is rescaled and the new P packed only after the last wait
+        return (head + turn(issue) + "T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(1))\n" + release_k
+                + _online_softmax(1, SB, OB, score, f"sacc[mt * {SB} + i]", p_store="T.evaluate(0)", rescale=False)
+                + wait + release_v + rescale_o(1, OB) + pack)
 
     col = f"j * {BN} + i // 4 * 8 + {tig} * 2 + i % 2"
     plain, masked = tile_scores(spec, bidx, row, col, f"sacc[mt * {SB} + i]", BM, BN)
-    keys = key_loop(spec, BM, BN, lambda m: _indent(step(masked if m else plain), 4))
+    # step 0 on its own (masked: the mask is right at every step), so no step's wgmmas sit behind a branch (ptxas
+    # injects a fence at a branch's join and may serialize the wgmmas after it); then the steps every row sees
+    # whole, unmasked, and a causal tile's diagonal ones
+    keys = "for j in T.serial(1):\n" + _indent(step(masked, first=True), 4)
+    if spec.causal:
+        whole = f"T.max({full_steps(spec, BM, BN)}, 1)"
+        keys += (f"for j in T.serial(1, {whole}):\n" + _indent(step(plain), 4)
+                 + f"for j in T.serial({whole}, {nsteps}):\n" + _indent(step(masked), 4))
+    else:
+        keys += f"for j in T.serial(1, {nsteps}):\n" + _indent(step(plain), 4)
     last = f"({nsteps} - 1)"
     start = (_ptx("tvmfuse_bar_arrive_if", str(TURN_BARRIERS[0]), "256", f"T.Cast('int32', {wg} == 1)")
              if pingpong else "")
