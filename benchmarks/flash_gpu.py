@@ -6,7 +6,7 @@ output poisoned (NaN) first, and times it with TVM's time evaluator; SDPA (PyTor
 timed in the same run. Smaller variants (Kᵀ given transposed, an additive mask, mask before scale,
 head dim 64) are checked for correctness only. Prints a table last; ``--json`` writes the rows.
 
-    python benchmarks/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap] [--configs NAME ...]
+    python benchmarks/flash_gpu.py [--json out.json] [--quick] [--part variants|anchor] [--kind mma|wgmma|overlap|tma] [--configs NAME ...]
     python benchmarks/flash_gpu.py --tf32 [--configs NAME ...]
 
 ``--ragged``: sequences that are no whole number of tiles (ViT's 197 tokens with K as rows and Kᵀ given, Whisper's 1500
@@ -123,9 +123,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="anchor case: the first config only")
     ap.add_argument("--part", choices=["all", "variants", "anchor"], default="all",
                     help="a CUDA error kills the process's context: run the parts in separate processes")
-    ap.add_argument("--kind", choices=["all", "mma", "wgmma", "overlap"], default="all",
-                    help="mma.sync configs, Hopper wgmma configs (' h' and the overlapped ' hp'), only the "
-                         "overlapped ones, or all")
+    ap.add_argument("--kind", choices=["all", "mma", "wgmma", "overlap", "tma"], default="all",
+                    help="mma.sync configs, Hopper wgmma configs (' h', the overlapped ' hp', the warp-specialized "
+                         "' ht' / ' htp' / ' hto'), only the overlapped ones, only the warp-specialized ones, or all")
     ap.add_argument("--configs", nargs="*", default=None, help="only these config names (e.g. 'w4 m1 n64 s1 h')")
     ap.add_argument("--tf32", action="store_true", help="fp32 attention at BERT-base's shape in TF32 (see above)")
     ap.add_argument("--ragged", action="store_true", help="sequences of no whole tiles (see above)")
@@ -137,8 +137,10 @@ def main() -> int:
 
     def configs(spec):
         mma = all_configs(spec) if a.kind in ("all", "mma") else []
-        hopper = ([c for c in all_configs(spec, wgmma=(True,), overlap=(True,), max_shared_bytes=227 * 1024)
-                   if c.wgmma and (c.overlap or a.kind != "overlap")] if a.kind != "mma" else [])
+        hopper = ([c for c in all_configs(spec, wgmma=(True,), overlap=(True,), tma=(0, 1, 2, 3),
+                                          max_shared_bytes=227 * 1024)
+                   if c.wgmma and (c.overlap or a.kind != "overlap") and (c.tma or a.kind != "tma")]
+                  if a.kind != "mma" else [])
         return [c for c in mma + hopper if not a.configs or c.name in a.configs]
     anchor = AttentionSpec(batch=(4, 32), seq_q=4096, seq_k=4096, head_dim=128, head_dim_v=128, dtype="float16",
                            scale=128 ** -0.5, mask_shape=None, k_rows=True)
@@ -175,12 +177,12 @@ def main() -> int:
             break
     if a.json:
         Path(a.json).write_text(json.dumps({"sdpa_us": sdpa, "rows": rows}, indent=1))
-    print(f"\n{'case':20s} {'config':12s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'TFLOP/s':>8s} {'x SDPA':>7s}")
-    print(f"{'B4 H32 S4096 D128':20s} {'SDPA':12s} {'':5s} {'':>9s} {sdpa:9.0f}")
+    print(f"\n{'case':20s} {'config':18s} {'ok':5s} {'rel err':>9s} {'us':>9s} {'TFLOP/s':>8s} {'x SDPA':>7s}")
+    print(f"{'B4 H32 S4096 D128':20s} {'SDPA':18s} {'':5s} {'':>9s} {sdpa:9.0f}")
     for r in rows:
         us, err = r.get("us"), r.get("error", "")[:80]
         timing = f"{us:9.0f} {r['tflops']:8.1f} {sdpa / us:7.2f}" if us else f"{'-':>9s} {'-':>8s} {'-':>7s}"
-        print(f"{r['case']:20s} {r['config']:12s} {str(r.get('ok', 'ERR')):5s} "
+        print(f"{r['case']:20s} {r['config']:18s} {str(r.get('ok', 'ERR')):5s} "
               f"{r.get('rel_error', float('nan')):9.2e} {timing}  {err}")
     return 0
 
