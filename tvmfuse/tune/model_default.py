@@ -22,6 +22,7 @@ from tvmfuse.tune.features import config_name
 from tvmfuse.tune.spaces import select_space
 
 RULE = "rule"
+SAME_AS_RULE = "= rule"   # the end of a model's source where it picked the rule's config
 
 
 def template_records(database, candidates_key: str, exclude: int | None = None) -> int:
@@ -41,7 +42,9 @@ def model_default(mod, target, *, cost_model, database, spaces=None) -> tuple[ob
     (:func:`~tvmfuse.tune.defaults.default_template_schedule`, source ``rule``), or, where that is a template config
     and ``database`` holds N records of the template at other workloads and ``cost_model`` has learned
     (:func:`~tvmfuse.tune.cost_model.fitted`), the template's config that ``cost_model`` scores best for ``mod``,
-    source ``model (N records)``. The schedule is None where no template writes the kernel (dlight's rules)."""
+    source ``model (N records)`` (``model (N records) = rule`` where it is the rule's config: the tuner measures the
+    rule beside any other pick, what an untuned build runs). The schedule is None where no template writes the
+    kernel (dlight's rules)."""
     rule = default_template_schedule(mod, target.target, spaces)
     found = None if rule is None else config_name(rule.mod["main"])
     if found is None or not fitted(cost_model):
@@ -66,4 +69,7 @@ def model_default(mod, target, *, cost_model, database, spaces=None) -> tuple[ob
             sch, remove_postproc=True)
         schedules.append(sch)
     scores = np.asarray(cost_model.predict(ctx, [ms.MeasureCandidate(s, args) for s in schedules]))
-    return schedules[int(np.argmax(scores))], f"model ({n} records)"
+    best = schedules[int(np.argmax(scores))]
+    if config_name(best.mod["main"]) == found:   # the model agrees with the rule: one schedule to measure
+        return best, f"model ({n} records) {SAME_AS_RULE}"
+    return best, f"model ({n} records)"

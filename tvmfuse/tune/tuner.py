@@ -21,6 +21,7 @@ from tvmfuse.tune.cost_model import COST_MODELS, XGB_WARMUP_SAMPLES, learning_ca
 from tvmfuse.target import TargetInfo, device_figures
 from tvmfuse import nvcc_cache
 from tvmfuse.tune.builder import close_builder, make_builder
+from tvmfuse.tune.model_default import SAME_AS_RULE
 from tvmfuse.tune.retime import retime_result
 from tvmfuse.tune.samples import KeptSamplesRunner, check_cpu_trial_mode, cpu_trials, local_runner
 from tvmfuse.tune.tasks import Kernel
@@ -206,7 +207,6 @@ class _ProgressCallback(ms.measure_callback.PyMeasureCallback):
 def _lost_reason(error_msg) -> str:
     """The reason of a lost trial's message (``tvmfuse-rpc-lost: HOST:PORT: reason``), its server left out."""
     from tvmfuse.rpc.runner import LOST_PREFIX
-
     rest = str(error_msg or "")[len(LOST_PREFIX):].strip()
     return rest.split(": ", 1)[1] if ": " in rest else rest
 
@@ -403,7 +403,7 @@ def _run_kernel(kernel, budget, result, state, *, target, database, config, spac
                 state.extra, result.baseline_s, state.default_error = _measure_baseline(
                     kernel, target=target, database=database, builder=builder, runner=runner, state=state)
                 result.default = state.default_source
-                if result.default.startswith("model"):   # the rule too: what an untuned build runs, never lost
+                if result.default.startswith("model") and not result.default.endswith(SAME_AS_RULE):   # the rule too
                     n, result.baseline_s, state.default_error = _measure_baseline(
                         kernel, target=target, database=database, builder=builder, runner=runner, rule=True)
                     state.extra, result.default = state.extra + n, result.default + " + rule"

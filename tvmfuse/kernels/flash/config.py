@@ -40,8 +40,8 @@ class FlashConfig:
 
     @property
     def name(self) -> str:
-        return (f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}"
-                + (" hp" if self.overlap else {1: " ht", 2: " htp", 3: " hto"}.get(self.tma, " h") if self.wgmma else ""))
+        hopper = " hp" if self.overlap else {1: " ht", 2: " htp", 3: " hto"}.get(self.tma, " h")
+        return f"w{self.warps} m{self.m_tiles} n{self.block_n} s{self.stages}" + (hopper if self.wgmma else "")
 
     @property
     def threads(self) -> int:

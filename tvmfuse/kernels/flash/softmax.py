@@ -32,8 +32,8 @@ def _online_softmax(M: int, SB: int, OB: int, score: str, acc: str, p_store: str
     ``i``; ``score`` its scaled, masked value): the running row max and sum, P in ``pf`` (fp16; ``p_store``: the
     statement that stores P instead), O rescaled (``rescale`` False: not yet, :func:`rescale_o` does it)."""
     p_store = p_store or f'pf[mt * {SB} + i] = T.Cast("float16", {acc})'
-    tail = (f"    for i in T.unroll({OB}):\n        oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]\n"
-            if rescale else "")
+    scaled = f"oacc[mt * {OB} + i] = oacc[mt * {OB} + i] * alpha[mt * 2 + i % 4 // 2]"
+    tail = f"    for i in T.unroll({OB}):\n        {scaled}\n" if rescale else ""
     return f"""# online softmax on the registers: element i of tile mt is in row g (i % 4 < 2) or g + 8 of its 16
 for h in T.unroll({2 * M}):
     red[h] = T.float32(-1e30)

@@ -96,7 +96,8 @@ def pack_p(src: str, n: int, pin: bool = False, rounded: bool = False) -> str:
     half = "T.Cast('uint32', T.call_pure_extern('uint16', '__half_as_ushort', " + value + "))"
     packed = f"{half.format(i='u * 2')} | ({half.format(i='u * 2 + 1')} << T.uint32(16))"
     if pin:
-        packed = f"T.cuda.func_call('tvmfuse_pin', {packed}, source_code=_TMA_SOURCE['tvmfuse_pin'], return_type='uint32')"
+        packed = (f"T.cuda.func_call('tvmfuse_pin', {packed}, source_code=_TMA_SOURCE['tvmfuse_pin'], "
+                  "return_type='uint32')")
     return f"for u in T.unroll({n // 2}):\n    pu[u] = {packed}\n"
 
 
