@@ -27,7 +27,7 @@ import math
 from tvmfuse.kernels.flash.config import FlashConfig
 from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store, _online_softmax, batch_indices,
                                            full_steps, key_steps, kv_index, rescale_o, tile_scores)
-from tvmfuse.kernels.flash.wgmma_tiles import _WgmmaTiles, pack_p
+from tvmfuse.kernels.flash.wgmma_tiles import _WgmmaTiles, pack_p, warpgroup_registers
 from tvmfuse.kernels.wgmma.ptx import _ptx
 from tvmfuse.plan.attention import AttentionSpec
 
@@ -163,14 +163,7 @@ def tma_body(spec: AttentionSpec, cfg: FlashConfig, out_at: str, row: str, tig: 
             + _ptx("tvmfuse_mbar_init_fence"))
     size = tiles.elems + 4 * nbars
     body = f"""hs = T.alloc_buffer(({size},), "float16", scope="shared.dyn", align=1024)
-sacc = T.alloc_buffer(({SB},), "float32", scope="local")
-pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
-oacc = T.alloc_buffer(({OB},), "float32", scope="local")
-mrow = T.alloc_buffer((2,), "float32", scope="local")
-lrow = T.alloc_buffer((2,), "float32", scope="local")
-red = T.alloc_buffer((2,), "float32", scope="local")
-alpha = T.alloc_buffer((2,), "float32", scope="local")
-smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(hs[0]))
+{warpgroup_registers(SB, None, OB)}smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(hs[0]))
 if tx == 0:
     # a store TVM's shared-memory planner sees, at the buffer's last element (the last mbarrier, initialized next):
     # it sizes an allocation by the accesses it sees, and TMA, the descriptors and the mbarriers are none

@@ -88,6 +88,18 @@ class _WgmmaTiles:
         return out + "T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())\n"
 
 
+def warpgroup_registers(scores: int, pf: int | None, ob: int) -> str:
+    """A Hopper kernel's per-thread registers: ``scores`` fp32 scores, ``pf`` fp16 P values (None: none, P packed
+    straight into ``pu``), P packed in pairs, O, and each of its two rows' max, sum, step max and rescale factor."""
+    half = f'pf = T.alloc_buffer(({pf},), "float16", scope="local")\n' if pf is not None else ""
+    sb = pf if pf is not None else scores
+    return (f'sacc = T.alloc_buffer(({scores},), "float32", scope="local")\n{half}'
+            f'pu = T.alloc_buffer(({sb // 2},), "uint32", scope="local")\n'
+            f'oacc = T.alloc_buffer(({ob},), "float32", scope="local")\n'
+            + "".join(f'{r} = T.alloc_buffer((2,), "float32", scope="local")\n'
+                      for r in ("mrow", "lrow", "red", "alpha")))
+
+
 def pack_p(src: str, n: int, pin: bool = False, rounded: bool = False) -> str:
     """P's ``n`` fp16 values (``src[i]``; ``rounded``: fp32 values, rounded to fp16) packed in pairs into ``pu``, the
     A operand's registers (``pin``: each passed through ``tvmfuse_pin``, so nvcc computes it before the next volatile
@@ -186,15 +198,7 @@ def _overlap_body(spec: AttentionSpec, cfg: FlashConfig, bidx: list[str], row: s
         pair = "for par in T.unroll(2):\n" + _indent(step(False), 4)
         loop = f"for jj in T.serial({nsteps} // 2):\n" + _indent(pair, 4)
     return f"""hs = T.alloc_buffer(({tiles.elems},), "float16", scope="shared.dyn", align=1024)
-sacc = T.alloc_buffer(({2 * SB},), "float32", scope="local")
-pf = T.alloc_buffer(({SB},), "float16", scope="local")
-pu = T.alloc_buffer(({SB // 2},), "uint32", scope="local")
-oacc = T.alloc_buffer(({OB},), "float32", scope="local")
-mrow = T.alloc_buffer((2,), "float32", scope="local")
-lrow = T.alloc_buffer((2,), "float32", scope="local")
-red = T.alloc_buffer((2,), "float32", scope="local")
-alpha = T.alloc_buffer((2,), "float32", scope="local")
-{tiles.q_copy()}{tiles.k_copy("0", "0")}{tiles.v_copy("0", "0")}{commit}{tiles.k_copy("1", "1")}{commit}for i in T.unroll({OB}):
+{warpgroup_registers(2 * SB, SB, OB)}{tiles.q_copy()}{tiles.k_copy("0", "0")}{tiles.v_copy("0", "0")}{commit}{tiles.k_copy("1", "1")}{commit}for i in T.unroll({OB}):
     oacc[i] = T.float32(0)
 for h in T.unroll(2):
     mrow[h] = T.float32(-1e30)

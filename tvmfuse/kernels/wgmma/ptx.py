@@ -49,6 +49,15 @@ def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str, dtype: str = "flo
             f"T.ptx.pred(1), {flags}))\n")
 
 
+def _setmaxnreg(name: str, op: str, regs: int) -> dict[str, str]:
+    """The device function ``name``: ``setmaxnreg.{op}`` to ``regs`` registers a thread of the warpgroup."""
+    return {name: f"""
+__forceinline__ __device__ void {name}() {{
+  asm volatile("setmaxnreg.{op}.sync.aligned.u32 {regs};" ::: "memory");
+}}
+"""}
+
+
 # The TMA kernel's PTX, as device functions of our own (``T.cuda.func_call`` with this source): mbarriers in
 # shared memory (32-bit shared addresses), a wait that spins on try_wait inside the asm (its labels are local to
 # the braces), an arrive predicated without a branch, and the 3-D and 4-D tiled TMA loads that complete on an
@@ -87,16 +96,7 @@ __forceinline__ __device__ void tvmfuse_mbar_wait(unsigned int bar, int parity) 
 """,
     # Hopper's warpgroup register reallocation: the producer gives registers back, the computing warpgroups take
     # them (two computing warpgroups: 2 x 128 x 232 + 128 x 40 = 64512 of the SM's 65536)
-    "tvmfuse_regs_take": r"""
-__forceinline__ __device__ void tvmfuse_regs_take() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
-}
-""",
-    "tvmfuse_regs_give": r"""
-__forceinline__ __device__ void tvmfuse_regs_give() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-}
-""",
+    **_setmaxnreg("tvmfuse_regs_take", "inc", 232), **_setmaxnreg("tvmfuse_regs_give", "dec", 40),
     # a value through an empty volatile asm, which keeps its order among the other volatile asm statements (wgmma's
     # fence): P's packed registers pinned before the fence, not computed by nvcc after it (ptxas then injects a
     # warpgroup.arrive before each wgmma that reads them, and serializes them on a divergent path, C7520)
@@ -120,18 +120,9 @@ __forceinline__ __device__ void tvmfuse_bar_arrive_if(int id, int count, int pre
                :: "r"(id), "r"(count), "r"(pred));
 }
 """,
-    # the flash kernel's two computing warpgroups: 2 x 128 x 224 + 128 x 56 = 64512 of the SM's 65536 registers (a
-    # producer of 40 spilled its three tensor maps' coordinates at head dim 128)
-    "tvmfuse_regs_take_224": r"""
-__forceinline__ __device__ void tvmfuse_regs_take_224() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;" ::: "memory");
-}
-""",
-    "tvmfuse_regs_give_56": r"""
-__forceinline__ __device__ void tvmfuse_regs_give_56() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
-}
-""",
+    # the flash kernel's two computing warpgroups: 2 x 128 x 224 + 128 x 56 = 64512 of the SM's 65536 registers (at
+    # head dim 128 computing warpgroups of 232 spilled)
+    **_setmaxnreg("tvmfuse_regs_take_224", "inc", 224), **_setmaxnreg("tvmfuse_regs_give_56", "dec", 56),
     "tvmfuse_tma_load_4d": r"""
 __forceinline__ __device__ void tvmfuse_tma_load_4d(unsigned int dst, unsigned long long map, int c0, int c1, int c2,
                                                     int c3, unsigned int bar) {
