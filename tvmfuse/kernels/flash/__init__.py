@@ -20,7 +20,9 @@ FlashAttention-2 style kernel, with its tiles as parameters (:class:`FlashConfig
 
 On Hopper (``sm_90a``) a config may instead be a wgmma kernel (``FlashConfig.wgmma``, names ending ``" h"``):
 each warpgroup computes ``S`` for 64 query rows with ``wgmma`` from 128-byte-swizzled Q and K tiles, and
-feeds ``P`` from its registers to the ``O += P·V`` wgmma; the softmax and the store are the same code.
+feeds ``P`` from its registers to the ``O += P·V`` wgmma; the softmax and the store are the same code. Its
+warp-specialized form (``FlashConfig.tma``, :mod:`tvmfuse.kernels.flash.tma`) loads the tiles by TMA from a producer
+warpgroup, FlashAttention-3's structure.
 
 Causal attention (``AttentionSpec.causal``): query tile ``bx`` walks the key steps up to its diagonal only
 (:func:`tvmfuse.kernels.flash.softmax.key_steps`), its scores past the diagonal set to -inf before the running
@@ -81,7 +83,9 @@ class FlashTemplate(KernelTemplate):
     candidates_key, index_key = CANDIDATES, ANNOTATION
     config_field = "flash_config"
     config_words = ("the flash template with tiles {config} (warps, 16-row query tiles per warp, keys per step, K/V "
-                    "stages; or on CUDA cores: threads, rows a thread, lanes a row, keys per step)")
+                    "stages; h: Hopper's wgmma, hp: overlapped, ht: warp-specialized by TMA, htp: and ping-pong, "
+                    "hto: and the softmax beside P·V; or on CUDA cores: threads, rows a thread, lanes a row, keys "
+                    "per step)")
     knobs = ("threads", "unroll", *(f"flash_{k}" for k in ("warps", "m_tiles", "block_n", "stages", "wgmma",
                                                            "overlap", "tma")),
              *(f"flash_simt_{k}" for k in ("threads", "rows", "lanes", "block_n")))
