@@ -5,6 +5,7 @@ benchmarks/flash_gpu.py and benchmarks/bench_gpu.py, against PyTorch in fp32, ev
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 import shutil
 import sys
 from pathlib import Path
@@ -251,7 +252,10 @@ def test_wgmma_configs_take_head_dims_of_64_and_one_tile_per_warpgroup():
     d16 = AttentionSpec(batch=(2,), seq_q=128, seq_k=128, head_dim=16, head_dim_v=16, dtype="float16", scale=None,
                         mask_shape=None)
     assert not flash.configs(d16, wgmma=(True,))
-    assert flash.default_config(spec, wgmma=True) == flash.parse_config("w4 m1 n64 s1 h")
+    # the warp-specialized kernel first (whole 128-row tiles), else the cp.async one
+    assert flash.default_config(spec, wgmma=True) == flash.parse_config("w8 m1 n128 s2 hto")
+    assert flash.default_config(replace(spec, seq_q=192), wgmma=True) == flash.parse_config("w4 m1 n64 s1 h")
+    assert flash.default_config(replace(spec, causal=True), wgmma=True) == flash.parse_config("w4 m1 n64 s1 h")
     assert not flash.default_config(d16, wgmma=True).wgmma   # falls back to the mma.sync default
 
 
@@ -261,18 +265,19 @@ def test_on_sm90a_the_space_offers_wgmma_tiles_and_the_default_is_one(tmp_path, 
     _, kernel = _attention_kernel(tmp_path, cuda, seq=128, dim=64)
     names = []
     config_schedule(kernel.mod, cuda.target, "flash", lambda n: names.extend(n) or 0)
-    assert any(n.endswith(" h") for n in names) and any(not n.endswith(" h") for n in names)
+    assert {n.split()[-1] for n in names} >= {"h", "hp", "ht", "htp", "hto"} and any(n.endswith("s1") for n in names)
     sch = template_default_schedule(kernel.mod, cuda.target, "flash")
     cfg = flash.annotated_config(sch.mod["main"])
-    assert cfg == flash.parse_config("w4 m1 n64 s1 h")
+    assert cfg == flash.parse_config("w8 m1 n128 s2 hto")
     src = fast_build(sch.mod, cuda.target, None).imports[0].inspect_source()
-    assert "wgmma.mma_async.sync.aligned.m64n64k16" in src and "__launch_bounds__(128)" in src
+    assert "wgmma.mma_async.sync.aligned.m64n128k16" in src and "__launch_bounds__(384)" in src
+    assert "cp.async.bulk.tensor" in src
     # a plain sm_90 target gets mma.sync tiles only
     sm90 = tvm.target.Target({**{k: v for k, v in cuda.target.export().items() if k in (
         "kind", "max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")}, "arch": "sm_90"})
     names = []
     config_schedule(kernel.mod, sm90, "flash", lambda n: names.extend(n) or 0)
-    assert names and not any(n.endswith(" h") for n in names)
+    assert names and not any(n.split()[-1].startswith("h") for n in names)
 
 
 def test_untuned_hopper_build_runs_the_wgmma_flash_kernel(tmp_path, cuda):

@@ -58,7 +58,7 @@ class FlashConfig:
         return 2 * (self.stages * (k_tile + v_tile) + q_tile)
 
 
-def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2),
+def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 64, 128), stages=(1, 2, 3),
             max_shared_bytes: int = 100 * 1024, wgmma=(False,), overlap=(False,), tma=(0,)) -> list[FlashConfig]:
     """The tile configs (from the given choices) that fit ``spec``'s registers and ``max_shared_bytes`` of (dynamic)
     shared memory; the Hopper ones must also divide its sequences (the ``mma.sync`` ones guard a ragged last tile).
@@ -69,7 +69,7 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
     if spec.tf32:
         from tvmfuse.kernels.flash.tf32 import REGISTERS, registers, shared_bytes
 
-        return [c for w in warps for n in block_n for st in stages if 1 in tuple(m_tiles)
+        return [c for w in warps for n in block_n for st in stages if 1 in tuple(m_tiles) and int(st) in (1, 2)
                 for c in [FlashConfig(int(w), int(n), int(st), 1)]
                 # (two stages round the copied chunks 16 bytes at a time: Kᵀ's vectors must be whole 4 floats)
                 if registers(spec, c) <= REGISTERS and shared_bytes(spec, c) <= max_shared_bytes
@@ -78,7 +78,7 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
     for m in m_tiles if False in tuple(wgmma) else ():
         for w in warps:
             for n in block_n:
-                for st in stages:
+                for st in (st for st in stages if int(st) in (1, 2)):   # (3: the TMA kernels' only)
                     c = FlashConfig(int(w), int(n), int(st), int(m))
                     # one thread's scores, P and O (and Q, in registers with one tile) within ~200 of its 255
                     # registers; measured with ptxas: the configs kept here build without spills (164-251)
@@ -92,7 +92,7 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
     if True in tuple(wgmma) and spec.head_dim % 64 == 0 and spec.head_dim_v % 64 == 0 and spec.head_dim_v <= 256:
         for w in warps:
             for n in block_n:
-                for st in stages:
+                for st in (st for st in stages if int(st) in (1, 2)):   # (3: the TMA kernels' only)
                     c = FlashConfig(int(w), int(n), int(st), 1, True)
                     # scores (n / 2), P packed (n / 4) and O (dv / 2) fp32 registers per thread
                     regs = c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2
@@ -114,7 +114,7 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
         # registers go to the computing warpgroups), so its slots may fill the SM's shared memory
         for t in (t for t in tma if t):
             for n in block_n:
-                for st in (2, 3):
+                for st in (st for st in stages if int(st) in (2, 3)):
                     c = FlashConfig(8, int(n), st, 1, True, False, int(t))
                     regs = c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2
                     if (8 in tuple(warps) and c.block_n in (64, 128) and regs <= 160 and spec.head_dim <= 256
@@ -152,7 +152,7 @@ def default_config(spec: AttentionSpec, wgmma: bool = False, sm_count: int = SMS
     (it sizes its parallelism to ``sm_count``, the target's SMs: ``tvmfuse.target.device_figures``).
 
     H200, B4 H32 S4096 D128 (BENCHMARKS.md): wgmma w4 m1 n64 s1 2236 us, w8 m1 n64 s2 2295 us;
-    mma.sync w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us.
+    mma.sync w4 m2 n32 3628 us, w8 m1 n128 3878 us, w4 m1 n32 4359 us; the warp-specialized kernel below.
     """
     if tiled_gpu_misfit(spec) is not None:
         return simt_default(spec, sm_count)
@@ -166,8 +166,13 @@ def default_config(spec: AttentionSpec, wgmma: bool = False, sm_count: int = SMS
                 return want
         return options[0]
     if wgmma:
-        options = configs(spec, wgmma=(True,))
-        for want in (FlashConfig(4, 64, 1, 1, True), FlashConfig(8, 64, 2, 1, True)):
+        options = configs(spec, wgmma=(True,), tma=(3,))
+        # warp-specialized by TMA (FlashAttention-3's structure) where it fits, except causal with head dims under 128:
+        # H100, attention_causal_gpu.py, w8 n128 s2 hto against w4 n64 s1 h: D128 4 x 32 x 4096 2118 us (1.09x SDPA)
+        # against 2432 (1.25x); GQA causal D128 1237 (1.13x) against 1514 (1.38x); D64 8 x 16 x 2048 370 (1.17x)
+        # against 405 (1.28x); but causal D64 262 against 253: its 128-row diagonal tiles mask more of their steps
+        tma_first = (FlashConfig(8, 128, 2, 1, True, False, 3),) if not (spec.causal and spec.head_dim < 128) else ()
+        for want in (*tma_first, FlashConfig(4, 64, 1, 1, True), FlashConfig(8, 64, 2, 1, True)):
             if want in options:
                 return want
     options = configs(spec)
