@@ -29,6 +29,7 @@ from tvmfuse.kernels.flash.softmax import (_flat, _indent, _normalize_and_store,
                                            full_steps, key_steps, kv_index, rescale_o, tile_scores)
 from tvmfuse.kernels.flash.wgmma_tiles import _WgmmaTiles, pack_p, warpgroup_registers
 from tvmfuse.kernels.wgmma.ptx import _ptx
+from tvmfuse.kernels.wgmma.tma import encode_map
 from tvmfuse.plan.attention import AttentionSpec
 
 TURN_BARRIERS = (1, 2)   # named barriers of the ping-pong (0 is __syncthreads)
@@ -72,13 +73,7 @@ def tma_body(spec: AttentionSpec, cfg: FlashConfig, out_at: str, row: str, tig: 
         at = {"q": 0, "kfull": 8, "vfull": 8 + 8 * S, "kempty": 8 + 16 * S, "vempty": 8 + 24 * S}[kind]
         return f"smem_base + T.uint32({bars + at} + ({slot}) * 8)"
 
-    encode = ""
-    for name, m in maps.items():
-        args = [f"{name}map", f"{name}.data", *map(str, m["dims"]), *map(str, m["strides"]), *map(str, m["box"]),
-                "1", "1", "1"]
-        encode += (f"{name}map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)\n"
-                   f"T.evaluate(T.tensormap_encode_tiled({', '.join(args)}, descriptor_dtype='float16', rank=3, "
-                   f"swizzle=3))\n")
+    encode = "".join(encode_map(name, name, m) for name, m in maps.items())
 
     def loads(name: str, step: str, base: int, tile: int, slot: str, full: str) -> str:
         out = _ptx("tvmfuse_mbar_expect_tx", full, str(2 * tile))
@@ -87,17 +82,15 @@ def tma_body(spec: AttentionSpec, cfg: FlashConfig, out_at: str, row: str, tig: 
             out += _ptx("tvmfuse_tma_load_3d", dst, f"T.address_of({name}map)", *coords, full)
         return out
 
+    def refill(name: str, base: int, tile: int) -> str:
+        """Step ``j``'s K or V tile into its slot, once the slot's last reader has released it."""
+        slot = f"j % {S}"
+        released = _ptx("tvmfuse_mbar_wait", bar(f"{name}empty", slot), f"(j // {S} + 1) % 2")
+        return f"if j >= {S}:\n" + _indent(released, 4) + loads(name, "j", base, tile, slot, bar(f"{name}full", slot))
+
     nsteps = key_steps(spec, BM, BN)
-    refill = f"if j >= {S}:\n    " + "{}"
-    producer = (loads("q", "0", tiles.q_base, tiles.q_tile, "0", bar("q"))
-                + f"for j in T.serial({nsteps}):\n"
-                + _indent(refill.format(_ptx("tvmfuse_mbar_wait", bar("kempty", f"j % {S}"), f"(j // {S} + 1) % 2")
-                                        .strip())
-                          + "\n" + loads("k", "j", tiles.k_base, tiles.k_tile, f"j % {S}", bar("kfull", f"j % {S}"))
-                          + refill.format(_ptx("tvmfuse_mbar_wait", bar("vempty", f"j % {S}"), f"(j // {S} + 1) % 2")
-                                          .strip())
-                          + "\n" + loads("v", "j", tiles.v_base, tiles.v_tile, f"j % {S}", bar("vfull", f"j % {S}")),
-                          4))
+    producer = (loads("q", "0", tiles.q_base, tiles.q_tile, "0", bar("q")) + f"for j in T.serial({nsteps}):\n"
+                + _indent(refill("k", tiles.k_base, tiles.k_tile) + refill("v", tiles.v_base, tiles.v_tile), 4))
 
     pingpong, overlap = cfg.tma >= 2, cfg.tma == 3
     wg = "(tx // 128)"

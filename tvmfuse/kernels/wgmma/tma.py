@@ -58,6 +58,17 @@ def tma_maps(spec: GemmSpec, cfg: WgmmaConfig) -> dict[str, dict]:
     return {"a": a, "b": b}
 
 
+def encode_map(name: str, buf: str, m: dict) -> str:
+    """The host statements that encode tensor map ``{name}map`` of buffer ``buf`` (``m``: its ``dims``, ``strides``
+    and ``box``, innermost first; fp16 elements, 128-byte swizzle), which a kernel takes as ``T.address_of``."""
+    rank = len(m["dims"])
+    args = [f"{name}map", f"{buf}.data", *map(str, m["dims"]), *map(str, m["strides"]), *map(str, m["box"]),
+            *["1"] * rank]
+    return (f"{name}map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)\n"
+            f"T.evaluate(T.tensormap_encode_tiled({', '.join(args)}, descriptor_dtype='float16', "
+            f"rank={rank}, swizzle=3))\n")
+
+
 def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: str, store: str,
                sms: int = SMS) -> str:
     """TVMScript of the warp-specialized TMA kernel (:func:`gemm_source`'s arguments; a GEMM, or a stride-1 conv
@@ -94,15 +105,7 @@ def tma_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: s
     def empty(s: str) -> str:
         return f"smem_base + T.uint32({bars + 8 * S} + ({s}) * 8)"
 
-    encode = ""
-    for name, buf in (("a", a), ("b", b)):
-        m = maps[name]
-        rank = len(m["dims"])
-        args = [f"{name}map", f"{buf}.data", *map(str, m["dims"]), *map(str, m["strides"]), *map(str, m["box"]),
-                *["1"] * rank]
-        encode += (f"{name}map: T.let[T.handle('tensormap')] = T.tvm_stack_alloca('tensormap', 1)\n"
-                   f"T.evaluate(T.tensormap_encode_tiled({', '.join(args)}, descriptor_dtype='float16', "
-                   f"rank={rank}, swizzle=3))\n")
+    encode = "".join(encode_map(name, buf, maps[name]) for name, buf in (("a", a), ("b", b)))
     loads = _ptx("tvmfuse_mbar_expect_tx", full("s"), str(2 * (a_tile + b_tile)))
     for name, at in (("a", "0"), ("b", str(sb_at))):
         tile = a_tile if name == "a" else b_tile
