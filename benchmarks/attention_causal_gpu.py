@@ -203,25 +203,23 @@ def _time_tvm(f, dev, args) -> float:
     return float(np.median(te(*args).results)) * 1e6
 
 
-NAMES: list[str] = []   # --names: the configs to time instead of the space's first N
-
-
-def _configs(spec, n: int) -> list:
+def _configs(spec, n: int, names: tuple[str, ...] = ()) -> list:
     """``n`` configs of the template's space besides the default for ``spec``: the mma.sync default, the overlapped
-    Hopper kernels, the runner-up Hopper tiles measured at the non-causal anchor, then the rest in space order."""
+    Hopper kernels, the runner-up Hopper tiles measured at the non-causal anchor, then the rest in space order
+    (``names``: those configs of the space instead, at most ``n``)."""
     from tvmfuse.kernels.flash import configs, default_config, parse_config
 
     default = default_config(spec, wgmma=True)
     space = [c for c in configs(spec, wgmma=(True, False), overlap=(True, False), tma=(0, 1, 2, 3),
                                 max_shared_bytes=227 * 1024) if c != default]
-    if NAMES:
-        return [c for c in space if c.name in NAMES]
+    if names:
+        return [c for c in space if c.name in names][:n]
     first = [parse_config(x) for x in ("w4 m2 n32 s1", "w4 m1 n64 s2 hp", "w8 m1 n64 s2 hp", "w8 m1 n64 s2 h",
                                        "w4 m1 n64 s2 h", "w8 m1 n128 s1")]
     return ([c for c in first if c in space] + [c for c in space if c not in first])[:n]
 
 
-def run_gpu(name: str, args: dict, want, n_configs: int) -> list[dict]:
+def run_gpu(name: str, args: dict, want, n_configs: int, names: tuple[str, ...] = ()) -> list[dict]:
     """The case built through the planner for the H200, checked against torch fp32 and timed; a row per kernel."""
     import torch
 
@@ -256,7 +254,7 @@ def run_gpu(name: str, args: dict, want, n_configs: int) -> list[dict]:
     default = default_config(spec, wgmma=True)
     row["config"] = default.name
     kernels = [("default kernel", default, flash_kernel(func, default))] + [
-        ("config", c, flash_primfunc(spec, c)) for c in _configs(spec, n_configs)]
+        ("config", c, flash_primfunc(spec, c)) for c in _configs(spec, n_configs, names)]
     for label, cfg, kfunc in kernels:
         rec = {"case": name, "recognised": row["recognised"], "kernel": label, "config": cfg.name}
         try:
@@ -307,7 +305,7 @@ def sdpa_rows() -> list[dict]:
     return out
 
 
-def dry_run(n_configs: int) -> list[dict]:
+def dry_run(n_configs: int, names: tuple[str, ...] = ()) -> list[dict]:
     """Each case planned for the H200 and every kernel the GPU run would build, built with nvcc (no GPU)."""
     from tvmfuse._tvm import tvm
     from tvmfuse.compile.build import build
@@ -323,7 +321,8 @@ def dry_run(n_configs: int) -> list[dict]:
         row = {"case": name, "recognised": _recognised(spec, want), "kernel": "model (untuned default)",
                "schedules": [k.schedule for k in result.kernels], "build_s": round(time.time() - t0, 1)}
         rows.append(row)
-        for cfg in ([default_config(spec, wgmma=True)] + _configs(spec, n_configs)) if spec is not None else []:
+        extra = _configs(spec, n_configs, names) if spec is not None else []
+        for cfg in ([default_config(spec, wgmma=True)] + extra) if spec is not None else []:
             tvm.compile(tvm.IRModule({"main": flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
                         target=target.target)
             rows.append({"case": name, "recognised": row["recognised"], "kernel": "built", "config": cfg.name})
@@ -394,17 +393,17 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated case names (GPU run)")
     ap.add_argument("--names", default="", help="comma-separated config names to time (with --configs N: at most N)")
     a = ap.parse_args()
-    NAMES.extend(n.strip() for n in a.names.split(",") if n.strip())
+    names = tuple(n.strip() for n in a.names.split(",") if n.strip())
     t0 = time.time()
     if a.small:
         rows = small()
     elif a.dry_run:
-        rows = dry_run(a.configs)
+        rows = dry_run(a.configs, names)
     else:
         rows = []
         for name in a.cases.split(","):
             args, want = CASES[name]
-            rows += run_gpu(name, args, want, a.configs)
+            rows += run_gpu(name, args, want, a.configs, names)
         rows += sdpa_rows()
     out_dir = os.environ.get("OUT")
     if out_dir:

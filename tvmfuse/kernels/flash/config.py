@@ -48,10 +48,15 @@ class FlashConfig:
         """Threads a block: the computing warps, and a TMA kernel's producer warpgroup."""
         return 32 * self.warps + (128 if self.tma else 0)
 
+    @property
+    def mbarriers(self) -> int:
+        """A TMA kernel's mbarriers (8 bytes each): Q's, and a slot's K and V full and empty; none otherwise."""
+        return 1 + 4 * self.stages if self.tma else 0
+
     def shared_bytes(self, spec: AttentionSpec) -> int:
-        if self.wgmma:   # unpadded (swizzled) tiles, Q staged too; a TMA kernel's mbarriers (Q's, 4 a slot)
+        if self.wgmma:   # unpadded (swizzled) tiles, Q staged too; a TMA kernel's mbarriers
             return (2 * (self.stages * self.block_n * (spec.head_dim + spec.head_dim_v) + self.block_m * spec.head_dim)
-                    + (8 * (1 + 4 * self.stages) if self.tma else 0))
+                    + 8 * self.mbarriers)
         k_tile = self.block_n * (spec.head_dim + 8) if spec.k_rows else spec.head_dim * (self.block_n + 8)
         v_tile = self.block_n * (spec.head_dim_v + 8)
         q_tile = self.block_m * (spec.head_dim + 8) if self.m_tiles > 1 else 0
@@ -112,12 +117,12 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
                         out.append(c)
         # warp-specialized by TMA: two computing warpgroups (128 query rows) and a producer, one block an SM (its
         # registers go to the computing warpgroups), so its slots may fill the SM's shared memory
-        for t in (t for t in tma if t):
+        for t in (t for t in tma if t) if 8 in tuple(warps) else ():
             for n in block_n:
                 for st in (st for st in stages if int(st) in (2, 3)):
-                    c = FlashConfig(8, int(n), st, 1, True, False, int(t))
+                    c = FlashConfig(8, int(n), int(st), 1, True, False, int(t))
                     regs = c.block_n // 2 + c.block_n // 4 + spec.head_dim_v // 2
-                    if (8 in tuple(warps) and c.block_n in (64, 128) and regs <= 160 and spec.head_dim <= 256
+                    if (c.block_n in (64, 128) and regs <= 160 and spec.head_dim <= 256
                             and spec.seq_q % c.block_m == 0 and spec.seq_k % c.block_n == 0
                             and c.shared_bytes(spec) <= TMA_SHARED_BYTES):
                         out.append(c)

@@ -163,7 +163,7 @@ for kv in T.unroll({BN // 16}):
         return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
     if cfg.tma:
         encode, body = tma_body(spec, cfg, out_at, row, tig)
-        return _kernel(spec, cfg, params, body, threads=cfg.threads, prelude=encode)
+        return _kernel(spec, cfg, params, body, prelude=encode)
     if cfg.wgmma:
         allocs, q_init, prologue, fill, s_block, pv_block = _wgmma_parts(spec, cfg, bidx, q_shape, k_shape, v_shape)
 
@@ -192,13 +192,12 @@ for h in T.unroll({2 * M}):
     return _kernel(spec, cfg, params, body)
 
 
-def _kernel(spec: AttentionSpec, cfg: FlashConfig, params: list[str], body: str, threads: int | None = None,
+def _kernel(spec: AttentionSpec, cfg: FlashConfig | SimtConfig, params: list[str], body: str,
             prelude: str = "") -> str:
     """The kernel's PrimFunc text: ``prelude`` (host statements: TMA tensor maps) before the grid of query tiles and
-    heads, ``threads`` a block (``32 * cfg.warps`` where not given), ``body`` inside."""
+    heads, ``cfg.threads`` a block, ``body`` inside."""
     # (a CUDA-core kernel's last query tile may be ragged)
-    tiles, heads = -(-spec.seq_q // cfg.block_m), math.prod(spec.batch)
-    threads = threads or 32 * cfg.warps
+    tiles, heads, threads = -(-spec.seq_q // cfg.block_m), math.prod(spec.batch), cfg.threads
     if spec.causal:
         # a causal tile's work grows with its index: the heaviest launch first (blockIdx.y is the slower launch
         # order) so the last wave holds the light ones; blockIdx.x walks the heads, so the heads sharing a K/V head

@@ -149,12 +149,11 @@ def tma_body(spec: AttentionSpec, cfg: FlashConfig, out_at: str, row: str, tig: 
                 + _ptx("tvmfuse_mbar_wait", bar("vfull", f"{last} % {S}"), f"{last} // {S} % 2")
                 + turn(tiles.pv_wgmma(None, f"{last} % {S}"), last=True) + wait
                 + _normalize_and_store(1, OB, out_at))
-    nbars = 1 + 4 * S
     init = (_ptx("tvmfuse_mbar_init", bar("q"), "1")
             + "".join(_ptx("tvmfuse_mbar_init", bar(kind, str(s)), "1" if kind.endswith("full") else str(NC))
                       for kind in ("kfull", "vfull", "kempty", "vempty") for s in range(S))
             + _ptx("tvmfuse_mbar_init_fence"))
-    size = tiles.elems + 4 * nbars
+    size = tiles.elems + 4 * cfg.mbarriers   # (fp16 elements: 4 an mbarrier)
     body = f"""hs = T.alloc_buffer(({size},), "float16", scope="shared.dyn", align=1024)
 {warpgroup_registers(SB, None, OB)}smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(hs[0]))
 if tx == 0:
