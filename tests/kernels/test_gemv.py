@@ -324,6 +324,43 @@ def test_mma_ring_kernels_match_the_planners_function_with_tails(tmp_path, cuda)
         _check(f, cfgs)
 
 
+def test_mma_kernels_with_x_staged_match_and_build(tmp_path, cuda):
+    """The tensor-core kernel with x's tile staged in shared memory (``xs``), emulated (each group's copies a phase
+    before its reads, in the buffer of the iteration's parity): a wrong buffer, row or K offset reads another
+    iteration's or row's x. M = 1, 3, 16 and 40 (padded n8 tiles, rows past M clamped); K with a masked last k16
+    step (read from global memory, past the staged iterations); groups of 1-4 warps along N, warps along K whose
+    iteration counts differ, K splits, fewer rows a block than M. Then in CUDA: the 16-byte copies, a group's
+    named barrier (a warp's sync for a group of one), no spills; none where 8 does not divide K or with a ring."""
+    C = gemv.GemvConfig
+    cases = [((1, 200, 104), [C(8, 128, 1, 1, 1, 1, 1, 1, 1), C(8, 128, 2, 1, 1, 2, 1, 1, 1)]),
+             ((3, 336, 100), [C(4, 128, 2, 1, 3, 1, 1, 1, 1), C(2, 64, 2, 3, 3, 2, 1, 1, 1),
+                              C(4, 64, 1, 1, 2, 1, 1, 1, 1)]),
+             ((16, 168, 104), [C(8, 64, 1, 2, 16, 1, 1, 1, 1), C(4, 128, 4, 1, 16, 2, 1, 1, 1)]),
+             ((40, 168, 104), [C(4, 128, 2, 1, 40, 2, 1, 1, 1), C(4, 64, 1, 1, 24, 1, 1, 1, 1)])]
+    for (m, k, n), cfgs in cases:
+        f = _one(tmp_path, _matmul_model(m, k, n), cuda)
+        spec, dtype = _spec_dtype(f)
+        assert all(gemv.config.fits_shape(spec, c, dtype) for c in cfgs), [c.name for c in cfgs]
+        _check(f, cfgs)
+    from tvmfuse.kernels.wgmma.spec import GemmSpec
+
+    assert not any(c.xs for c in gemv.configs(GemmSpec((), 16, 104, 164, False, False, False), "float16"))
+    assert all(c.stages == 1 for c in gemv.configs(GemmSpec((), 16, 104, 168, False, False, False), "float16")
+               if c.xs)
+    assert gemv.parse_config("v8 t128 n4 s8 m16 u2 p1 c1 x1") == C(8, 128, 4, 8, 16, 2, 1, 1, 1)
+    f = _one(tmp_path, _matmul_model(64, 512, 1024), cuda)
+    spec, info = gemv.analyze(f)
+    cfgs = [C(8, 128, 4, 1, 16, 2, 1, 1, 1), C(8, 128, 1, 2, 16, 2, 1, 1, 1), C(4, 128, 4, 1, 64, 2, 1, 1, 1)]
+    srcs = [_cuda_of(f, spec, info, c, cuda.target) for c in cfgs]
+    for c, src in zip(cfgs, srcs):
+        assert "cp.async.cg.shared.global [%0], [%1], 16;" in src and "cp.async.wait_group 1;" in src, c.name
+        body = src[src.index("for (int it = 0;"):]
+        sync = "tvmfuse_bar_sync(" if c.threads_n > 1 else "__syncwarp()"
+        assert body[:body.index("wait_group_0()")].count(sync) == 2, c.name
+        assert "__syncthreads()" not in body[:body.index("wait_group_0()")], c.name
+    _nvcc_all(srcs, tmp_path)
+
+
 def test_mma_kernels_of_up_to_64_rows_match_and_build(tmp_path, cuda):
     """17-64 rows on tensor cores: 40 rows (five n8 tiles, the last padded) in one block through the ring and without
     it, and in two blocks of 24 (the second's rows past M); 64 rows (eight tiles); emulated against the planner's

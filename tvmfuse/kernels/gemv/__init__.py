@@ -20,8 +20,10 @@ whole, as TVMScript, so the weight is streamed from HBM once, in 16-byte vector 
   issues a step's register loads just before its mmas, so a warp would hold one k16 step in flight: with
   ``stages`` > 1 (``p`` in a config's name) each lane copies its own weight vectors and x's halves by ``cp.async``
   into a ring of that many iterations in shared memory, ``stages - 1`` iterations ahead of the mmas (stages 1: the
-  register loads, the next iteration prefetched into L2); M's rows up to 64, eight n8 tiles; an ``[N, K]`` weight
-  keeps the CUDA-core kernel;
+  register loads, the next iteration prefetched into L2); M's rows up to 64, eight n8 tiles; ``xs`` (``x1``) at
+  stages 1: each iteration's x tile copied once into shared memory by the warps along N that share its K range,
+  which read their x fragments there (else each warp reads x from L2: at 32-64 rows as many bytes as its weight);
+  an ``[N, K]`` weight keeps the CUDA-core kernel;
 * where the columns alone leave the GPU's SMs idle (N / columns a block < two blocks an SM), ``split`` thread
   blocks share K: each stores fp32 partials and a second kernel sums them;
 * the untuned kernel holds every row of M in the block that reads a weight tile, so the weight leaves HBM once
@@ -65,7 +67,8 @@ class GemvTemplate(KernelTemplate):
     config_field = "gemv_config"
     config_words = ("the GEMV template's config {config} (v: vector lanes, t: threads a block, n: threads along N "
                     "/ columns a warp, s: K split over blocks, m: rows a block, u: vectors in flight a thread, c1: on "
-                    "tensor cores, n then warps along N, p: their pipeline's stages)")
+                    "tensor cores, n then warps along N, p: their pipeline's stages, x1: x's tile staged in shared "
+                    "memory)")
     knobs = tuple(f"gemv_{k}" for k in KNOBS)
 
     def fits(self, func, target) -> str | None:

@@ -61,6 +61,12 @@ class GemvConfig:
     L2); 2-4, a ring of that many iterations (``unroll`` k16 steps each) of a lane's weight vectors and x halves in
     shared memory, filled by ``cp.async`` ``stages - 1`` iterations ahead of the mmas, so that many iterations'
     bytes are in flight a warp whatever ptxas schedules.
+
+    ``xs`` (tensor-core kernel at ``stages`` 1, K a multiple of 8): x's tile of an iteration (every row of the block,
+    ``16 * unroll`` K elements) copied once by ``cp.async`` into shared memory by the ``threads_n`` warps that share
+    its K range, double-buffered a named barrier apart, so each warp reads its x fragments there instead of from
+    L2: a warp's own x loads are ``rows / (8 * lanes)`` of its weight bytes (a whole weight byte a byte at 64 rows
+    of 4 lanes), the block's shared tile ``1 / threads_n`` of that.
     """
 
     lanes: int = 8
@@ -71,19 +77,21 @@ class GemvConfig:
     unroll: int = 4
     mma: int = 0
     stages: int = 1
+    xs: int = 0
 
     @property
     def name(self) -> str:
         name = f"v{self.lanes} t{self.threads} n{self.threads_n} s{self.split} m{self.rows} u{self.unroll}"
-        # c: tensor cores, p: their pipeline's stages (a name without them: the CUDA-core kernel)
-        return name + f" p{self.stages} c1" if self.mma else name
+        # c: tensor cores, p: their pipeline's stages, x: x staged in shared memory (a name without them: the
+        # CUDA-core kernel)
+        return name + f" p{self.stages} c1" + (" x1" if self.xs else "") if self.mma else name
 
 
 def parse_config(name: str) -> GemvConfig:
     """The config :attr:`GemvConfig.name` names (``"v8 t256 n32 s4 m1 u4"``, ``"v8 t256 n1 s1 m16 u4 p3 c1"``)."""
     f = dict((part[0], int(part[1:])) for part in name.split())
     return GemvConfig(lanes=f["v"], threads=f["t"], threads_n=f["n"], split=f["s"], rows=f["m"], unroll=f["u"],
-                      mma=f.get("c", 0), stages=f.get("p", 1))
+                      mma=f.get("c", 0), stages=f.get("p", 1), xs=f.get("x", 0))
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -191,6 +199,9 @@ def _fits_mma(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> bool:
     # the ring's x copies are 8 bytes (four halves of a row at K offsets 4t): aligned only where 4 divides K
     if cfg.stages not in STAGES or (cfg.stages > 1 and spec.k % 4):
         return False
+    # the staged x tile: 16-byte copies of x's rows, beside the prefetching kernel only (the ring copies x itself)
+    if cfg.xs and (cfg.stages != 1 or spec.k % 8):
+        return False
     return partial_bytes(cfg) <= _SHARED_BYTES and shared_bytes(spec, cfg) <= _RING_SHARED
 
 
@@ -199,23 +210,22 @@ _SPLITS = (1, 2, 4, 8, 16)   # the default's splits: among every space's (the sp
 
 def configs(spec: GemmSpec, dtype: str, *, lanes=(8, 4, 2, 1), threads=(256, 128, 512), threads_n=(32, 8, 16, 1, 2, 4),
             split=_SPLITS, rows=(1, 2, 4, 8, 16, 32, 64), unroll=(4, 2, 8, 1), mma=(0, 1),
-            stages=STAGES) -> list[GemvConfig]:
+            stages=STAGES, xs=(0, 1)) -> list[GemvConfig]:
     """The configs (from the given choices) that fit ``spec`` (:func:`fits_shape`); the rows of a block are
     capped at the kernel's (``min(rows, M)``, so a 3-row GEMM gets a 3-row config). The CUDA-core configs come
-    first, then the tensor-core ones (``mma``, each at the ``stages`` given; the CUDA-core kernel at 1)."""
+    first, then the tensor-core ones (``mma``, each at the ``stages`` given and with and without ``xs`` where it
+    fits; the CUDA-core kernel at 1, without)."""
     out, seen = [], set()
     for c_ in mma:
         for p in (sorted({int(x) for x in stages}) if c_ else (1,)):
-            for v in lanes:
-                for t in threads:
-                    for n in threads_n:
-                        for s in split:
-                            for m in sorted({min(int(r), spec.rows) for r in rows}):
-                                for u in unroll:
-                                    c = GemvConfig(int(v), int(t), int(n), int(s), int(m), int(u), int(c_), p)
-                                    if c not in seen and fits_shape(spec, c, dtype):
-                                        seen.add(c)
-                                        out.append(c)
+            for x_ in (sorted({int(x) for x in xs}) if c_ else (0,)):
+                for v, t, n, s, m, u in [(v, t, n, s, m, u) for v in lanes for t in threads for n in threads_n
+                                         for s in split for m in sorted({min(int(r), spec.rows) for r in rows})
+                                         for u in unroll]:
+                    c = GemvConfig(int(v), int(t), int(n), int(s), int(m), int(u), int(c_), p, x_)
+                    if c not in seen and fits_shape(spec, c, dtype):
+                        seen.add(c)
+                        out.append(c)
     return out
 
 
@@ -242,6 +252,8 @@ _DEFAULT_N_MMA = (1, 2, 4, 8)
 # and 32 rows): the fastest config of each was a 128-thread one, and u2 beat u8 at the same split (31.9 against
 # 43.5 us at 16 rows, 37.8 against 46.8 at 32). The space still offers the others to the search.
 _MMA_THREADS = (128,)
+# the default's staged x tile (``xs``): the cost below does not count x's traffic from L2
+_DEFAULT_XS = (0,)
 _MMA_UNROLL = (2, 4)
 # The multiply-adds, counted as the weight bytes the HBM streams in their time (the rule adds them to the stream:
 # in the kernels measured they did not hide under it). CUDA cores: one fp32 multiply-add a weight element and row
@@ -288,7 +300,7 @@ def shared_bytes(spec: GemmSpec, cfg: GemvConfig) -> int:
     """Shared memory of a block: the [K, N] kernel's partials of a group of rows and their sums (source's
     ``red``, ``rout``)."""
     if cfg.mma:
-        return 2 * ring_halves(cfg) if cfg.stages > 1 else partial_bytes(cfg)
+        return 2 * ring_halves(cfg) if cfg.stages > 1 else partial_bytes(cfg) + 2 * x_tile_halves(cfg)
     if spec.b_kmajor or cfg.threads == cfg.threads_n:
         return 0
     tk, cb = cfg.threads // cfg.threads_n, cfg.threads_n * cfg.lanes
@@ -299,6 +311,22 @@ def partial_bytes(cfg: GemvConfig) -> int:
     """The tensor-core kernel's partials of the warps along K past the first, a lane's accumulators each."""
     tn, t8 = mma_tiles(cfg)
     return (warps_k(cfg) - 1) * cfg.threads_n * 4 * tn * t8 * 32 * 4
+
+
+def x_stride(cfg: GemvConfig) -> int:
+    """fp16 elements a row of the staged x tile takes: an iteration's ``16 * unroll`` K elements, padded so that rows
+    start 32 or 96 bytes apart modulo 128: the four rows a half warp's 8-byte reads cover (lanes 4g .. 4g + 3 read
+    32 bytes of row g) then fall in distinct banks."""
+    chunk = 16 * cfg.unroll
+    return chunk if chunk * 2 % 128 in (32, 96) else chunk + 16
+
+
+def x_tile_halves(cfg: GemvConfig) -> int:
+    """fp16 elements of the staged x tiles (``xs``): two buffers, per group of warps along N sharing a K range, of
+    M's rows padded to whole n8 tiles."""
+    if not cfg.xs:
+        return 0
+    return 2 * warps_k(cfg) * 8 * mma_tiles(cfg)[1] * x_stride(cfg)
 
 
 def ring_bytes(cfg: GemvConfig) -> int:
@@ -402,7 +430,8 @@ def default_config(spec: GemmSpec, dtype: str, sms: int = SMS, mma: tuple = (0, 
                                               threads=_MMA_THREADS if tc else (128, 256, 512),
                                               threads_n=_DEFAULT_N_MMA if tc else _DEFAULT_N, split=_SPLITS,
                                               rows=(min(spec.rows, MMA_ROWS if tc else MAX_ROWS),),
-                                              unroll=_MMA_UNROLL if tc else (8, 4, 2), mma=(tc,), stages=STAGES)]
+                                              unroll=_MMA_UNROLL if tc else (8, 4, 2), mma=(tc,), stages=STAGES,
+                                              xs=_DEFAULT_XS)]
     segment = min(_MIN_SEGMENT, spec.n * dtype_bytes(dtype))
 
     def row_bytes(c: GemvConfig) -> int:   # contiguous bytes of a weight row a warp reads together

@@ -15,7 +15,7 @@ from tvmfuse.plan.tf32 import ATTR as TF32
 
 _DTYPES = ("float16", "float32")
 # GemvConfig's fields: knobs gemv_<field>
-KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma", "stages")
+KNOBS = ("lanes", "threads", "threads_n", "split", "rows", "unroll", "mma", "stages", "xs")
 
 
 def analyze(func) -> tuple[GemmSpec, dict]:

@@ -8,7 +8,8 @@ cross-thread reductions and the epilogue numerically.
 """
 from __future__ import annotations
 
-from tvmfuse.kernels.gemv.config import _SHARED_BYTES, GemvConfig, dtype_bytes, mma_tiles, ring_halves, warps_k
+from tvmfuse.kernels.gemv.config import (_SHARED_BYTES, GemvConfig, dtype_bytes, mma_tiles, ring_halves, warps_k,
+                                         x_stride, x_tile_halves)
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
@@ -225,12 +226,15 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
     def row_of(j: str) -> str:   # x's row of this lane's B column in n8 tile j (padding columns: a real row)
         return f"T.min(bx * {MR} + T.min({g} + {j} * 8, {MR - 1}), {M - 1})"
 
-    def loads(k: str, steps: int, masked: bool) -> str:
+    def loads(k: str, steps: int, masked: bool, staged: bool = False) -> str:
         """The weight vectors and x's halves of ``steps`` k16 steps at K offset ``k`` (of u, s). ``masked``:
-        past K, the weight's row clamped (a real value) and x zero, so the product is 0."""
+        past K, the weight's row clamped (a real value) and x zero, so the product is 0. ``staged``: x's halves
+        from iteration ``it``'s staged tile (``xs``)."""
         kw = f"T.min({k}, {K - 1})" if masked else f"({k})"
         xv = v_ if not masked and K % 4 == 0 else u_   # 8-byte x loads where aligned
         xload = f"a_f[{row_of('j')} * {K} + {kw}]"
+        if staged:
+            xload = f"xs[{x_at('it % 2', f'{g} + j * 8')} + u * 16 + {t} * 4 + s]"
         if masked:
             xload = f"T.if_then_else({k} < {K}, {xload}, T.{dt}(0))"
         return (f"for u in {u_}({steps}):\n    for s in {u_}(4):\n        for v in {v_}({V}):\n"
@@ -266,31 +270,34 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
                 f"                acc[{A}{ci}] = acc[{A}{ci}] + T.Cast('float32', afh[{ai}]) * "
                 f"T.Cast('float32', xh[{bi}])\n")
 
-    def steps(k: str, n: int, masked: bool, guard: str) -> str:
+    def steps(k: str, n: int, masked: bool, guard: str, staged: bool = False) -> str:
         """Loads, then per step A's registers and the mmas. Emulated: each its own phase over the block's threads
         (the mma reads other lanes' fragments); ``guard``: the threads that take part."""
         if not f.emulate:
-            return loads(k, n, masked) + f"for u in {u_}({n}):\n" + _indent(build("u") + mmas("u"), 4)
+            return loads(k, n, masked, staged) + f"for u in {u_}({n}):\n" + _indent(build("u") + mmas("u"), 4)
 
         def grd(c: str) -> str:
             return f.threads(f"if {guard}:\n" + _indent(c, 4))
 
-        return grd(loads(k, n, masked)) + f"for u in T.serial({n}):\n" + _indent(grd(build("u")) + grd(mmas("u")), 4)
+        return (grd(loads(k, n, masked, staged))
+                + f"for u in T.serial({n}):\n" + _indent(grd(build("u")) + grd(mmas("u")), 4))
+
+    x_at = _x_tile(cfg, dt, f) if cfg.xs else None
 
     code = f.threads(f"for a in {u_}({n_acc}):\n    acc[{A}a] = T.float32(0)\n")
     kb = f"({kz} * {per} + it) * {chunk} + u * 16 + {t} * 4 + s"
     if cfg.stages > 1:
         code += _mma_ring(spec, cfg, dt, f, Wp, Xp, kz, per, ext, colc, row_of, build, mmas)
+    elif cfg.xs:
+        code += _x_staged_loop(spec, cfg, f, kz, per, ext, x_at, steps(kb, U, False, "True" if not f.emulate
+                                                                     else f"it < {ext}", staged=True), colc)
     elif f.emulate:
         code += f"for it in T.serial({per}):\n" + _indent(steps(kb, U, False, f"it < {ext}"), 4)
     else:
         # the next iteration's weight rows prefetched into L2 first: ptxas issues a step's loads just before its
         # mmas (the registers of `unroll` steps' loads are not held), so the prefetches are what keeps `unroll` steps
         # a lane in flight; past the warp's last iteration they fetch the next warp's rows (clamped to K)
-        kn = f"T.min(({kz} * {per} + it + 1) * {chunk} + u * 16 + {t} * 4 + s, {K - 1})"
-        pf = (f"for u in {u_}({U}):\n    for s in {u_}(4):\n"
-              f"        T.evaluate(T.ptx['prefetch.global.L2'](T.address_of(b_f[{kn} * {N} + {colc}])))\n")
-        code += f"for it in T.serial({ext}):\n" + _indent(pf + steps(kb, U, False, "True"), 4)
+        code += f"for it in T.serial({ext}):\n" + _indent(_prefetch(spec, cfg, kz, per, colc) + steps(kb, U, False, "True"), 4)
     rem = K - tiles * chunk
     if rem:   # the rows past the last whole chunk: k16 steps (the last one masked) of the last warp along K
         last = f"{kz} == {S * TK - 1}"
@@ -320,6 +327,65 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
                       f"            for q in {u_}(4):\n                if {mloc} < {MR} and {row} < {M}:\n"
                       + _indent(stored, 20))
     return code
+
+
+def _prefetch(spec: GemmSpec, cfg: GemvConfig, kz: str, per: int, colc: str) -> str:
+    """The next iteration's weight rows of a lane prefetched into L2: ptxas issues a step's loads just before its
+    mmas (the registers of ``unroll`` steps' loads are not held), so the prefetches are what keeps ``unroll`` steps
+    a lane in flight; past the warp's last iteration they fetch the next warp's rows (clamped to K)."""
+    U, t = cfg.unroll, "(tx % 4)"
+    kn = f"T.min(({kz} * {per} + it + 1) * {16 * U} + u * 16 + {t} * 4 + s, {spec.k - 1})"
+    return (f"for u in T.unroll({U}):\n    for s in T.unroll(4):\n"
+            f"        T.evaluate(T.ptx['prefetch.global.L2'](T.address_of(b_f[{kn} * {spec.n} + {colc}])))\n")
+
+
+def _x_tile(cfg: GemvConfig, dt: str, f: _Frame):
+    """Allocate the staged x tiles (``xs``; dynamic shared memory on the GPU); returns ``x_at(slot, row)``, the
+    index of a tile row's first element: per buffer ``slot`` (0, 1) and group of warps along N (``ty //
+    threads_n``), M's rows padded to whole n8 tiles, each :func:`x_stride` elements."""
+    XR, XS, TN, TK = 8 * mma_tiles(cfg)[1], x_stride(cfg), cfg.threads_n, warps_k(cfg)
+    scope = "" if f.emulate else ", scope='shared.dyn', align=16"
+    f.allocs += f"xs = T.alloc_buffer(({x_tile_halves(cfg)},), '{dt}'{scope})\n"
+    if not f.emulate:
+        f.allocs += 'xs_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(xs[0]))\n'
+    return lambda slot, row: f"((({slot}) * {TK} + ty // {TN}) * {XR} + {row}) * {XS}"
+
+
+def _x_staged_loop(spec: GemmSpec, cfg: GemvConfig, f: _Frame, kz: str, per: int, ext: str, x_at, step: str,
+                   colc: str) -> str:
+    """The tensor-core kernel's main loop with x staged (``xs``): the warps along N that share a K range (a group)
+    copy iteration ``it + 1``'s x tile (M's rows, clamped to real ones past M, ``16 * unroll`` K elements each, in
+    16-byte cp.async copies spread over the group's lanes) into the other buffer while iteration ``it``'s mmas read
+    theirs; the group's named barrier (a warp's own sync where the group is one warp) orders the copies before the
+    reads and the reads before the buffer's refill. Each group runs its own iteration count, so no barrier spans
+    the block."""
+    M, K, MR, U, TN = spec.rows, spec.k, cfg.rows, cfg.unroll, cfg.threads_n
+    XR, CV = 8 * mma_tiles(cfg)[1], 2 * U   # tile rows, 16-byte vectors a row
+    lanes = 32 * TN
+    reps = -(-XR * CV // lanes)
+    q = f"(r * {lanes} + ty % {TN} * 32 + tx)"
+    row = f"T.min(bx * {MR} + T.min({q} // {CV}, {MR - 1}), {M - 1})"
+    k0 = f"({kz} * {per} + {{it}}) * {16 * U} + {q} % {CV} * 8"
+
+    def issue(it: str) -> str:
+        copy = _cp_async(f, "xs", f"{x_at(f'({it}) % 2', f'{q} // {CV}')} + {q} % {CV} * 8", "a_f",
+                         f"{row} * {K} + {k0.format(it=it)}", 8)
+        body = copy if XR * CV % lanes == 0 else f"if {q} < {XR * CV}:\n" + _indent(copy, 4)
+        return f"for r in {f.unroll}({reps}):\n" + _indent(body, 4)
+
+    if f.emulate:   # the copies one phase over the block's threads, the loads and mmas after it
+        return f"for it in T.serial({per}):\n" + _indent(f.threads(f"if it < {ext}:\n" + _indent(issue("it"), 4))
+                                                          + step, 4)
+    from tvmfuse.kernels.wgmma.ptx import _ptx
+
+    sync = (_ptx("tvmfuse_bar_sync", f"1 + ty // {TN}", str(lanes)) if TN > 1
+            else "T.evaluate(T.call_extern('void', '__syncwarp'))\n")
+    commit = "T.evaluate(T.ptx.cp.async_.commit_group())\n"
+    body = (f"if it + 1 < {ext}:\n" + _indent(issue("it + 1"), 4) + commit
+            + "T.evaluate(T.ptx.cp.async_.wait_group(1))\n" + sync
+            + _prefetch(spec, cfg, kz, per, colc) + step + sync)
+    return (f"if 0 < {ext}:\n" + _indent(issue("0"), 4) + commit + f"for it in T.serial({ext}):\n" + _indent(body, 4)
+            + "T.evaluate(T.ptx.cp.async_.wait_group(0))\n")
 
 
 # A 16-, 8- or 4-byte cp.async of fp16 elements to a 32-bit shared address (``.cg``, through L2 only, where the
