@@ -111,7 +111,9 @@ def _configs(m, k, n, how: str, kernels=(0, 1), also=()):
             pool = [c for c in space if c.mma == p and c not in firsts]
             share = count // len(kernels) if i == 0 else count - count // len(kernels) * i
             rest += [pool[int(i * len(pool) / share)] for i in range(min(share, len(pool)))]
-    extra = [c for c in (parse_config(a) for a in also) if c.rows == min(m, 64) and fits_shape(spec, c, "float16")]
+    rows = str(min(m, 64))
+    extra = [c for c in (parse_config(a.replace("{M}", rows)) for a in also)
+             if c.rows == min(m, 64) and fits_shape(spec, c, "float16")]
     return default, list(dict.fromkeys(firsts + extra + rest)), len(space)
 
 
@@ -283,7 +285,7 @@ def main() -> None:
     ap.add_argument("--kernel", choices=("both", "cuda-cores", "tensor-cores"), default="both",
                     help="the sample's kernels (the default and each kernel's best by the rule are timed always)")
     ap.add_argument("--also", action="append", default=[], help="a config name timed too, at every shape it fits "
-                    "(repeatable)")
+                    "({M} in it: the shape's rows; repeatable)")
     ap.add_argument("--top", type=int, default=0, help="print each shape's fastest N configs")
     ap.add_argument("--no-epilogue", action="store_true", help="skip the bias + SiLU rows")
     ap.add_argument("--dry-run", action="store_true", help="build the CUDA kernels only (no GPU)")

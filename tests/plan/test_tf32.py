@@ -139,3 +139,30 @@ def test_a_stem_runs_as_im2col_and_a_tensor_core_gemm_in_tf32_as_in_fp16(tmp_pat
     _, fp32 = _plan(tmp_path, model, cuda, tf32=False)
     assert any("runs as im2col + GEMM" in r for r in tf32.rewrites)
     assert not any("runs as im2col + GEMM" in r for r in fp32.rewrites)
+
+
+def test_only_kernels_a_tensor_core_template_takes_are_marked_and_rounded(tmp_path, cuda):
+    """A depthwise conv (CUDA cores' row reduction) and a one-row GEMM (the GEMV template's CUDA cores) stay fp32,
+    unmarked, so no constant of theirs is rounded (the planner rounds only the marked kernels' operands): TF32
+    operands there would cost accuracy and gain nothing. The 1 x 1 conv beside them is marked; on sm_80 (no
+    wgmma) nothing is."""
+    def dw_pw():
+        b = models._B(5)
+        dw = b.op("Conv", ["x", b.w(32, 1, 3, 3)], group=32, pads=[1, 1, 1, 1])
+        pw = b.op("Conv", [b.op("Relu", [dw]), b.w(64, 32, 1, 1)])
+        return b.model({"x": [2, 32, 16, 16]}, pw, [2, 64, 16, 16])
+
+    def marked(fused):
+        return {gv.name_hint for gv, f in fused.functions.items()
+                if isinstance(f, PrimFunc) and ((f.attrs or {}).get(ATTR) or (f.attrs or {}).get(ROUNDED))}
+
+    fused, plan = _plan(tmp_path, dw_pw(), cuda, tf32=True)
+    assert len(marked(fused)) == 1 and "matmul" in next(iter(marked(fused)))
+    assert any("1 GEMM/conv kernels kept in fp32" in r for r in plan.rewrites), plan.rewrites
+    b = models._B(6)
+    fused, plan = _plan(tmp_path, b.model({"x": [1, 256]}, b.op("MatMul", ["x", b.w(256, 512)]), [1, 512]), cuda,
+                        tf32=True)
+    assert not marked(fused)
+    assert "tf32: none of the 1 GEMM/conv kernels runs on tensor cores here; all stay fp32" in plan.rewrites
+    fused, _ = _plan(tmp_path, dw_pw(), resolve_target('{"kind": "cuda", "arch": "sm_80"}'), tf32=True)
+    assert not marked(fused)

@@ -134,7 +134,7 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
         if not tf32:   # fp16 weights of odd columns, K-major for the tensor cores (TF32 transposes every weight)
             fused, note = odd_columns_kmajor(fused)
         elif target.is_gpu:
-            fused, note = tf32_kernels(fused)
+            fused, note = tf32_kernels(fused, target.target)
         else:
             note = "tf32: no tensor cores on this target; GEMMs and convs run in fp32"
         if note is not None:
