@@ -340,6 +340,9 @@ def run_bench(cfg: BenchConfig) -> dict:
                 loose = max(loose, verify.QUANTIZED_SLACK * floor)
                 report["verification"] = {"quantization_floor": floor, "slack": verify.QUANTIZED_SLACK,
                                           "degenerate_scales": verify.degenerate_scales(loaded.proto)}
+            tf32 = verify.tf32_floor(loaded.proto, feeds_d, refs) if cfg.precision == "tf32" else None
+            if tf32 is not None:
+                loose = max(loose, verify.TF32_SLACK * tf32)
             for r in results:
                 got = outputs.get(r["backend"])
                 if got is None:
@@ -349,6 +352,8 @@ def run_bench(cfg: BenchConfig) -> dict:
                 r["ok"] = all(c.ok for c in checks)
             if cfg.precision in PRECISION_TOLERANCE:
                 report["verification"] = precision_floor(results)
+            if tf32 is not None:
+                report["verification"].update(tf32_floor=tf32, tf32_slack=verify.TF32_SLACK)
     return report
 
 

@@ -160,6 +160,78 @@ def quantization_floor(model_path: str | Path, inputs: dict[str, np.ndarray], re
     return max(relative_error(a, b) for outs in runs for a, b in zip(outs, refs))
 
 
+# A TF32 build's products round their operands to a 10-bit mantissa, layer after layer: a deep fp32 model's output
+# moves by about that fp16-like error (MobileNetV2 at batch 32: 8.7e-3 under torch's own TF32, 1.03e-2 under
+# torch.compile's), which says nothing of a kernel. Its check allows TF32_SLACK times the error of the same graph
+# computed with TF32 operands (:func:`tf32_floor`), where that is above the tolerance.
+TF32_SLACK = 1.5
+# the ops a TF32 build computes on the tensor cores (a Conv of one group: depthwise convs stay fp32)
+_TF32_OPS = ("MatMul", "Gemm", "Conv")
+_VELTKAMP = 8193.0   # 2^13 + 1: c = x * 8193, x rounded to 11 significant bits (TF32's) is c - (c - x)
+
+
+def tf32_emulated(model):
+    """A copy of the fp32 ONNX model (proto) whose MatMul, Gemm and one-group Conv read their two operands rounded to
+    TF32: constants rounded here (``cvt.rna``, :func:`tvmfuse.plan.tf32.tf32_rounded`), the others by three
+    inserted nodes (Veltkamp's split: ``c - (c - x)`` for ``c = x * 8193``, fp32 round to nearest). Operands whose
+    type shape inference does not give as fp32 are left as they are."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from tvmfuse.plan.tf32 import tf32_rounded
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - an op shape inference does not know: no type for its outputs
+        typed = model
+    g = typed.graph
+    floats = {v.name for v in [*g.input, *g.value_info, *g.output]
+              if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    inits = {i.name: i for i in model.graph.initializer}
+    floats |= {n for n, i in inits.items() if i.data_type == onnx.TensorProto.FLOAT}
+    scale = numpy_helper.from_array(np.array(_VELTKAMP, np.float32), "tvmfuse_tf32_split")
+    nodes, rounded, extra = [], {}, []
+    for node in model.graph.node:
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if node.op_type in _TF32_OPS and (node.op_type != "Conv" or group == 1):
+            for slot, name in enumerate(node.input[:2]):
+                if name not in floats:
+                    continue
+                if name not in rounded:
+                    out = f"{name}__tf32"
+                    if name in inits:
+                        arr = tf32_rounded(numpy_helper.to_array(inits[name]))
+                        extra.append(numpy_helper.from_array(arr, out))
+                    else:
+                        c, d = f"{name}__tf32c", f"{name}__tf32d"
+                        nodes += [helper.make_node("Mul", [name, scale.name], [c]),
+                                  helper.make_node("Sub", [c, name], [d]), helper.make_node("Sub", [c, d], [out])]
+                    rounded[name] = out
+                node.input[slot] = rounded[name]
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend([scale, *extra])
+    return model
+
+
+def tf32_floor(model, inputs: dict[str, np.ndarray], refs: list[np.ndarray]) -> float:
+    """How far the fp32 model (proto) computed with TF32 operands (:func:`tf32_emulated`, onnxruntime) lands from
+    its fp32 reference run ``refs``: the error TF32 arithmetic alone gives this model on these inputs."""
+    import tempfile
+
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="tvmfuse_tf32_") as tmp:
+        path = Path(tmp) / "tf32.onnx"
+        emulated = tf32_emulated(model)
+        large = emulated.ByteSize() > (1 << 30)   # (protobuf's 2 GB limit: the weights beside it)
+        onnx.save(emulated, path, save_as_external_data=large, location="weights.bin" if large else None)
+        runs = run_onnxruntime(path, inputs)
+    return max(relative_error(a, b) for a, b in zip(runs, refs))
+
+
 @dataclass(frozen=True)
 class OutputCheck:
     name: str
