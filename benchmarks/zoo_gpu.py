@@ -170,11 +170,13 @@ def _summary(row: dict) -> dict:
     best = min((k for k in torch_ms if k != "torch-eager"), key=lambda k: torch_ms[k], default=None)
     # bench's verification puts ok and rel_error on each backend's result (``floor``: ok within torch eager's own
     # error on the same converted graph, past the dtype's tolerance)
-    floor = (row.get("bench", {}).get("verification") or {}).get("floor") if tf.get("floor") else None
+    # (``tf32_floor``: the same graph's error with TF32 operands, onnxruntime; a tf32 row passes within 1.5x it)
+    ver = row.get("bench", {}).get("verification") or {}
+    floor = ver.get("floor") if tf.get("floor") else None
     return {"tvmfuse_ms": tf.get("median_ms"), "eager_ms": torch_ms.get("torch-eager"), "best_compile": best,
             "best_compile_ms": torch_ms.get(best) if best else None, "verify": tf.get("ok"),
             "rel_error": tf.get("rel_error"), "floor": floor and floor["rel_error"],
-            "untuned": tf.get("untuned_kernels")}
+            "tf32_floor": ver.get("tf32_floor"), "untuned": tf.get("untuned_kernels")}
 
 
 def main() -> int:
