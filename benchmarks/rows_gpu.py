@@ -102,7 +102,16 @@ def _reference(func):
     return tvm.compile(mod, target=target)
 
 
-def run_case(case: str, func, configs, build_only: bool) -> dict:
+def _no_exp(func, cfg):
+    """The row program of ``func`` under ``cfg`` with every exp2 made an fabs (ALU work, no SFU): an ablation that
+    says how much of a softmax's time the exponentials' unit takes (its output is not softmax: timed, not checked)."""
+    import tvmfuse.kernels.rows as rows
+    from tvmfuse.kernels.wgmma.ptx import parse
+
+    return parse(rows.row_source(rows.analyze(func), cfg, False).replace("T.exp2(", "T.fabs("))
+
+
+def run_case(case: str, func, configs, build_only: bool, ablate: bool = False) -> dict:
     import tvmfuse.kernels.rows as rows
     prog = rows.analyze(func)
     out = {"case": case, "shape": [prog.rows, prog.cols], "configs": []}
@@ -171,6 +180,13 @@ def run_case(case: str, func, configs, build_only: bool) -> dict:
                 ev = lib.mod.time_evaluator("main", dev, number=20, repeat=5)
                 rec["us"] = float(np.median(ev(*args).results)) * 1e6
                 rec["pct_copy"] = 100 * out["copy_us"] / rec["us"]
+            if ablate:
+                lib = _build(_no_exp(func, cfg))
+                lib["main"](*args)
+                ev = lib.mod.time_evaluator("main", dev, number=20, repeat=5)
+                us = float(np.median(ev(*args).results)) * 1e6
+                out["configs"].append({"config": cfg.name + " noexp", "ablation": True, "ok": None, "us": us,
+                                       "pct_copy": 100 * out["copy_us"] / us})
         out["configs"].append(rec)
         print(json.dumps(rec), flush=True)
     return out
@@ -202,6 +218,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shapes", nargs="*", default=None)
     ap.add_argument("--default-only", action="store_true")
+    ap.add_argument("--ablate", action="store_true", help="also time each config with its exp2s made fabs (how much "
+                    "of its time the exponentials take; not checked)")
     a = ap.parse_args()
 
     import tvmfuse.kernels.rows as rows
@@ -234,7 +252,7 @@ def main() -> int:
         if a.sample is not None and not a.default_only:
             fits = _sampled(rows, prog, default, fits, a.sample, a.seed)
         configs = [rows.parse_config(c) for c in a.configs] if a.configs else fits
-        results.append(run_case(case, func, configs, a.build_only))
+        results.append(run_case(case, func, configs, a.build_only, a.ablate))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     for r in results:
