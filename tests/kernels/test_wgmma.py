@@ -461,11 +461,19 @@ def test_a_grid_too_small_for_the_gpu_takes_smaller_tiles(tmp_path):
     decls = ["a: T.Buffer((512, 2304), 'float16')", "b: T.Buffer((2304, 256), 'float16')",
              "c: T.Buffer((512, 256), 'float16')"]
     gemm = hopper.GemmSpec((), 512, 256, 2304, False, False, False)
-    # a GEMM's stores are staged, a conv's not
-    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1)
-    func = hopper.parse(hopper.gemm_source(gemm, small, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc})"))
-    src = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0]
-    assert_ptxas_without_spills(src.inspect_source(), tmp_path, "sm_90a")
+    # a GEMM's stores are staged, a conv's not; a GEMM's small grid runs the deepest pipeline (36 K steps: 5 stages,
+    # a batch in flight), a conv's 3 stages
+    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1, stages=5, inflight=1)
+    assert small.stages == 3 and not small.inflight
+    # at most half the K steps deep: 7 steps keep 3 stages; K of 4 steps or fewer leaves TMA (output-bound)
+    assert hopper.default_config(hopper.GemmSpec((), 512, 256, 448, False, False, False), 132).stages == 3
+    short = hopper.default_config(hopper.GemmSpec((), 1194, 12288, 128, False, False, False), 132)
+    assert not short.tma and short.staged
+    for cfg in (small, hopper.default_config(gemm, 132)):
+        func = hopper.parse(hopper.gemm_source(gemm, cfg, decls, "a", "b",
+                                               "c[{row}, {col}] = T.Cast('float16', {acc})"))
+        src = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A).mod.imports[0]
+        assert_ptxas_without_spills(src.inspect_source(), tmp_path, "sm_90a")
 
 
 def test_a_tuned_record_selects_the_wgmma_kernel_a_build_runs(tmp_path, cuda):
@@ -513,9 +521,9 @@ def test_an_untuned_hopper_build_and_the_tuners_baseline_run_the_default_wgmma_k
     assert hopper.annotated(sch.mod["main"])[2] == want
     assert default_template_schedule(kernel.mod, SM90) is None and hopper.default_kernel(kernel.mod["main"], SM90) is None
     # a conv and a GEMM whose rows end in a partial tile: the same, at the default config of their spec
-    # (grids that fill the H200's SMs: smaller ones take smaller cp.async tiles, the next test)
+    # (grids that fill the H200's SMs and K past 4 steps: smaller ones take smaller cp.async tiles, the next test)
     (conv,) = _gemm_kernels(tmp_path, models.to_fp16(models.conv_bn_relu(n=16, cin=64, cout=256, hw=64)), cuda)
-    (tail,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=4192, K=128, N=1024)[0], cuda)
+    (tail,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=4192, K=512, N=1024)[0], cuda)
     for k in (conv, tail):
         spec, _ = hopper.analyze(k.mod["main"])
         assert hopper.untuned_config(k.mod["main"], cuda.target)[2] == hopper.default_config(spec)

@@ -247,16 +247,29 @@ SMALL_TILES = ((2, 1, 64), (1, 2, 128), (1, 1, 128), (1, 1, 64))
 CONV_SMALL_TILES = ((1, 1, 128), (2, 1, 64), (1, 1, 64))
 
 
+# A small grid's GEMM tiles (about a block an SM: the block's own pipeline is what hides its copies' latency): the
+# deepest of these stages its K steps and shared memory take, a batch in flight from 4 (f1). On the H100, over the
+# whole spaces of 10 drawn GEMMs (benchmarks/search_replay.py), 3 stages and no batch in flight ran a median 1.26x
+# the space's best; these stages (at most half the K steps), with the short-K rule of _rule_config, 1.12x (320 x 128
+# x 9032: 44.4 -> 38.9 us at 5 stages, f1; 207 x 4968 x 7104: 72.1 -> 61.1). A conv keeps 3 (no such sweep of convs).
+SMALL_GRID_STAGES = (5, 4, 3)
+
+
 def small_grid_config(spec: GemmSpec, rule: WgmmaConfig, sm_count: int) -> WgmmaConfig | None:
     """A smaller tile than the ``rule``'s where :func:`grid_time` counts it at least 1.25x faster (ResNet-50 at
     batch 32 on 64 x 64 images: its 3 x 3 convs of 512 x 256 outputs are 4 blocks of 128 x 256 on 132 SMs,
-    32 of 64 x 64); None where the rule's grid is as good (a large GEMM keeps its measured tiles)."""
-    options = configs(spec)
+    32 of 64 x 64), a GEMM's at :data:`SMALL_GRID_STAGES`; None where the rule's grid is as good (a large GEMM
+    keeps its measured tiles)."""
+    options = configs(spec, stages=SMALL_GRID_STAGES, inflight=(0, 1))
+    # (a pipeline at most half the K steps deep: 1355 x 3456 x 448, 7 steps, took 17.0 us at 3 stages, 18.6 at 5)
+    stages = [st for st in SMALL_GRID_STAGES if st <= max(3, k_steps(spec.halves(), rule) // 2)]
+    stages = stages if spec.conv is None else (3,)
     best, best_time = None, grid_time(spec, rule, sm_count) / 1.25
     for g, mt, n in SMALL_TILES if spec.conv is None else CONV_SMALL_TILES:
         for raster in (8, 4, 1):
-            cfg = WgmmaConfig(g, mt, n, 64, 3, raster, 128, 0, 0)
-            if cfg in options:
+            cfg = next((c for c in (WgmmaConfig(g, mt, n, 64, st, raster, 128, int(st >= 4), 0) for st in stages)
+                        if c in options), None)
+            if cfg is not None:
                 t = grid_time(spec, cfg, sm_count)
                 if t < best_time:
                     best, best_time = cfg, t
@@ -283,6 +296,11 @@ def _rule_config(spec: GemmSpec) -> WgmmaConfig:
                                 (2, 1, 256, 0, (3,)), (2, 2, 128, 0, (3,)), (2, 1, 128, 0, (3,))):
         if mt > 1 and not t and spec.conv is not None:
             continue   # a conv by cp.async: one 64-row tile a warpgroup (CONV_SMALL_TILES)
+        if t and spec.conv is None and spec.halves().k <= 4 * 64:
+            # K of at most 4 steps: the GEMM is its output's stores, which the TMA kernel makes from its registers
+            # (a warp 16 bytes of 8 rows) and the cp.async kernel through shared memory (staged_default): on the
+            # H100, 1194 x 12288 x 128 took 40.4 us by TMA 128 x 256, 17.9-19.7 by cp.async, staged
+            continue
         for st in stages:
             for raster in (8, 4, 1):
                 cfg = WgmmaConfig(g, mt, n, 64, st, raster, 128, 0, t)
