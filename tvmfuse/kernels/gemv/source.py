@@ -294,10 +294,9 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
     elif f.emulate:
         code += f"for it in T.serial({per}):\n" + _indent(steps(kb, U, False, f"it < {ext}"), 4)
     else:
-        # the next iteration's weight rows prefetched into L2 first: ptxas issues a step's loads just before its
-        # mmas (the registers of `unroll` steps' loads are not held), so the prefetches are what keeps `unroll` steps
-        # a lane in flight; past the warp's last iteration they fetch the next warp's rows (clamped to K)
-        code += f"for it in T.serial({ext}):\n" + _indent(_prefetch(spec, cfg, kz, per, colc) + steps(kb, U, False, "True"), 4)
+        # the next iteration's weight rows prefetched into L2 first (_prefetch)
+        body = _prefetch(spec, cfg, kz, per, colc) + steps(kb, U, False, "True")
+        code += f"for it in T.serial({ext}):\n" + _indent(body, 4)
     rem = K - tiles * chunk
     if rem:   # the rows past the last whole chunk: k16 steps (the last one masked) of the last warp along K
         last = f"{kz} == {S * TK - 1}"
