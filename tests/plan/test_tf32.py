@@ -166,3 +166,34 @@ def test_only_kernels_a_tensor_core_template_takes_are_marked_and_rounded(tmp_pa
     assert "tf32: none of the 1 GEMM/conv kernels runs on tensor cores here; all stay fp32" in plan.rewrites
     fused, _ = _plan(tmp_path, dw_pw(), resolve_target('{"kind": "cuda", "arch": "sm_80"}'), tf32=True)
     assert not marked(fused)
+
+
+def test_the_planners_tensor_core_reading_agrees_with_the_templates(tmp_path, cuda):
+    """The planner marks a GEMM or conv kernel by its structure (tvmfuse.plan.tf32.on_tensor_cores); the kernel
+    templates decide by their own analysis: on each kernel of these models, marked exactly where wgmma takes the
+    marked kernel and the GEMV template does not."""
+    from tvmfuse.kernels import get
+    from tvmfuse.plan.weights import mac_block
+
+    b = models._B(7)
+    bmm = b.model({"x": [4, 64, 96], "z": [4, 96, 80]}, b.op("MatMul", ["x", "z"]), [4, 64, 80])
+    g = models._B(8)
+    dw = g.op("Conv", ["x", g.w(64, 1, 3, 3)], group=64, pads=[1, 1, 1, 1])
+    grouped = g.op("Conv", [dw, g.w(64, 16, 1, 1)], group=4)
+    convs = g.model({"x": [2, 64, 16, 16]}, g.op("Conv", [grouped, g.w(32, 64, 3, 3)], pads=[1, 1, 1, 1]),
+                    [2, 32, 16, 16])
+    c = models._B(9)
+    stem = c.model({"x": [1, 3, 64, 64]}, c.op("Conv", ["x", c.w(64, 3, 7, 7)], kernel_shape=[7, 7], strides=[2, 2],
+                                                pads=[3, 3, 3, 3]), [1, 64, 32, 32])
+    seen = 0
+    for model in (_two_linears(), bmm, convs, stem, models.conv_bn_relu(n=2, cin=64, cout=64, hw=16)):
+        fused, _ = _plan(tmp_path, model, cuda, tf32=True)
+        for gv, f in fused.functions.items():
+            if not isinstance(f, PrimFunc) or mac_block(f)[0] is None:
+                continue
+            marked = f if (f.attrs or {}).get(ATTR) else f.with_attr(ATTR, True)
+            takes = (get("wgmma").fits(marked, cuda.target) is None
+                     and get("gemv").fits(marked, cuda.target) is not None)
+            assert bool((f.attrs or {}).get(ATTR)) == takes, gv.name_hint
+            seen += 1
+    assert seen >= 8

@@ -22,20 +22,13 @@ import numpy as np
 from tvmfuse._tvm import PrimFunc, tvm
 from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
 from tvmfuse.plan.graph import kernel_calls
-from tvmfuse.plan.weights import (Edit, apply, constant_params, kn_weight, mac_block, operand_params,
+from tvmfuse.verify import tf32_rounded  # noqa: F401 - (its home: the reference's TF32 emulation rounds alike)
+from tvmfuse.plan.weights import (Edit, _load, apply, constant_params, kn_weight, mac_block, operand_params,
                                   transposed_kernel)
 
 ATTR = "tvmfuse.tf32"
 # the operands (parameter indices) rounded to TF32 at compile time: constants at every call (weights)
 ROUNDED = "tvmfuse.tf32_rounded"
-
-
-def tf32_rounded(x: np.ndarray) -> np.ndarray:
-    """fp32 ``x`` rounded to TF32's 10-bit mantissa, to nearest with ties away from zero (PTX's
-    ``cvt.rna.tf32.f32``, what the kernel applies to the operands it reads; infinities and NaNs kept)."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
-    return np.where(finite, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000), bits).astype(np.uint32).view(np.float32)
 
 
 def tf32_attention(func: PrimFunc):
@@ -48,13 +41,42 @@ def tf32_attention(func: PrimFunc):
     return replace(spec, tf32=True) if spec.dtype == "float32" else None
 
 
-def on_tensor_cores(func: PrimFunc, target) -> bool:
-    """Whether a tensor-core template computes ``func`` (a GEMM or conv kernel marked :data:`ATTR`) in TF32 on
-    ``target``: Hopper's wgmma takes it and the GEMV template (CUDA cores, which would read the marked weights in
-    fp32) does not."""
-    from tvmfuse.kernels import get
+# a GEMM of at most this many rows is the GEMV template's (CUDA cores), which would read TF32-rounded constants in fp32
+GEMV_ROWS = 16
 
-    return get("wgmma").fits(func, target) is None and get("gemv").fits(func, target) is not None
+
+def _vars(expr) -> set:
+    """The variables ``expr`` (an operand's load) reads: its block's iteration variables."""
+    return set(tvm.tirx.analysis.undefined_vars(expr))
+
+
+def on_tensor_cores(sch, block, target) -> bool:
+    """Whether Hopper's wgmma computes the multiply-accumulate ``block`` (of :func:`mac_block`) in TF32 on
+    ``target``: an ``sm_90a`` target; both operands K-major (a constant ``[K, N]`` weight transposed first);
+    operands that share no output axis but leading ones (a batched GEMM's batch:
+    a depthwise conv's channel is an output axis both operands read, a batch of one-column GEMMs the CUDA cores run);
+    more than :data:`GEMV_ROWS` rows (fewer are the GEMV template's). Read off the block's structure, as the
+    templates read it (tests/plan/test_tf32.py holds the two to the same answer)."""
+    if target is None or target.kind.name != "cuda" or str(target.attrs.get("arch", "")) != "sm_90a":
+        return False
+    b = sch.get(block)
+    loads = [_load(b.body.value.b.a), _load(b.body.value.b.b)]
+    axes = [iv for iv in b.iter_vars if int(iv.iter_type) == 0]
+    reads = [_vars(ld) for ld in loads]
+    shared = [i for i, iv in enumerate(axes) if iv.var in reads[0] and iv.var in reads[1]]
+    if shared != list(range(len(shared))):
+        return False
+    # TF32 operands K-major only (wgmma's transposed read is fp16's): each operand's last index a reduction axis
+    reduction = {iv.var for iv in b.iter_vars if int(iv.iter_type) == 2}
+    if not all(ld.indices and _vars(ld.indices[-1]) <= reduction and _vars(ld.indices[-1]) for ld in loads):
+        return False
+    # M: the output axes only the operand without the last (N's) axis reads
+    a = 0 if axes and axes[-1].var not in reads[0] else 1
+    rows = 1
+    for iv in axes:
+        if iv.var in reads[a] and iv.var not in reads[1 - a]:
+            rows *= int(iv.dom.extent) if isinstance(iv.dom.extent, tvm.tirx.IntImm) else GEMV_ROWS + 1
+    return rows > GEMV_ROWS
 
 
 def tf32_kernels(mod: tvm.IRModule, target=None) -> tuple[tvm.IRModule, str | None]:
@@ -63,8 +85,7 @@ def tf32_kernels(mod: tvm.IRModule, target=None) -> tuple[tvm.IRModule, str | No
     transposed to ``[N, K]`` (kernel and calls alike; only where every call passes a constant), its fp32 attention
     kernels' specs marked ``tf32`` (:func:`tf32_attention`), and a note for the plan's rewrites (None where no
     kernel was marked). ``target`` None: every GEMM and conv kernel. The others stay fp32, their constants too: a
-    depthwise conv, a 3-channel stem or a GEMV run on CUDA cores, where TF32 operands would cost accuracy and gain
-    nothing."""
+    depthwise conv or a GEMV runs on CUDA cores, where TF32 operands would cost accuracy and gain nothing."""
     calls = kernel_calls(mod["main"])
     edits, attention, kept = {}, 0, 0
     for gv, func in mod.functions.items():
@@ -80,13 +101,14 @@ def tf32_kernels(mod: tvm.IRModule, target=None) -> tuple[tvm.IRModule, str | No
             continue
         # operands that are constants at every call are rounded here, once: the kernel rounds only the others
         consts = constant_params(calls, gv, operand_params(func, sch, block))
-        weight, transposed = kn_weight(func, sch, block), None
+        weight, transposed, kernel = kn_weight(func, sch, block), None, func
         if weight is not None and weight[0] in consts:
-            func, transposed = transposed_kernel(func, sch, block, weight[1]), weight[0]
-        marked = func.with_attr(ATTR, True).with_attr(ROUNDED, consts)
-        if target is not None and not on_tensor_cores(marked, target):
+            kernel, transposed = transposed_kernel(func, sch, block, weight[1]), weight[0]
+        mac, ksch = mac_block(kernel)
+        if target is not None and (mac is None or not on_tensor_cores(ksch, mac, target)):
             kept += 1
             continue
+        marked = kernel.with_attr(ATTR, True).with_attr(ROUNDED, consts)
         edits[gv] = Edit(marked, transposed, {p: tf32_rounded for p in consts})
     if not edits:
         return mod, (f"tf32: none of the {kept} GEMM/conv kernels runs on tensor cores here; all stay fp32"

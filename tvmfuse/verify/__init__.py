@@ -160,6 +160,14 @@ def quantization_floor(model_path: str | Path, inputs: dict[str, np.ndarray], re
     return max(relative_error(a, b) for outs in runs for a, b in zip(outs, refs))
 
 
+def tf32_rounded(x: np.ndarray) -> np.ndarray:
+    """fp32 ``x`` rounded to TF32's 10-bit mantissa, to nearest with ties away from zero (PTX's
+    ``cvt.rna.tf32.f32``, what a TF32 kernel applies to the operands it reads; infinities and NaNs kept)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    return np.where(finite, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000), bits).astype(np.uint32).view(np.float32)
+
+
 # A TF32 build's products round their operands to a 10-bit mantissa, layer after layer: a deep fp32 model's output
 # moves by about that fp16-like error (MobileNetV2 at batch 32: 8.7e-3 under torch's own TF32, 1.03e-2 under
 # torch.compile's), which says nothing of a kernel. Its check allows TF32_SLACK times the error of the same graph
@@ -172,13 +180,11 @@ _VELTKAMP = 8193.0   # 2^13 + 1: c = x * 8193, x rounded to 11 significant bits 
 
 def tf32_emulated(model):
     """A copy of the fp32 ONNX model (proto) whose MatMul, Gemm and one-group Conv read their two operands rounded to
-    TF32: constants rounded here (``cvt.rna``, :func:`tvmfuse.plan.tf32.tf32_rounded`), the others by three
+    TF32: constants rounded here (``cvt.rna``, :func:`tf32_rounded`), the others by three
     inserted nodes (Veltkamp's split: ``c - (c - x)`` for ``c = x * 8193``, fp32 round to nearest). Operands whose
     type shape inference does not give as fp32 are left as they are."""
     import onnx
     from onnx import helper, numpy_helper
-
-    from tvmfuse.plan.tf32 import tf32_rounded
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     try:

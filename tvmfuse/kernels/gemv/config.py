@@ -252,8 +252,8 @@ _DEFAULT_N_MMA = (1, 2, 4, 8)
 # and 32 rows): the fastest config of each was a 128-thread one, and u2 beat u8 at the same split (31.9 against
 # 43.5 us at 16 rows, 37.8 against 46.8 at 32). The space still offers the others to the search.
 _MMA_THREADS = (128,)
-# the default's staged x tile (``xs``): the cost below does not count x's traffic from L2
-_DEFAULT_XS = (0,)
+# the default's staged x tile (``xs``), weighed by x's reads from L2 (:func:`x_read_bytes`)
+_DEFAULT_XS = (0, 1)
 _MMA_UNROLL = (2, 4)
 # The multiply-adds, counted as the weight bytes the HBM streams in their time (the rule adds them to the stream:
 # in the kernels measured they did not hide under it). CUDA cores: one fp32 multiply-add a weight element and row
@@ -300,7 +300,9 @@ def shared_bytes(spec: GemmSpec, cfg: GemvConfig) -> int:
     """Shared memory of a block: the [K, N] kernel's partials of a group of rows and their sums (source's
     ``red``, ``rout``)."""
     if cfg.mma:
-        return 2 * ring_halves(cfg) if cfg.stages > 1 else partial_bytes(cfg) + 2 * x_tile_halves(cfg)
+        if cfg.xs:
+            return 2 * x_tile_halves(cfg)
+        return 2 * ring_halves(cfg) if cfg.stages > 1 else partial_bytes(cfg)
     if spec.b_kmajor or cfg.threads == cfg.threads_n:
         return 0
     tk, cb = cfg.threads // cfg.threads_n, cfg.threads_n * cfg.lanes
@@ -323,10 +325,11 @@ def x_stride(cfg: GemvConfig) -> int:
 
 def x_tile_halves(cfg: GemvConfig) -> int:
     """fp16 elements of the staged x tiles (``xs``): two buffers, per group of warps along N sharing a K range, of
-    M's rows padded to whole n8 tiles."""
+    M's rows padded to whole n8 tiles; or the warps' partials where they are larger (they reuse its memory after
+    the loop)."""
     if not cfg.xs:
         return 0
-    return 2 * warps_k(cfg) * 8 * mma_tiles(cfg)[1] * x_stride(cfg)
+    return max(2 * warps_k(cfg) * 8 * mma_tiles(cfg)[1] * x_stride(cfg), partial_bytes(cfg) // 2)
 
 
 def ring_bytes(cfg: GemvConfig) -> int:
@@ -383,16 +386,30 @@ def streamed_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str, sms: int = SMS) 
     """The default rule's cost of ``cfg``, in bytes at the HBM rate: the weight (once: every row of M in the
     block that reads a weight tile; once more a tile of rows beyond the first where M exceeds ``rows``),
     stretched where its SMs keep less than :data:`_INFLIGHT_PER_SM` in flight (latency, not bandwidth, then
-    paces the stream), plus a K split's fp32 partials (written and read) and its second kernel's launch."""
+    paces the stream), plus a K split's fp32 partials (written and read) and its second kernel's launch, and the
+    tensor-core kernel's reads of x from L2 (:func:`x_read_bytes`)."""
     weight = spec.n * spec.k * dtype_bytes(dtype) * -(-spec.rows // cfg.rows)
     flight = inflight_bytes(spec, cfg, dtype, sms)
     if flight <= 0:
         return float("inf")
     stream = (_MMA_STREAM * (_RING_STREAM if cfg.stages > 1 else 1.0)) if cfg.mma else 1.0
-    cost = weight * max(1.0, _INFLIGHT_PER_SM / flight) * stream + _multiply_add_bytes(spec, cfg)
+    cost = (weight * max(1.0, _INFLIGHT_PER_SM / flight) * stream + _multiply_add_bytes(spec, cfg)
+            + x_read_bytes(spec, cfg, dtype))
     if cfg.split > 1:
         cost += _LAUNCH_BYTES + 2 * 4 * cfg.split * spec.rows * spec.n
     return cost
+
+
+def x_read_bytes(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> float:
+    """The tensor-core kernel's reads of x from L2, counted as weight bytes (both pass the L2): a warp reads its n8
+    tiles' x halves for its ``8 * lanes`` columns, ``rows / (8 * lanes)`` of its weight bytes; with ``xs`` a group
+    of ``threads_n`` warps reads them once. On the H100 (4096 x 11008 fp16): at 64 rows of 4 lanes (x twice the
+    weight) the unstaged default took 73.3 us and 2 warps along N sharing a staged tile 64.6; at 16 and 32 rows of 8
+    lanes (a quarter, a half) the staged tiles were no faster (40.6 against 38.2 us, 45.1 against 45.0)."""
+    if not cfg.mma:
+        return 0.0
+    weight = spec.n * spec.k * dtype_bytes(dtype) * -(-spec.rows // cfg.rows)
+    return weight * mma_tiles(cfg)[1] / cfg.lanes / (cfg.threads_n if cfg.xs else 1)
 
 
 def _multiply_add_bytes(spec: GemmSpec, cfg: GemvConfig) -> float:

@@ -306,12 +306,13 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
         else:
             code += f"if {last}:\n" + _indent(steps(kr, -(-rem // 16), True, "True"), 4)
     if TK > 1:   # the warps along K past the first hand their partials to the first through shared memory
-        if f.emulate or cfg.stages == 1:
+        if f.emulate or (cfg.stages == 1 and not cfg.xs):
             scope = "" if f.emulate else ", scope='shared'"
             f.allocs += f"red = T.alloc_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32'{scope})\n"
-        else:   # the ring's memory, read by no one after the loop (the barrier below orders the last reads first)
-            f.allocs += (f"red = T.decl_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32', data=ring.data, "
-                         f"scope='shared.dyn')\n")
+        else:   # the ring's or x tiles' memory, read by no one after the loop (the barrier below orders the last reads
+            # first); one dynamic allocation: a static one beside it past 48 KB in all fails at launch
+            f.allocs += (f"red = T.decl_buffer(({(TK - 1) * TN * n_acc * 32},), 'float32', "
+                         f"data={'xs' if cfg.xs else 'ring'}.data, scope='shared.dyn')\n")
         slot = f"((ty // {TN} - 1) * {TN} + ty % {TN}) * {n_acc}"
         code += f.sync() + f.threads(f"if ty >= {TN}:\n    for a in {u_}({n_acc}):\n"
                                      f"        red[({slot} + a) * 32 + tx] = acc[{A}a]\n")
