@@ -61,3 +61,17 @@ def test_the_floor_grows_with_depth_and_is_the_rounded_graphs_error(tmp_path):
         ref = verify.run_onnxruntime(path, feeds)
         floors.append(verify.tf32_floor(model, feeds, ref))
     assert 1e-5 < floors[0] < floors[1] < 5e-2, floors
+
+
+def test_a_graph_that_cannot_be_rounded_says_so_in_one_line(tmp_path):
+    """A reference the floor cannot build is a ModelError (one line), which the checks record instead of a floor."""
+    import pytest
+
+    from tvmfuse.errors import ModelError
+
+    model, _, feeds = _model(tmp_path)
+    broken = onnx.ModelProto.FromString(model.SerializeToString())
+    broken.graph.node[2].op_type = "NoSuchOp"
+    with pytest.raises(ModelError) as err:
+        verify.tf32_floor(broken, feeds, [np.zeros((2, 10), np.float32)])
+    assert len(str(err.value).splitlines()) == 1

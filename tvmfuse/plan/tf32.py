@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from tvmfuse._tvm import PrimFunc, tvm
 from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
 from tvmfuse.plan.graph import kernel_calls
-from tvmfuse.verify import tf32_rounded  # noqa: F401 - (its home: the reference's TF32 emulation rounds alike)
 from tvmfuse.plan.weights import (Edit, _load, apply, constant_params, kn_weight, mac_block, operand_params,
                                   transposed_kernel)
+from tvmfuse.verify import tf32_rounded   # (the reference's TF32 emulation rounds its constants alike)
 
 ATTR = "tvmfuse.tf32"
 # the operands (parameter indices) rounded to TF32 at compile time: constants at every call (weights)
