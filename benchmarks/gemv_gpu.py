@@ -40,6 +40,8 @@ def _store(epilogue: str) -> str:
 
 
 def _kernel_source(m: int, k: int, n: int, epilogue: str, cfg_name: str) -> str:
+    """The GEMV template's kernel of ``cfg_name``, or the wgmma template's where the name is one of its configs
+    (``g1 m1 n128 k64 s4 r1 z128 f1 e1 d3``: a tiled tensor-core GEMM with a K split, beside the GEMV kernels)."""
     from tvmfuse.kernels.gemv import gemv_source, parse_config
     from tvmfuse.kernels.wgmma.spec import GemmSpec
 
@@ -48,6 +50,10 @@ def _kernel_source(m: int, k: int, n: int, epilogue: str, cfg_name: str) -> str:
               f"p2: T.Buffer(({m}, {n}), 'float16')"]
     if epilogue != "none":
         params.append(f"p3: T.Buffer(({n},), 'float16')")
+    if cfg_name.startswith("g"):
+        from tvmfuse.kernels import wgmma
+
+        return wgmma.gemm_source(spec, wgmma.parse_config(cfg_name), params, "p0", "p1", _store(epilogue))
     return gemv_source(spec, parse_config(cfg_name), params, "p0", "p1", _store(epilogue), "float16")
 
 
@@ -112,9 +118,20 @@ def _configs(m, k, n, how: str, kernels=(0, 1), also=()):
             share = count // len(kernels) if i == 0 else count - count // len(kernels) * i
             rest += [pool[int(i * len(pool) / share)] for i in range(min(share, len(pool)))]
     rows = str(min(m, 64))
-    extra = [c for c in (parse_config(a.replace("{M}", rows)) for a in also)
+    extra = [c for c in (parse_config(a.replace("{M}", rows)) for a in also if not a.startswith("g"))
              if c.rows == min(m, 64) and fits_shape(spec, c, "float16")]
-    return default, list(dict.fromkeys(firsts + extra + rest)), len(space)
+    return default, list(dict.fromkeys(firsts + extra + rest)) + _wgmma_also(spec, also), len(space)
+
+
+def _wgmma_also(spec, also) -> list:
+    """The wgmma configs among ``also`` that fit ``spec`` (a K split where its tiles leave SMs idle)."""
+    from tvmfuse.kernels import wgmma
+    from tvmfuse.kernels.wgmma.config import configs
+
+    names = [a for a in also if a.startswith("g")]
+    fits = set(configs(spec, stages=(3, 4, 5), raster=(1, 8), staged=(0, 1), split=(1, 2, 3, 4, 6, 8))
+               if names else ())
+    return [c for c in (wgmma.parse_config(a) for a in names) if c in fits]
 
 
 def _time_tvm(lib, args, dev) -> float:
@@ -264,7 +281,8 @@ def dry_run(args) -> None:
         for epi in args.epilogues:
             for c in (cfgs if epi == "none" else cfgs[:2]):
                 jobs.append((m, k, n, epi, c.name, str(tmp / f"{len(jobs)}.so")))
-        print(f"{m}x{k}x{n}: {size} configs in the space ({sum(c.mma for c in cfgs)} of the {len(cfgs)} timed on "
+        tc = sum(getattr(c, "mma", 0) for c in cfgs)
+        print(f"{m}x{k}x{n}: {size} configs in the space ({tc} of the {len(cfgs)} timed on "
               f"tensor cores), default {default.name}", flush=True)
     bad = [(j, e) for j, (_, e) in zip(jobs, (_build(j, ptxas=True) for j in jobs)) if e is not None]
     for j, e in bad:

@@ -901,3 +901,47 @@ def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
             _run_stores(stores, acc, c, pm, pn, store, T)
     assert (writes == 1).all(), (writes == 0).sum()
     np.testing.assert_allclose(out, ref.reshape(spec.rows, f), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_k_split_is_offered_where_tiles_leave_sms_idle_and_builds_two_kernels(tmp_path):
+    """A skinny GEMM (64 x 11008 x 4096: 43-172 tiles on 132 SMs) is offered K splits up to two blocks an SM,
+    each at least two K steps; a GEMM that fills the SMs, a conv, a TMA config and a batched GEMM are not. The split
+    kernel: block kz reads A's and B's K from kz * per steps (A at kz * 2048 elements, B at kz * 2048 rows), stores
+    fp32 partials, and a second kernel sums them and applies the epilogue; built for sm_90a without spills."""
+    from tvmfuse.kernels.wgmma.config import configs, k_steps, splits, tiles_m, tiles_n
+
+    skinny = hopper.GemmSpec((), 64, 11008, 4096, False, False, False)
+    offered = [c for c in configs(skinny, staged=(0, 1), split=(1, 2, 3, 4, 6, 8)) if c.split > 1]
+    # 86 tiles of 128 columns split 2 or 3 ways (3 x 86 = 258 <= 264), 43 of 256 up to 6; never 8
+    assert {c.split for c in offered} == {2, 3, 4, 6}
+    for c in offered:
+        assert not c.tma and tiles_m(skinny, c) * tiles_n(skinny, c) * c.split <= 2 * 132
+        assert -(-k_steps(skinny, c) // c.split) >= max(2, c.stages - 1)
+    big = hopper.GemmSpec((), 4096, 4096, 4096, False, False, False)
+    assert not any(c.split > 1 for c in configs(big, split=(1, 2, 4)))
+    batched = hopper.GemmSpec((4,), 64, 1024, 4096, True, True, False)
+    assert not any(c.split > 1 for c in configs(batched, split=(1, 2, 4)))
+    geo = hopper.ConvGeometry(1, 7, 7, 512, 7, 7, 3, 3, (1, 1), (1, 1), (1, 1))
+    conv = hopper.GemmSpec((), 49, 512, 4608, False, False, True, geo)
+    assert not any(splits(conv, c, 2) for c in configs(conv))
+    cfg = hopper.parse_config("g1 m1 n128 k64 s4 r1 z128 f1 e1 d2")
+    assert cfg in offered and cfg.name.endswith(" d2")
+    decls = ["a: T.Buffer((64, 4096), 'float16')", "b: T.Buffer((4096, 11008), 'float16')",
+             "bias: T.Buffer((11008,), 'float16')", "c: T.Buffer((64, 11008), 'float16')"]
+    store = "c[{row}, {col}] = T.Cast('float16', T.max({acc} + T.Cast('float32', bias[{col}]), T.float32(0)))"
+    func = hopper.parse(hopper.gemm_source(skinny, cfg, decls, "a", "b", store))
+    exe = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A)
+    # the host allocates the partials, nothing else (a `bz = 0` the kernel once assigned was a device buffer the host
+    # wrote: a segfault at launch on the H100)
+    host = exe.mod.inspect_source("ll")
+    assert len(re.findall(r"= tail call ptr %\d+\(i32 2, i32 %dev_id, i64 (\d+)", host)) == 1
+    assert re.search(rf"%part = tail call ptr %\d+\(i32 2, i32 %dev_id, i64 {2 * 64 * 11008 * 4},", host)
+    src = exe.mod.imports[0].inspect_source()
+    assert src.count("__global__ void") == 4   # two kernels, each declared and defined
+    assert "((int)blockIdx.y) * 2048)" in src and f"((int)blockIdx.y) * {2048 * 11008})" in src
+    total = src[src.index("main_kernel_1(half"):]
+    assert "part_ptr" in total and "bias_ptr" in total and "max(" in total
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+    with pytest.raises(ValueError, match="K split"):
+        hopper.gemm_source(skinny, cfg, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc0} * {acc1})")

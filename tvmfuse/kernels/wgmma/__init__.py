@@ -69,7 +69,7 @@ class WgmmaTemplate(KernelTemplate):
     config_words = ("the wgmma GEMM template with tiles {config} (warpgroups, 64-row tiles each, N, K step, stages, "
                     "raster, swizzle, batches in flight; t1 TMA, p1 persistent, e1 stores staged in shared memory)")
     knobs = tuple(f"wgmma_{k}" for k in ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma",
-                                         "persistent", "staged"))
+                                         "persistent", "staged", "split"))
 
     def fits(self, func, target) -> str | None:
         if not supports(target):
@@ -83,10 +83,12 @@ class WgmmaTemplate(KernelTemplate):
     def configs(self, func, target, space=None) -> list:
         if self.fits(func, target) is not None:
             return []
-        spec, _ = analyze(func, gated=True)
+        spec, info = analyze(func, gated=True)
         if space is None:
             return configs(spec, tma=(0, 1))
         knobs = {k[len("wgmma_"):]: space.knobs[k].values for k in self.knobs if k in space.knobs}
+        if "{acc0}" in info["store"]:   # a gated epilogue: no K split (as the sketch)
+            knobs["split"] = (1,)
         return configs(spec, **knobs, max_shared_bytes=int(space.extra.get("wgmma_max_shared_bytes", 227 * 1024)))
 
     def default_config(self, func, target):
@@ -110,8 +112,9 @@ class WgmmaTemplate(KernelTemplate):
         cfg = parse_config(name)
         rows, cols = tiles_m(spec, cfg), tiles_n(spec, cfg)
         computed = rows * cfg.block_m * cols * cfg.block_n
-        return {"blocks": rows * cols * spec.grid_batch, "threads": cfg.threads, "shared_bytes": cfg.shared_bytes(),
-                "padding": max(computed / (spec.rows * spec.n) - 1.0, 0.0), "work": cfg.block_m * cfg.block_n * spec.k}
+        return {"blocks": rows * cols * spec.grid_batch * cfg.split, "threads": cfg.threads,
+                "shared_bytes": cfg.shared_bytes(), "padding": max(computed / (spec.rows * spec.n) - 1.0, 0.0),
+                "work": cfg.block_m * cfg.block_n * spec.k // cfg.split}
 
     def expand(self, mod):
         return expand(mod)

@@ -28,6 +28,9 @@ class WgmmaConfig:
     staged: int = 0       # 1 (cp.async only): the accumulators pass through shared memory, so that each warp stores
     #                       whole 128-byte lines of the output (0: each thread stores its fragment's pairs, a warp
     #                       writing 16 bytes of each of 8 rows)
+    split: int = 1        # K split over this many blocks (cp.async GEMMs whose tiles leave SMs idle: a skinny M
+    #                       against a long K): each stores fp32 partials, a second kernel sums them and applies the
+    #                       epilogue
 
     @property
     def block_m(self) -> int:
@@ -42,7 +45,8 @@ class WgmmaConfig:
     def name(self) -> str:
         return (f"g{self.warpgroups} m{self.m_tiles} n{self.block_n} k{self.block_k} s{self.stages} "
                 f"r{self.raster} z{self.swizzle} f{self.inflight}" + (" t1" if self.tma else "")
-                + (" p1" if self.persistent else "") + (" e1" if self.staged else ""))
+                + (" p1" if self.persistent else "") + (" e1" if self.staged else "")
+                + (f" d{self.split}" if self.split > 1 else ""))
 
     @property
     def staged_stride(self) -> int:
@@ -62,12 +66,12 @@ def parse_config(name: str) -> WgmmaConfig:
     f = dict((part[0], int(part[1:])) for part in name.split())
     return WgmmaConfig(warpgroups=f["g"], m_tiles=f["m"], block_n=f["n"], block_k=f["k"], stages=f["s"],
                        raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1), tma=f.get("t", 0),
-                       persistent=f.get("p", 0), staged=f.get("e", 0))
+                       persistent=f.get("p", 0), staged=f.get("e", 0), split=f.get("d", 1))
 
 
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),
             stages=(3, 4, 5), raster=(8, 1), swizzle=(128,), inflight=(0, 1), tma=(0,), persistent=(0,),
-            staged=(0,), max_shared_bytes: int = 227 * 1024) -> list[WgmmaConfig]:
+            staged=(0,), split=(1,), max_shared_bytes: int = 227 * 1024, sm_count: int = SMS) -> list[WgmmaConfig]:
     """The configs (from the given choices) that fit ``spec``'s registers and shared memory. Rows may end in a
     partial tile; so may columns and K where the operands' rows stay 16-byte aligned (:func:`ragged_fits`: a
     1x1 conv of 24 or 96 channels, a classifier of 1000 classes), in the cp.async kernel, whose copies zero-fill
@@ -125,7 +129,18 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
                                     and c.shared_bytes() <= max_shared_bytes):
                                 out.append(c)
-    return out
+    return out + [replace(c, split=int(d)) for c in out for d in split
+                  if int(d) > 1 and splits(spec, c, int(d), sm_count)]
+
+
+def splits(spec: GemmSpec, cfg: WgmmaConfig, d: int, sm_count: int = SMS) -> bool:
+    """Whether ``cfg`` (a K split of 1) may split K over ``d`` blocks: a cp.async GEMM kernel (no conv, batch,
+    TMA or persistent loop) whose tiles leave SMs idle, that ``d`` does not take past two blocks an SM, each split
+    at least two K steps and as many as the pipeline's prologue fills."""
+    blocks = tiles_m(spec, cfg) * tiles_n(spec, cfg)
+    per = -(-k_steps(spec, cfg) // d)
+    return (not cfg.tma and not cfg.persistent and spec.conv is None and spec.grid_batch == 1
+            and blocks < sm_count and blocks * d <= 2 * sm_count and per >= max(2, cfg.stages - 1))
 
 
 def ragged_fits(spec: GemmSpec) -> bool:

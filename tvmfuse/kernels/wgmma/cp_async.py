@@ -46,10 +46,15 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     spec = spec.halves()
     if cfg.tma:
         return tma_source(spec, cfg, params, a, b, store, **({} if sms is None else {"sms": sms}))
+    if cfg.split > 1 and (spec.grid_batch != 1 or spec.conv is not None or "{acc0}" in store):
+        raise ValueError(f"wgmma: a K split takes an unbatched GEMM with one output a product ({cfg.name})")
     BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
     M, N, K = spec.rows, spec.n, spec.k
     tiles_m, tn, kt = -(-M // BM), tiles_n(spec, cfg), k_steps(spec, cfg)
-    F = cfg.inflight
+    F, D = cfg.inflight, cfg.split
+    # a K split: block kz takes `per` K steps from kz * per (the last ones fewer, or none), `kt` of them here
+    per = -(-kt // D)
+    k0, count = ("", str(kt)) if D == 1 else (f"kz * {per} + ", f"T.max(T.min({per}, {kt} - kz * {per}), 0)")
     pid_m, pid_n = _tile_coords(spec, cfg)
     a_tile, b_tile = BM * BK, BN * BK
     a_chunk, _ = tile_layout(cfg.swizzle, True, BM, BK)
@@ -99,7 +104,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(call, 4)}"
         return out
 
-    wgmmas, stored = _mma_and_store(spec, cfg, store, pid_m, pid_n, sb_at)
+    # a K split's blocks store fp32 partials; the sum's kernel applies the epilogue (`store`)
+    partial = f"part[(kz * {M} + {{row}}) * {N} + {{col}}] = {{acc}}"
+    wgmmas, stored = _mma_and_store(spec, cfg, store if D == 1 else partial, pid_m, pid_n, sb_at)
     # Loads run L = S - 1 - F tiles ahead: a stage is refilled once the wgmma batches that read it are done
     # (with F batches left in flight at a step's end, the stage read F + 1 steps ago; the barrier at the top
     # of each step orders every warpgroup's wait before anyone's refill). One cp.async group per tile.
@@ -107,32 +114,41 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # (with fewer K steps than that, the missing tiles' groups are committed empty, so the waits keep counting)
     # (The prologue keeps the branches: outside the loop they serialize nothing, and TVM's shared-memory planner
     # needs a cp.async into sa that it recognizes, or it leaves sa out of the merged allocation.)
-    prologue = "".join((copies(str(s_), str(s_), branch=True) if s_ < kt else "")
-                       + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
+    def first(s_: int) -> str:   # the prologue's copy of step s_ of the block's
+        if D == 1:
+            return copies(str(s_), str(s_), branch=True) if s_ < kt else ""
+        return f"if {s_} < {count}:\n" + _indent(copies(str(s_), f"({k0}{s_})", branch=True), 4)
+
+    prologue = "".join(first(s_) + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
     tf32 = spec.dtype == "tf32" and set(rounded) != {"a", "b"}
     base = ('smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n'
             if zfill or tf32 else "")
     rounding = round_copied(f"ko % {S}") if tf32 else ""
     if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
         #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
-        refill = copies(f"(ko + {L}) % {S}", f"T.min(ko + {L}, {kt - 1})")
+        last = f"{kt - 1}" if D == 1 else f"{count} - 1"
+        refill = copies(f"(ko + {L}) % {S}", f"({k0}T.min(ko + {L}, {last}))")
     else:
-        refill = f"if ko + {L} < {kt}:\n" + _indent(copies(f"(ko + {L}) % {S}", f"(ko + {L})"), 4)
+        refill = f"if ko + {L} < {count}:\n" + _indent(copies(f"(ko + {L}) % {S}", f"({k0}ko + {L})"), 4)
     # (a staged epilogue's fp32 tile: the same shared memory as the stages, viewed as floats)
     staging = (f'{" " * 16}sacc = T.decl_buffer(({BM * cfg.staged_stride},), "float32", data=smem.data, '
                f'scope="shared.dyn")\n' if cfg.staged else "")
+    # (a split GEMM is unbatched: nothing reads `bz`, so it has none; an assigned `bz = 0` would be a buffer that
+    # TVMScript allocates in device memory and the host then writes: a segfault at launch)
+    grid = (f'for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):\n' if D == 1 else
+            f'part = T.alloc_buffer(({D * M * N},), "float32")\n'
+            f'for kz in T.thread_binding({D}, thread="blockIdx.y"):\n')
     return f"""
 @T.prim_func(s_tir=True)
 def main({", ".join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True}})
-    for bz in T.thread_binding({spec.grid_batch}, thread="blockIdx.y"):
-        for bx in T.thread_binding({tiles_m * tn}, thread="blockIdx.x"):
+{_indent(grid, 4)}        for bx in T.thread_binding({tiles_m * tn}, thread="blockIdx.x"):
             for tx in T.thread_binding({NT}, thread="threadIdx.x"):
                 smem = T.alloc_buffer(({cfg.shared_bytes() // 2},), "float16", scope="shared.dyn", align=1024)
                 acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")
 {staging}{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
                     acc[i] = T.float32(0)
-{_indent(prologue, 16)}                for ko in T.serial({kt}):
+{_indent(prologue, 16)}                for ko in T.serial({count}):
                     T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))
 {_indent(rounding, 20)}                    T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
                     T.tvm_storage_sync("shared")
@@ -141,4 +157,25 @@ def main({", ".join(params)}):
 {_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
                     T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-{_indent(stored, 16)}"""
+{_indent(stored, 16)}{_indent(_split_sum(spec, D, store), 4)}"""
+
+
+_SUM_THREADS = 256
+
+
+def _split_sum(spec: GemmSpec, d: int, store: str) -> str:
+    """TVMScript of a K split's second kernel: each thread one output element, the sum of its ``d`` partials,
+    stored by ``store`` (the epilogue). Empty without a split."""
+    if d == 1:
+        return ""
+    M, N, R = spec.rows, spec.n, _SUM_THREADS
+    e = f"(rb * {R} + rt)"
+    final = store.format(bz="0", row=f"({e} // {N})", col=f"({e} % {N})", acc="racc[0]")
+    return (f'for rb in T.thread_binding({-(-M * N // R)}, thread="blockIdx.x"):\n'
+            f'    for rt in T.thread_binding({R}, thread="threadIdx.x"):\n'
+            f'        racc = T.alloc_buffer((1,), "float32", scope="local")\n'
+            f"        if {e} < {M * N}:\n"
+            f"            racc[0] = T.float32(0)\n"
+            f"            for sp in T.unroll({d}):\n"
+            f"                racc[0] = racc[0] + part[sp * {M * N} + {e}]\n"
+            + _indent(final, 12) + "\n")

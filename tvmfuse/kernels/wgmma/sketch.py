@@ -10,7 +10,7 @@ from tvmfuse.kernels.wgmma.analysis import _reduction_blocks, analyze
 from tvmfuse.kernels.wgmma.config import ANNOTATION, CANDIDATES, SPEC, configs
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
-_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma", "persistent", "staged")
+_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma", "persistent", "staged", "split")
 
 
 def schedule(sch, space, sms: int | None = None) -> GemmSpec | None:
@@ -26,7 +26,10 @@ def schedule(sch, space, sms: int | None = None) -> GemmSpec | None:
         return None    # GEMM space keeps its mma/wmma sketches rather than failing as a whole
     knobs = {k: space.knobs.get(f"wgmma_{k}") for k in _KNOBS}
     options = configs(spec, **{k: v.values for k, v in knobs.items() if v is not None},
-                      max_shared_bytes=int(space.extra.get("wgmma_max_shared_bytes", 227 * 1024)))
+                      max_shared_bytes=int(space.extra.get("wgmma_max_shared_bytes", 227 * 1024)),
+                      **({} if sms is None else {"sm_count": int(sms)}))
+    if "{acc0}" in info["store"]:   # a gated epilogue reads two sums at once: no K split (its partials are one)
+        options = [c for c in options if c.split == 1]
     if not options:
         return None
     root = sch.get_sblock("root")
