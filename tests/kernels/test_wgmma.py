@@ -945,3 +945,30 @@ def test_a_k_split_is_offered_where_tiles_leave_sms_idle_and_builds_two_kernels(
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
     with pytest.raises(ValueError, match="K split"):
         hopper.gemm_source(skinny, cfg, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc0} * {acc1})")
+
+
+def test_the_search_reaches_a_k_split_and_the_builder_expands_it(tmp_path, cuda):
+    """A planner GEMM of 32 rows against a 2048 x 1024 weight (8 tile columns on 132 SMs): the wgmma sketch's
+    candidates include K splits, a trace whose decision draws one expands to the split kernel (its blocks along y,
+    the partials' buffer, the sum), which MetaSchedule's builder compiles; a GEMM that fills the SMs gets none."""
+    (kernel,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=32, K=2048, N=1024)[0], cuda)
+    _, sketches = _sketch(kernel, cuda.target)
+    sketch = next(s for s in sketches if hopper.CANDIDATES in s.mod["main"].body.block.annotations)
+    names = str(sketch.mod["main"].body.block.annotations[hopper.CANDIDATES]).split(";")
+    assert {hopper.parse_config(n).split for n in names} >= {1, 2, 4, 8}
+    for seed in range(1, 64):   # decisions resampled until one draws a split
+        sch = tvm.s_tir.Schedule(kernel.mod, seed=seed)
+        tvm.s_tir.Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+        cfg = hopper.parse_config(names[int(sch.mod["main"].body.block.annotations[hopper.ANNOTATION])])
+        if cfg.split > 1:
+            break
+    assert cfg.split > 1
+    text = expand(sch.mod)["main"].script()
+    assert f'T.thread_binding({cfg.split}, thread="blockIdx.y")' in text and "part" in text
+    lib = fast_build(sch.mod, cuda.target, None)
+    assert lib.imports[0].inspect_source().count("__global__ void") == 4
+    (big,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=4096, K=512, N=4096)[0], cuda)
+    _, sketches = _sketch(big, cuda.target)
+    names = [n for s in sketches if hopper.CANDIDATES in s.mod["main"].body.block.annotations
+             for n in str(s.mod["main"].body.block.annotations[hopper.CANDIDATES]).split(";")]
+    assert names and not any(hopper.parse_config(n).split > 1 for n in names)
