@@ -298,7 +298,7 @@ def registers(spec: GemmSpec, cfg: GemvConfig, dtype: str) -> int:
 
 def shared_bytes(spec: GemmSpec, cfg: GemvConfig) -> int:
     """Shared memory of a block: the [K, N] kernel's partials of a group of rows and their sums (source's
-    ``red``, ``rout``)."""
+    ``red``, ``rout``); the tensor-core kernel's ring or staged x tiles, which its warps' partials reuse."""
     if cfg.mma:
         if cfg.xs:
             return 2 * x_tile_halves(cfg)
