@@ -64,7 +64,8 @@ def test_the_floor_grows_with_depth_and_is_the_rounded_graphs_error(tmp_path):
 
 
 def test_a_graph_that_cannot_be_rounded_says_so_in_one_line(tmp_path):
-    """A reference the floor cannot build is a ModelError (one line), which the checks record instead of a floor."""
+    """A TF32 reference that cannot be built or run is a ModelError of one line (the checks record it instead of a
+    floor): here onnxruntime refuses an unknown op."""
     import pytest
 
     from tvmfuse.errors import ModelError

@@ -40,6 +40,7 @@ def tf32_attention(func: PrimFunc):
 
 
 # a GEMM of at most this many rows is the GEMV template's (CUDA cores), which would read TF32-rounded constants in fp32
+# (its MAX_ROWS, which the planner may not import: tests/plan/test_tf32.py holds the two answers together)
 GEMV_ROWS = 16
 
 

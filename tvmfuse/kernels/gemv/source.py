@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from tvmfuse.kernels.gemv.config import (_SHARED_BYTES, GemvConfig, dtype_bytes, mma_tiles, ring_halves, warps_k,
                                          x_stride, x_tile_halves)
+from tvmfuse.kernels.ksplit import split_sum
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 _SHFL = "T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), {v}, {m}, 32, 32)"
-_REDUCE_THREADS = 256
 
 
 def _indent(text: str, n: int) -> str:
@@ -224,7 +224,7 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
     colc = f"T.min({col0}, {N - V})"   # a warp past N's end reads the last columns and stores nothing
 
     def row_of(j: str) -> str:   # x's row of this lane's B column in n8 tile j (padding columns: a real row)
-        return f"T.min(bx * {MR} + T.min({g} + {j} * 8, {MR - 1}), {M - 1})"
+        return _x_row(spec, cfg, f"{g} + {j} * 8")
 
     def loads(k: str, steps: int, masked: bool, staged: bool = False) -> str:
         """The weight vectors and x's halves of ``steps`` k16 steps at K offset ``k`` (of u, s). ``masked``:
@@ -289,8 +289,8 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
     if cfg.stages > 1:
         code += _mma_ring(spec, cfg, dt, f, Wp, Xp, kz, per, ext, colc, row_of, build, mmas)
     elif cfg.xs:
-        code += _x_staged_loop(spec, cfg, f, kz, per, ext, x_at, steps(kb, U, False, "True" if not f.emulate
-                                                                     else f"it < {ext}", staged=True), colc)
+        guard = f"it < {ext}" if f.emulate else "True"
+        code += _x_staged_loop(spec, cfg, f, kz, per, ext, x_at, steps(kb, U, False, guard, staged=True), colc)
     elif f.emulate:
         code += f"for it in T.serial({per}):\n" + _indent(steps(kb, U, False, f"it < {ext}"), 4)
     else:
@@ -329,6 +329,12 @@ def _mma_body(spec: GemmSpec, cfg: GemvConfig, dt: str, f: _Frame, out: str) -> 
     return code
 
 
+def _x_row(spec: GemmSpec, cfg: GemvConfig, local: str) -> str:
+    """x's row for the block's row ``local`` (past the block's rows or past M: a real row, whose products land in
+    columns of D that are not stored)."""
+    return f"T.min(bx * {cfg.rows} + T.min({local}, {cfg.rows - 1}), {spec.rows - 1})"
+
+
 def _prefetch(spec: GemmSpec, cfg: GemvConfig, kz: str, per: int, colc: str) -> str:
     """The next iteration's weight rows of a lane prefetched into L2: ptxas issues a step's loads just before its
     mmas (the registers of ``unroll`` steps' loads are not held), so the prefetches are what keeps ``unroll`` steps
@@ -359,12 +365,12 @@ def _x_staged_loop(spec: GemmSpec, cfg: GemvConfig, f: _Frame, kz: str, per: int
     theirs; the group's named barrier (a warp's own sync where the group is one warp) orders the copies before the
     reads and the reads before the buffer's refill. Each group runs its own iteration count, so no barrier spans
     the block."""
-    M, K, MR, U, TN = spec.rows, spec.k, cfg.rows, cfg.unroll, cfg.threads_n
+    K, U, TN = spec.k, cfg.unroll, cfg.threads_n
     XR, CV = 8 * mma_tiles(cfg)[1], 2 * U   # tile rows, 16-byte vectors a row
     lanes = 32 * TN
     reps = -(-XR * CV // lanes)
     q = f"(r * {lanes} + ty % {TN} * 32 + tx)"
-    row = f"T.min(bx * {MR} + T.min({q} // {CV}, {MR - 1}), {M - 1})"
+    row = _x_row(spec, cfg, f"{q} // {CV}")
     k0 = f"({kz} * {per} + {{it}}) * {16 * U} + {q} % {CV} * 8"
 
     def issue(it: str) -> str:
@@ -503,18 +509,7 @@ def gemv_source(spec: GemmSpec, cfg: GemvConfig, params: list[str], a: str, b: s
                 f"                for tx in T.thread_binding({tx}, thread='threadIdx.x'):\n"
                 + _indent(f.allocs + body, 20))
     if S > 1:   # the partials' sum, the epilogue on it: one output element a thread
-        R = _REDUCE_THREADS
-        e = f"(rb * {R} + rt)"
-        red = (f"racc[0] = T.float32(0)\nfor sp in {f.unroll}({S}):\n"
-               f"    racc[0] = racc[0] + part[sp * {M * N} + {e}]\n"
-               + final.format(row=f"({e} // {N})", col=f"({e} % {N})", acc="racc[0]") + "\n")
-        red = f"if {e} < {M * N}:\n" + _indent(red, 4)
-        scope = "" if emulate else ", scope='local'"
-        loops = (f"for rb, rt in T.grid({-(-M * N // R)}, {R}):\n" if emulate else
-                 f"for rb in T.thread_binding({-(-M * N // R)}, thread='blockIdx.x'):\n"
-                 f"    for rt in T.thread_binding({R}, thread='threadIdx.x'):\n")
-        inner = 4 if emulate else 8
-        main += loops + _indent(f"racc = T.alloc_buffer((1,), 'float32'{scope})\n" + red, inner)
+        main += split_sum(M, N, S, store, emulate)
     attrs = '{"tirx.noalias": True}' if emulate else '{"tirx.noalias": True, "tirx.is_scheduled": True}'
     return (f"@T.prim_func(s_tir=True)\ndef main({', '.join(params)}):\n    T.func_attr({attrs})\n"
             + _indent(views + main, 4))

@@ -2,6 +2,7 @@
 kernel for a TMA config)."""
 from __future__ import annotations
 
+from tvmfuse.kernels.ksplit import split_sum
 from tvmfuse.kernels.wgmma.config import WgmmaConfig, _a_predicated, _b_predicated, k_steps, tiles_n
 from tvmfuse.kernels.wgmma.layout import _a_read, _all, _batch_offsets, _tile_coords, tile_layout
 from tvmfuse.kernels.wgmma.mma import _mma_and_store
@@ -157,25 +158,5 @@ def main({", ".join(params)}):
 {_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
                     T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
-{_indent(stored, 16)}{_indent(_split_sum(spec, D, store), 4)}"""
+{_indent(stored, 16)}{_indent(split_sum(M, N, D, store) if D > 1 else '', 4)}"""
 
-
-_SUM_THREADS = 256
-
-
-def _split_sum(spec: GemmSpec, d: int, store: str) -> str:
-    """TVMScript of a K split's second kernel: each thread one output element, the sum of its ``d`` partials,
-    stored by ``store`` (the epilogue). Empty without a split."""
-    if d == 1:
-        return ""
-    M, N, R = spec.rows, spec.n, _SUM_THREADS
-    e = f"(rb * {R} + rt)"
-    final = store.format(bz="0", row=f"({e} // {N})", col=f"({e} % {N})", acc="racc[0]")
-    return (f'for rb in T.thread_binding({-(-M * N // R)}, thread="blockIdx.x"):\n'
-            f'    for rt in T.thread_binding({R}, thread="threadIdx.x"):\n'
-            f'        racc = T.alloc_buffer((1,), "float32", scope="local")\n'
-            f"        if {e} < {M * N}:\n"
-            f"            racc[0] = T.float32(0)\n"
-            f"            for sp in T.unroll({d}):\n"
-            f"                racc[0] = racc[0] + part[sp * {M * N} + {e}]\n"
-            + _indent(final, 12) + "\n")
