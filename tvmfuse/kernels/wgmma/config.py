@@ -265,7 +265,7 @@ CONV_SMALL_TILES = ((1, 1, 128), (2, 1, 64), (1, 1, 64))
 # A small grid's GEMM tiles (about a block an SM: the block's own pipeline is what hides its copies' latency): the
 # deepest of these stages its K steps and shared memory take, a batch in flight from 4 (f1). On the H100, over the
 # whole spaces of 10 drawn GEMMs (benchmarks/search_replay.py), 3 stages and no batch in flight ran a median 1.26x
-# the space's best; these stages (at most half the K steps), with the short-K rule of _rule_config, 1.12x (320 x 128
+# the space's best; these stages (at most half the K steps), with the short-K rule of _rule_config, 1.14x (320 x 128
 # x 9032: 44.4 -> 38.9 us at 5 stages, f1; 207 x 4968 x 7104: 72.1 -> 61.1). A conv keeps 3 (no such sweep of convs).
 SMALL_GRID_STAGES = (5, 4, 3)
 
