@@ -1,6 +1,8 @@
 """The GEMV template (tvmfuse/kernels/gemv/) on the GPU: decode GEMMs x[M, K] @ W[K, N] (fp16, fp32 accumulate),
 with and without a fused bias + SiLU epilogue, each config of the template's space beside cuBLAS (``x @ w`` in
-torch) and the device-copy ceiling of the weight's bytes; every kernel timed is checked against torch fp32.
+torch) and the device-copy ceiling of the weight's bytes; every kernel timed is checked against torch fp32. The
+"default" is what an untuned sm_90a build runs: from 17 rows, the wgmma template's K split where it takes the shape
+(``wgmma.config.skinny_config``), the GEMV template's default beside it.
 
     python benchmarks/gemv_gpu.py                 # the H200 run: a sample of each shape's configs (see --configs)
     python benchmarks/gemv_gpu.py --configs all   # every config of the space (takes far longer than 4 minutes)
@@ -98,7 +100,8 @@ def _build(job, ptxas: bool = False) -> tuple[str, str | None]:
 
 
 def _configs(m, k, n, how: str, kernels=(0, 1), also=()):
-    from tvmfuse.kernels.gemv import default_config, parse_config
+    from tvmfuse.kernels.gemv import MAX_ROWS, default_config, parse_config
+    from tvmfuse.kernels.wgmma.config import skinny_config
     from tvmfuse.kernels.gemv.config import fits_shape
     from tvmfuse.kernels.gemv.kernel import space_configs
     from tvmfuse.kernels.wgmma.spec import GemmSpec
@@ -110,6 +113,9 @@ def _configs(m, k, n, how: str, kernels=(0, 1), also=()):
     # each kernel's own best by the rule (CUDA cores, tensor cores), then the sample: half of it from each
     firsts = list(dict.fromkeys([default] + [c for c in (default_config(spec, "float16", mma=(p,)) for p in (0, 1))
                                              if c is not None and c in space]))
+    skinny = skinny_config(spec) if m > MAX_ROWS else None
+    if skinny is not None:   # what an untuned sm_90a build runs at 17-64 rows: wgmma's K split, the GEMV's beside it
+        default, firsts = skinny, [skinny] + firsts
     rest = [c for c in space if c not in firsts]
     if how != "all":   # an even stride through each kernel's configs in the space's order (every knob's values)
         count, rest = int(how), []
@@ -120,7 +126,8 @@ def _configs(m, k, n, how: str, kernels=(0, 1), also=()):
     rows = str(min(m, 64))
     extra = [c for c in (parse_config(a.replace("{M}", rows)) for a in also if not a.startswith("g"))
              if c.rows == min(m, 64) and fits_shape(spec, c, "float16")]
-    return default, list(dict.fromkeys(firsts + extra + rest)) + _wgmma_also(spec, also), len(space)
+    wg = [c for c in _wgmma_also(spec, also) if c not in firsts]
+    return default, list(dict.fromkeys(firsts + extra + rest)) + wg, len(space)
 
 
 def _wgmma_also(spec, also) -> list:

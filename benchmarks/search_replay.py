@@ -22,6 +22,12 @@ default counts as trial 0). The replay knows nothing of a measurement's noise: i
 
     python benchmarks/search_replay.py measure --classes gemm,conv,rows --shapes-per-class 30 --table t.json
     python benchmarks/search_replay.py replay --table t.json --trials 32 --seeds 3
+    python benchmarks/search_replay.py warm --table t.json --trials 32 --seeds 3
+
+``warm`` (CPU): issue 20's warm start, replayed. Each shape is tuned by tvmfuse's search cold (a fresh database and
+cost model) and warm (a database holding the cold runs' records of the other shapes of its class, the model
+warm-started from them as ``tune`` does). Per class: the trials each needed to reach 90% of the cold search's final
+speed, and how often warm needed at most a quarter of cold's.
 """
 from __future__ import annotations
 
@@ -215,13 +221,17 @@ class TableRunner(ms.runner.PyRunner):
         return out
 
 
-def replay_arm(arm: str, entries: list[tuple[str, dict]], target, *, trials: int, seed: int) -> dict:
+def replay_arm(arm: str, entries: list[tuple[str, dict]], target, *, trials: int, seed: int,
+               db_path: Path | None = None, warm: bool = False) -> dict:
     """One arm over ``entries`` (table key, entry), in order, with one database and one cost model: each shape's
-    record times in order (the default first), seconds."""
+    record times in order (the default first), seconds. ``db_path``: that database (kept) instead of a temporary
+    one; ``warm``: the cost model warm-started from its records first (``tvmfuse.tune.warm_start``, as ``tune``
+    does)."""
     from tvmfuse.db import open_database
     from tvmfuse.tune import tune_kernels
     from tvmfuse.tune.cost_model import make_cost_model
     from tvmfuse.tune.tuner import TuneConfig
+    from tvmfuse.tune.warm_start import warm_start
 
     config = TuneConfig(trials=trials, trials_per_kernel=trials + 1, trials_per_round=8, population=64, seed=seed,
                         cost_model="xgb" if arm == "tvmfuse" else "random", check=False, retime_finalists=0,
@@ -229,7 +239,9 @@ def replay_arm(arm: str, entries: list[tuple[str, dict]], target, *, trials: int
     cost_model = make_cost_model(config.cost_model)
     out, statuses = {}, {}
     with tempfile.TemporaryDirectory() as work:
-        db = open_database(Path(work) / "replay.db", target=target)
+        db = open_database(db_path or Path(work) / "replay.db", target=target)
+        if warm:
+            warm_start(cost_model, db, target)
         for key, entry in entries:
             kernel = kernel_of(entry["class"], entry["shape"], target)
             names: dict[str, str] = {}
@@ -237,9 +249,67 @@ def replay_arm(arm: str, entries: list[tuple[str, dict]], target, *, trials: int
             (result,) = tune_kernels([kernel], target=target, database=db, config=config, cost_model=cost_model,
                                      builder=builder, runner=runner)
             out[key], statuses[key] = record_times(db, kernel.mod), result.status
+        db.close()
     if any(s not in ("tuned", "exhausted") for s in statuses.values()):
         raise RuntimeError(f"the {arm} arm's search did not finish: {statuses}")
     return out
+
+
+def cold_and_warm(entries: list[tuple[str, dict]], target, *, trials: int, seed: int, work: Path) -> dict:
+    """Each shape tuned by tvmfuse's search ``cold`` (a fresh database and cost model) and ``warm``: from a database
+    holding the cold runs' records of the other shapes of its class (what tuning other models leaves), the cost
+    model warm-started from them, as ``tune`` starts. {"cold" | "warm": {key: record times}}."""
+    from tvmfuse.db.ops import merge
+
+    dbs = {key: work / f"cold{i}.db" for i, (key, _) in enumerate(entries)}
+    runs = {"cold": {}, "warm": {}}
+    for key, entry in entries:
+        runs["cold"].update(replay_arm("tvmfuse", [(key, entry)], target, trials=trials, seed=seed,
+                                       db_path=dbs[key]))
+    for i, (key, entry) in enumerate(entries):
+        dest = work / f"warm{i}.db"
+        merge(sources=[dbs[k] for k, e in entries if k != key and e["class"] == entry["class"]], dest=dest)
+        runs["warm"].update(replay_arm("tvmfuse", [(key, entry)], target, trials=trials, seed=seed, db_path=dest,
+                                       warm=True))
+    return runs
+
+
+def summarize_warm(table: dict, runs: dict, trials: int, fraction: float = 0.9) -> list[dict]:
+    """Per class, over the shapes whose default is below 95% of its space's best and the seeds where the cold search
+    needed a trial to reach ``fraction`` of its final speed: the trials cold and warm needed (medians), the median
+    of warm's over cold's, and how often warm needed at most a quarter of cold's (issue 20's warm-start goal); the
+    warm search's final best over the cold one's."""
+    rows = []
+    for cls in dict.fromkeys(e["class"] for e in table["shapes"].values()):
+        keys = [k for k, e in table["shapes"].items() if e["class"] == cls and e.get("configs")]
+        cold_n, warm_n, ratio, quarter, final, pairs, at_default = [], [], [], 0, [], 0, 0
+        for key in keys:
+            entry = table["shapes"][key]
+            ok = [c["ms"] for c in entry["configs"].values() if c["ok"]]
+            d = entry["configs"].get(entry.get("default") or "", {})
+            if not ok or not d.get("ok") or d["ms"] * 0.95 <= min(ok):
+                continue
+            for seed_runs in runs.values():
+                cold, warm = seed_runs["cold"].get(key), seed_runs["warm"].get(key)
+                if not cold or not warm:
+                    continue
+                best = min(cold[:trials + 1])
+                tc, tw = trials_to(cold[:trials + 1], best, fraction), trials_to(warm[:trials + 1], best, fraction)
+                tw = tw if tw is not None else float("inf")
+                final.append(min(warm[:trials + 1]) / best)
+                if tc == 0:
+                    at_default += 1
+                    continue
+                pairs += 1
+                cold_n.append(tc)
+                warm_n.append(tw)
+                ratio.append(tw / tc)
+                quarter += tw <= tc / 4
+        med = (lambda xs: statistics.median(xs) if xs else None)  # noqa: E731
+        rows.append({"class": cls, "shapes": len(keys), "runs": pairs, "default_within_fraction": at_default,
+                     "cold_trials": med(cold_n), "warm_trials": med(warm_n), "warm_over_cold": med(ratio),
+                     "warm_within_quarter": quarter, "warm_final_over_cold": med(final)})
+    return rows
 
 
 def summarize(table: dict, runs: dict, trials: int) -> list[dict]:
@@ -295,6 +365,29 @@ def replay(args) -> int:
     return 0
 
 
+def warm(args) -> int:
+    from tvmfuse.target import resolve_target
+
+    table = json.loads(args.table.read_text())
+    target = resolve_target(table.get("target", "cuda"))
+    entries = [(k, e) for k, e in table["shapes"].items() if e.get("configs")]
+    runs = {}
+    for seed in range(args.seeds):
+        with tempfile.TemporaryDirectory() as work:
+            runs[seed] = cold_and_warm(entries, target, trials=args.trials, seed=seed, work=Path(work))
+    rows = summarize_warm(table, runs, args.trials)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
+    f = (lambda v, p=1: "-" if v is None else f"{v:.{p}f}")  # noqa: E731
+    print(f"{'class':10} {'shapes':>6} {'runs':>5} {'at default':>10} {'cold trials':>11} {'warm trials':>11} "
+          f"{'warm/cold':>9} {'<= 1/4':>6} {'warm best/cold':>14}")
+    for r in rows:
+        print(f"{r['class']:10} {r['shapes']:6d} {r['runs']:5d} {r['default_within_fraction']:10d} "
+              f"{f(r['cold_trials']):>11} {f(r['warm_trials']):>11} {f(r['warm_over_cold'], 2):>9} "
+              f"{r['warm_within_quarter']:6d} {f(r['warm_final_over_cold'], 3):>14}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -311,11 +404,16 @@ def main(argv=None) -> int:
     r.add_argument("--trials", type=int, default=32)
     r.add_argument("--seeds", type=int, default=3)
     r.add_argument("--json", type=Path, default=None)
+    w = sub.add_parser("warm", help="tvmfuse's search on each shape cold and warm-started from the others (CPU)")
+    w.add_argument("--table", type=Path, required=True)
+    w.add_argument("--trials", type=int, default=32)
+    w.add_argument("--seeds", type=int, default=3)
+    w.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.cmd == "replay" and not args.table.exists():
+    if args.cmd in ("replay", "warm") and not args.table.exists():
         print(f"search_replay: no table at {args.table}", file=sys.stderr)
         return 2
-    return measure(args) if args.cmd == "measure" else replay(args)
+    return {"measure": measure, "replay": replay, "warm": warm}[args.cmd](args)
 
 
 if __name__ == "__main__":

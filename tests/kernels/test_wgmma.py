@@ -947,6 +947,45 @@ def test_a_k_split_is_offered_where_tiles_leave_sms_idle_and_builds_two_kernels(
         hopper.gemm_source(skinny, cfg, decls, "a", "b", "c[{row}, {col}] = T.Cast('float16', {acc0} * {acc1})")
 
 
+def test_a_skinny_gemm_defaults_to_the_k_split_that_fills_the_sms_once():
+    """17-64 rows against a long K: 128 x 256 tiles by cp.async (4 stages, a batch in flight) split over the most
+    blocks of one wave, each split at least 10 K steps; none past 64 rows, for batched, TF32 or convs, where a split
+    would leave under 10 steps, or where the caller says no split (a gated epilogue)."""
+    from tvmfuse.kernels.wgmma.config import default_config, skinny_config
+
+    def pick(m, k, n, **kw):
+        return default_config(hopper.GemmSpec((), m, n, k, False, False, False), **kw)
+
+    base = "g2 m1 n256 k64 s4 r1 z128 f1"
+    assert pick(32, 4096, 11008).name == base + " d3"      # 43 tiles x 3 = 129 blocks on 132 SMs
+    assert pick(64, 4096, 4096).name == base + " d6"       # 16 x 6 = 96 (x 8 would leave 8 K steps a split)
+    assert pick(64, 11008, 4096).name == base + " d8"      # 172 steps: 21 a split
+    assert pick(24, 5120, 13824).name == base + " d2"      # 54 tiles
+    assert pick(32, 4096, 11008, sm_count=66).split == 1   # 43 x 2 past one wave of 66 SMs: the small-grid rule
+    assert pick(32, 4096, 11008, split=False).split == 1
+    assert pick(65, 4096, 4096).split == 1 and pick(33, 768, 768).split == 1   # 65 rows; 12 K steps
+    assert pick(32, 4096, 32000).split == 1                # 125 tiles fill the SMs already
+    assert skinny_config(hopper.GemmSpec((4,), 32, 4096, 4096, True, True, False)) is None
+    assert skinny_config(hopper.GemmSpec((), 32, 4096, 4096, False, False, True, dtype="float32")) is None
+
+
+def test_a_skinny_planner_gemm_runs_wgmmas_k_split_untuned_and_16_rows_the_gemv(tmp_path, cuda):
+    """An untuned Hopper build of a GEMM of 32 rows (2048 -> 1024) runs the wgmma template's K split (the GEMV
+    template declines it there, and its traced default in the GEMM space is that split); at 16 rows the GEMV's."""
+    from tvmfuse.kernels import default_schedule, gemv, untuned_kernel
+
+    space = load_spaces("cuda").for_class("gemm")
+    for m, source in ((32, "wgmma-default"), (16, "gemv-default")):
+        (kernel,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=m, K=2048, N=1024)[0], cuda)
+        func = kernel.mod["main"]
+        assert untuned_kernel(func, cuda.target)[0] == source
+        assert (gemv.untuned(func, cuda.target) is None) == (m == 32)
+        assert hopper.untuned_config(func, cuda.target)[2].name == "g2 m1 n256 k64 s4 r1 z128 f1 d3"
+        if m == 32:
+            sch = default_schedule(kernel.mod, cuda.target, space)
+            assert hopper.annotated(sch.mod["main"])[2].name == "g2 m1 n256 k64 s4 r1 z128 f1 d3"
+
+
 def test_the_search_reaches_a_k_split_and_the_builder_expands_it(tmp_path, cuda):
     """A planner GEMM of 32 rows against a 2048 x 1024 weight (8 tile columns on 132 SMs): the wgmma sketch's
     candidates include K splits, a trace whose decision draws one expands to the split kernel (its blocks along y,

@@ -63,10 +63,21 @@ def untuned(func, target) -> tuple[GemmSpec, dict, GemvConfig] | None:
         spec, info = analyze(func)
     except Exception:  # noqa: BLE001 - Misfit, or a shape the recogniser did not foresee: not this template's
         return None
+    if spec.rows > MAX_ROWS and _wgmma_splits(func, target):
+        return None
     from tvmfuse.target import device_figures
 
     cfg = default_config(spec, info["dtype"], device_figures(target).sm_count)   # the split that fills its SMs
     return None if cfg is None else (spec, info, cfg)
+
+
+def _wgmma_splits(func, target) -> bool:
+    """Whether Hopper's wgmma template runs ``func`` untuned as a K split (17-64 rows: it measured faster than this
+    template's tensor-core kernel, ``wgmma.config.skinny_config``)."""
+    from tvmfuse.kernels.wgmma.kernel import untuned_config
+
+    found = untuned_config(func, target)
+    return found is not None and found[2].split > 1
 
 
 def default_kernel(func, target):

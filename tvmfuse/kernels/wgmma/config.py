@@ -216,12 +216,16 @@ def tiles_m(spec: GemmSpec, cfg: WgmmaConfig) -> int:
     return -(-spec.rows // cfg.block_m)
 
 
-def default_config(spec: GemmSpec, sm_count: int = SMS) -> WgmmaConfig:
+def default_config(spec: GemmSpec, sm_count: int = SMS, split: bool = True) -> WgmmaConfig:
     """The fastest measured where it fits (H200, BENCHMARKS.md): 128x256 tiles by TMA, 4 stages (8192^3 GEMM 1623-1758
     us, 0.95-0.99x cuBLAS; the 3x3 conv 362 us, 0.86x cuDNN), then 256x128 (1757 / 371 us), then
     128x128 (410 us, the conv); else by cp.async: 128x256 tiles, 3 stages (the GEMM 1996-2025 us, the conv 482-490),
-    then 256x128, then 128x128 — unless the grid is too small for the GPU's ``sm_count`` SMs: then the smaller tile
-    that :func:`grid_time` finds faster (:func:`small_grid_config`)."""
+    then 256x128, then 128x128 — unless the grid is too small for the GPU's ``sm_count`` SMs: a skinny GEMM's K
+    split over them (:func:`skinny_config`; ``split`` False: none, a gated epilogue's), else the smaller tile that
+    :func:`grid_time` finds faster (:func:`small_grid_config`)."""
+    skinny = skinny_config(spec, sm_count) if split else None
+    if skinny is not None:
+        return skinny
     rule = _rule_config(spec)
     small = small_grid_config(spec, rule, sm_count)
     return staged_default(spec, rule if small is None else small)
@@ -240,6 +244,36 @@ def staged_default(spec: GemmSpec, cfg: WgmmaConfig) -> WgmmaConfig:
             or staged.shared_bytes() > cfg.shared_bytes()):
         return cfg
     return staged
+
+
+# A skinny GEMM (a decode step's few tokens against a weight) is its weight's bytes: one row of 128 x 256 tiles by
+# cp.async, 4 stages, K split over as many blocks as fill the SMs once, each split at least SPLIT_STEPS K steps. On
+# the H100 (benchmarks/gemv_gpu.py, K splits beside the GEMV template's default, cuBLAS in the same run), M x 4096 x
+# 11008: 32 rows 38.9 us split 3 against the GEMV's 43.8 (cuBLAS 33.0), 64 rows 42.8 against 57.6 (33.4), where
+# split 4 and 6 (more blocks than SMs) took 45.4-50.1; 64 x 4096 x 4096: 18.2 us split 6 against 26.5 (18.1).
+# At 16 rows 37.1 against the GEMV's 37.6: the GEMV template keeps M <= 16 (gemv.config.MAX_ROWS)
+SKINNY_ROWS = 64
+SKINNY_TILES = (WgmmaConfig(2, 1, 256, 64, 4, 1, 128, 1), WgmmaConfig(2, 1, 128, 64, 4, 1, 128, 1))
+SPLITS = (2, 3, 4, 6, 8)
+SPLIT_STEPS = 10
+
+
+def skinny_config(spec: GemmSpec, sm_count: int = SMS) -> WgmmaConfig | None:
+    """The K-split config of a GEMM of at most :data:`SKINNY_ROWS` rows (fp16, unbatched, no conv) whose output
+    tiles leave the GPU's ``sm_count`` SMs idle: the first of :data:`SKINNY_TILES` that fits, split over the most
+    blocks that fit one wave, each at least :data:`SPLIT_STEPS` K steps; None where no split fits (the GEMV
+    template's or the small-grid rule's then)."""
+    if spec.rows > SKINNY_ROWS or spec.conv is not None or spec.grid_batch != 1 or spec.dtype != "float16":
+        return None
+    options = set(configs(spec, stages=(4,), raster=(1,), inflight=(1,), split=SPLITS, sm_count=sm_count))
+    for tile in SKINNY_TILES:
+        if tile not in options:
+            continue
+        blocks, steps = tiles_m(spec, tile) * tiles_n(spec, tile), k_steps(spec, tile)
+        fits = [d for d in SPLITS if replace(tile, split=d) in options and blocks * d <= sm_count
+                and steps / d >= SPLIT_STEPS]
+        return replace(tile, split=max(fits)) if fits else None
+    return None
 
 
 def grid_time(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int) -> float:

@@ -34,7 +34,8 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
     projections, checked in the pipeline: dlight 180-184 us, wgmma 14-22 us); partial tiles of columns and K (1x1
     convs of 24 and 144 channels, a 1000-column head, K 1000, GPT-2's 50257-word LM head, MobileNetV2 end to end)
     and convs whose K steps span filter taps (24, 40, 96 and 144 channels, stride 2); GEMM stores staged through
-    shared memory (five fp16 GEMMs of N 96 to 1000, on the H100; convs and TF32 keep unstaged stores untuned)."""
+    shared memory (five fp16 GEMMs of N 96 to 1000, on the H100; convs and TF32 keep unstaged stores untuned); a
+    skinny GEMM's K split over the SMs (32 and 64 rows, on the H100: :func:`skinny_config`)."""
     if not supports(target):
         return None
     try:
@@ -45,7 +46,8 @@ def untuned_config(func, target) -> tuple[GemmSpec, dict, WgmmaConfig] | None:
         return None
     from tvmfuse.target import device_figures
 
-    return spec, info, default_config(spec, device_figures(target).sm_count)
+    # (a gated epilogue reads two sums at once: no K split, as the sketch)
+    return spec, info, default_config(spec, device_figures(target).sm_count, split="{acc0}" not in info["store"])
 
 
 def default_kernel(func, target):
