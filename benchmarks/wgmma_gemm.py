@@ -241,7 +241,7 @@ def torch_us(spec) -> dict:
     return {"cublas_us": round(t(lambda: A @ W), 1), "torch_fused_us": round(t(lambda: torch.relu(A @ W + b)), 1)}
 
 
-def shapes_table(shapes: list[str], extra: list, every: bool = False, jobs: int = 1) -> int:
+def shapes_table(shapes: list[str], extra: list, every: bool = False, jobs: int = 1, build_only: bool = False) -> int:
     """``--shapes``: each GEMM at its default config (:func:`default_config`) and the ``extra`` configs that fit
     (``every``: each config of the tuner's space), checked and timed, beside cuBLAS in the same process; a table
     last. ``jobs`` > 1: the kernels are built ahead by that many processes while the GPU checks and times."""
@@ -259,13 +259,25 @@ def shapes_table(shapes: list[str], extra: list, every: bool = False, jobs: int 
             m, n, k = (int(x) for x in parts[:3])
             spec = GemmSpec((), m, n, k, False, False, parts[3:] == ["t"])
         # (the --configs asked for may go past the tuner's space: 2 stages, K steps of 32 unswizzled, staged stores)
-        fits = configs(spec, tma=(0, 1), stages=(2, 3, 4, 5), block_k=(64, 32), swizzle=(128, 0), staged=(0, 1))
+        fits = configs(spec, tma=(0, 1), stages=(2, 3, 4, 5), block_k=(64, 32), swizzle=(128, 0), staged=(0, 1),
+                       split=(1, 2, 3, 4, 6, 8))
         if not fits:
             cases.append(({"shape": [m, n, k], "error": "no config takes it"}, []))
             continue
         # (the tuner's choices, search_spaces/cuda.yaml's wgmma_* knobs)
         space = configs(spec, raster=(8, 4, 1), tma=(0, 1), persistent=(0, 1), staged=(0, 1)) if every else []
         cases.append((spec, list(dict.fromkeys([default_config(spec), *(c for c in extra if c in fits), *space]))))
+    if build_only:   # sm_90a kernels through ptxas, no GPU
+        bad = 0
+        for spec, cfgs in [c for c in cases if not isinstance(c[0], dict)]:
+            for c in cfgs:
+                try:
+                    said = ptxas(build(spec, c))
+                except Exception as err:  # noqa: BLE001 - reported, the others go on
+                    said = "FAIL " + _why(err)
+                bad += said.startswith("FAIL")
+                print(f"{spec.m} x {spec.n} x {spec.k} {c.name}: {said}", flush=True)
+        return 1 if bad else 0
     built = _prebuild(cases, jobs)
     rows = []
     for spec, cfgs in cases:
@@ -326,7 +338,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="--shapes: build kernels ahead in this many processes")
     a = ap.parse_args()
     if a.shapes:
-        return shapes_table(a.shapes, [parse_config(c) for c in a.configs or []], a.every_config, a.jobs)
+        return shapes_table(a.shapes, [parse_config(c) for c in a.configs or []], a.every_config, a.jobs,
+                            a.build_only)
     if a.conv:
         spec, small = conv_spec(64, 256, 56, 256), conv_spec(32, 512, 7, 512)
     else:

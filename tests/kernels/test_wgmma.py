@@ -906,7 +906,7 @@ def test_tma_conv_loads_and_stores_compute_the_conv(geometry, f, cfg):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_a_k_split_is_offered_where_tiles_leave_sms_idle_and_builds_two_kernels(tmp_path):
     """A skinny GEMM (64 x 11008 x 4096: 43-172 tiles on 132 SMs) is offered K splits up to two blocks an SM,
-    each at least two K steps; a GEMM that fills the SMs, a conv, a TMA config and a batched GEMM are not. The split
+    each at least two K steps; a GEMM that fills the SMs, a TMA config and a batched GEMM are not. The split
     kernel: block kz reads A's and B's K from kz * per steps (A at kz * 2048 elements, B at kz * 2048 rows), stores
     fp32 partials, and a second kernel sums them and applies the epilogue; built for sm_90a without spills."""
     from tvmfuse.kernels.wgmma.config import configs, k_steps, splits, tiles_m, tiles_n
@@ -924,7 +924,7 @@ def test_a_k_split_is_offered_where_tiles_leave_sms_idle_and_builds_two_kernels(
     assert not any(c.split > 1 for c in configs(batched, split=(1, 2, 4)))
     geo = hopper.ConvGeometry(1, 7, 7, 512, 7, 7, 3, 3, (1, 1), (1, 1), (1, 1))
     conv = hopper.GemmSpec((), 49, 512, 4608, False, False, True, geo)
-    assert not any(splits(conv, c, 2) for c in configs(conv))
+    assert all(splits(conv, c, 2) for c in configs(conv))   # a conv's cp.async configs split as a GEMM's
     cfg = hopper.parse_config("g1 m1 n128 k64 s4 r1 z128 f1 e1 d2")
     assert cfg in offered and cfg.name.endswith(" d2")
     decls = ["a: T.Buffer((64, 4096), 'float16')", "b: T.Buffer((4096, 11008), 'float16')",
@@ -949,8 +949,9 @@ def test_a_k_split_is_offered_where_tiles_leave_sms_idle_and_builds_two_kernels(
 
 def test_a_skinny_gemm_defaults_to_the_k_split_that_fills_the_sms_once():
     """17-64 rows against a long K: 128 x 256 tiles by cp.async (4 stages, a batch in flight) split over the most
-    blocks of one wave, each split at least 10 K steps; none past 64 rows, for batched, TF32 or convs, where a split
-    would leave under 10 steps, or where the caller says no split (a gated epilogue)."""
+    blocks of one wave, each split at least 5 K steps; none past 64 rows, for batched or TF32 GEMMs, where a split
+    would leave under 5 steps or fill under half the SMs, or where the caller says no split (a gated epilogue).
+    A conv whose tiles leave SMs idle splits its default's K over up to two blocks an SM."""
     from tvmfuse.kernels.wgmma.config import default_config, skinny_config
 
     def pick(m, k, n, **kw):
@@ -958,32 +959,42 @@ def test_a_skinny_gemm_defaults_to_the_k_split_that_fills_the_sms_once():
 
     base = "g2 m1 n256 k64 s4 r1 z128 f1"
     assert pick(32, 4096, 11008).name == base + " d3"      # 43 tiles x 3 = 129 blocks on 132 SMs
-    assert pick(64, 4096, 4096).name == base + " d6"       # 16 x 6 = 96 (x 8 would leave 8 K steps a split)
-    assert pick(64, 11008, 4096).name == base + " d8"      # 172 steps: 21 a split
+    assert pick(64, 4096, 4096).name == base + " d8"       # 16 x 8 = 128, 8 K steps a split
+    assert pick(20, 2048, 5632).name == base + " d6"       # 22 x 6 = 132, 5.3 K steps a split (d8: 4)
     assert pick(24, 5120, 13824).name == base + " d2"      # 54 tiles
+    assert pick(64, 2048, 512).split == 1                  # 2 tiles x 6: under half the SMs
     assert pick(32, 4096, 11008, sm_count=66).split == 1   # 43 x 2 past one wave of 66 SMs: the small-grid rule
     assert pick(32, 4096, 11008, split=False).split == 1
-    assert pick(65, 4096, 4096).split == 1 and pick(33, 768, 768).split == 1   # 65 rows; 12 K steps
+    assert pick(65, 4096, 4096).split == 1 and pick(33, 384, 768).split == 1   # 65 rows; 6 K steps
     assert pick(32, 4096, 32000).split == 1                # 125 tiles fill the SMs already
     assert skinny_config(hopper.GemmSpec((4,), 32, 4096, 4096, True, True, False)) is None
     assert skinny_config(hopper.GemmSpec((), 32, 4096, 4096, False, False, True, dtype="float32")) is None
 
+    def conv(b, c, hw, stride=1):
+        o = (hw + 2 - 3) // stride + 1
+        geo = hopper.ConvGeometry(b, hw, hw, c, o, o, 3, 3, (stride, stride), (1, 1), (1, 1))
+        return default_config(hopper.GemmSpec((), b * o * o, c, 9 * c, False, False, True, geo))
+
+    assert conv(32, 512, 7).name == "g1 m1 n128 k64 s3 r1 z128 f0 d2"   # 100 tiles x 2 <= 2 an SM
+    assert conv(32, 512, 14, stride=2).split == 2
+    assert conv(32, 256, 14).split == 1 and conv(32, 128, 28).split == 1   # 196 tiles; TMA
+
 
 def test_a_skinny_planner_gemm_runs_wgmmas_k_split_untuned_and_16_rows_the_gemv(tmp_path, cuda):
-    """An untuned Hopper build of a GEMM of 32 rows (2048 -> 1024) runs the wgmma template's K split (the GEMV
+    """An untuned Hopper build of a GEMM of 32 rows (2048 -> 4096) runs the wgmma template's K split (the GEMV
     template declines it there, and its traced default in the GEMM space is that split); at 16 rows the GEMV's."""
     from tvmfuse.kernels import default_schedule, gemv, untuned_kernel
 
     space = load_spaces("cuda").for_class("gemm")
     for m, source in ((32, "wgmma-default"), (16, "gemv-default")):
-        (kernel,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=m, K=2048, N=1024)[0], cuda)
+        (kernel,) = _gemm_kernels(tmp_path, CASES["gemm_bias_relu"](M=m, K=2048, N=4096)[0], cuda)
         func = kernel.mod["main"]
         assert untuned_kernel(func, cuda.target)[0] == source
         assert (gemv.untuned(func, cuda.target) is None) == (m == 32)
-        assert hopper.untuned_config(func, cuda.target)[2].name == "g2 m1 n256 k64 s4 r1 z128 f1 d3"
+        assert hopper.untuned_config(func, cuda.target)[2].name == "g2 m1 n256 k64 s4 r1 z128 f1 d6"
         if m == 32:
             sch = default_schedule(kernel.mod, cuda.target, space)
-            assert hopper.annotated(sch.mod["main"])[2].name == "g2 m1 n256 k64 s4 r1 z128 f1 d3"
+            assert hopper.annotated(sch.mod["main"])[2].name == "g2 m1 n256 k64 s4 r1 z128 f1 d6"
 
 
 def test_the_search_reaches_a_k_split_and_the_builder_expands_it(tmp_path, cuda):

@@ -134,12 +134,12 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
 
 
 def splits(spec: GemmSpec, cfg: WgmmaConfig, d: int, sm_count: int = SMS) -> bool:
-    """Whether ``cfg`` (a K split of 1) may split K over ``d`` blocks: a cp.async GEMM kernel (no conv, batch,
+    """Whether ``cfg`` (a K split of 1) may split K over ``d`` blocks: a cp.async GEMM or conv kernel (no batch,
     TMA or persistent loop) whose tiles leave SMs idle, that ``d`` does not take past two blocks an SM, each split
     at least two K steps and as many as the pipeline's prologue fills."""
     blocks = tiles_m(spec, cfg) * tiles_n(spec, cfg)
     per = -(-k_steps(spec, cfg) // d)
-    return (not cfg.tma and not cfg.persistent and spec.conv is None and spec.grid_batch == 1
+    return (not cfg.tma and not cfg.persistent and spec.grid_batch == 1
             and blocks < sm_count and blocks * d <= 2 * sm_count and per >= max(2, cfg.stages - 1))
 
 
@@ -228,7 +228,22 @@ def default_config(spec: GemmSpec, sm_count: int = SMS, split: bool = True) -> W
         return skinny
     rule = _rule_config(spec)
     small = small_grid_config(spec, rule, sm_count)
-    return staged_default(spec, rule if small is None else small)
+    cfg = staged_default(spec, rule if small is None else small)
+    return conv_split(spec, cfg, sm_count) if split else cfg
+
+
+def conv_split(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int = SMS) -> WgmmaConfig:
+    """``cfg`` with its K split over the most blocks :func:`splits` allows (up to two an SM), each at least
+    :data:`SPLIT_STEPS` K steps, where it is an fp16 cp.async conv whose tiles leave SMs idle; else ``cfg``. Each
+    block is one warpgroup gathering its own A tile, so its copies' latency is hidden only by the blocks beside it.
+    On the H100 (benchmarks/wgmma_gemm.py), ResNet-50's 3 x 3 conv at 7 x 7 x 512, batch 32 (100 tiles of 64 x 128):
+    57.8 us unsplit, 36.7 split 2 (cuDNN 18.7); at 14 x 14 x 256 (196 tiles) no split was faster (31.2 against
+    35.7-46.6)."""
+    if spec.conv is None or cfg.tma or cfg.split > 1 or spec.dtype != "float16":
+        return cfg
+    steps = k_steps(spec, cfg)
+    fits = [d for d in SPLITS if splits(spec, cfg, d, sm_count) and steps / d >= SPLIT_STEPS]
+    return replace(cfg, split=max(fits)) if fits else cfg
 
 
 def staged_default(spec: GemmSpec, cfg: WgmmaConfig) -> WgmmaConfig:
@@ -247,22 +262,23 @@ def staged_default(spec: GemmSpec, cfg: WgmmaConfig) -> WgmmaConfig:
 
 
 # A skinny GEMM (a decode step's few tokens against a weight) is its weight's bytes: one row of 128 x 256 tiles by
-# cp.async, 4 stages, K split over as many blocks as fill the SMs once, each split at least SPLIT_STEPS K steps. On
-# the H100 (benchmarks/gemv_gpu.py, K splits beside the GEMV template's default, cuBLAS in the same run), M x 4096 x
-# 11008: 32 rows 38.9 us split 3 against the GEMV's 43.8 (cuBLAS 33.0), 64 rows 42.8 against 57.6 (33.4), where
-# split 4 and 6 (more blocks than SMs) took 45.4-50.1; 64 x 4096 x 4096: 18.2 us split 6 against 26.5 (18.1).
-# At 16 rows 37.1 against the GEMV's 37.6: the GEMV template keeps M <= 16 (gemv.config.MAX_ROWS)
+# cp.async, 4 stages, K split over as many blocks as fill the SMs once, each split at least SPLIT_STEPS K steps (the
+# pipeline's depth and one). On the H100 (benchmarks/gemv_gpu.py, K splits beside the GEMV template's default, cuBLAS
+# in the same run), M x 4096 x 11008: 32 rows 38.9 us split 3 against the GEMV's 43.8 (cuBLAS 33.0), 64 rows 42.8
+# against 57.6 (33.4), where split 4 and 6 (more blocks than SMs) took 45.4-50.1; 64 x 4096 x 4096: 18.2 us split 6
+# against 26.5 (18.1); 20 x 2048 x 5632: 10.1 us split 6 (5.3 K steps a split) against 12.5 split 3. At 16 rows 37.1
+# against the GEMV's 37.6: the GEMV template keeps M <= 16 (gemv.config.MAX_ROWS)
 SKINNY_ROWS = 64
 SKINNY_TILES = (WgmmaConfig(2, 1, 256, 64, 4, 1, 128, 1), WgmmaConfig(2, 1, 128, 64, 4, 1, 128, 1))
 SPLITS = (2, 3, 4, 6, 8)
-SPLIT_STEPS = 10
+SPLIT_STEPS = 5
 
 
 def skinny_config(spec: GemmSpec, sm_count: int = SMS) -> WgmmaConfig | None:
     """The K-split config of a GEMM of at most :data:`SKINNY_ROWS` rows (fp16, unbatched, no conv) whose output
     tiles leave the GPU's ``sm_count`` SMs idle: the first of :data:`SKINNY_TILES` that fits, split over the most
-    blocks that fit one wave, each at least :data:`SPLIT_STEPS` K steps; None where no split fits (the GEMV
-    template's or the small-grid rule's then)."""
+    blocks that fit one wave, each at least :data:`SPLIT_STEPS` K steps; None where no split fits or the split
+    grid fills under half the SMs (the GEMV template's or the small-grid rule's then)."""
     if spec.rows > SKINNY_ROWS or spec.conv is not None or spec.grid_batch != 1 or spec.dtype != "float16":
         return None
     options = set(configs(spec, stages=(4,), raster=(1,), inflight=(1,), split=SPLITS, sm_count=sm_count))
@@ -272,7 +288,8 @@ def skinny_config(spec: GemmSpec, sm_count: int = SMS) -> WgmmaConfig | None:
         blocks, steps = tiles_m(spec, tile) * tiles_n(spec, tile), k_steps(spec, tile)
         fits = [d for d in SPLITS if replace(tile, split=d) in options and blocks * d <= sm_count
                 and steps / d >= SPLIT_STEPS]
-        return replace(tile, split=max(fits)) if fits else None
+        # (a grid that still leaves half the SMs idle: a small weight, whose GEMV splits K finer)
+        return replace(tile, split=max(fits)) if fits and 2 * blocks * max(fits) >= sm_count else None
     return None
 
 

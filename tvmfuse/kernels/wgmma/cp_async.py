@@ -47,8 +47,8 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     spec = spec.halves()
     if cfg.tma:
         return tma_source(spec, cfg, params, a, b, store, **({} if sms is None else {"sms": sms}))
-    if cfg.split > 1 and (spec.grid_batch != 1 or spec.conv is not None or "{acc0}" in store):
-        raise ValueError(f"wgmma: a K split takes an unbatched GEMM with one output a product ({cfg.name})")
+    if cfg.split > 1 and (spec.grid_batch != 1 or "{acc0}" in store):
+        raise ValueError(f"wgmma: a K split takes an unbatched GEMM or conv with one output a product ({cfg.name})")
     BM, BN, BK, S, MT, NT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles, cfg.threads
     M, N, K = spec.rows, spec.n, spec.k
     tiles_m, tn, kt = -(-M // BM), tiles_n(spec, cfg), k_steps(spec, cfg)
