@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from benchmarks.search_replay import TableRunner, main, replay_arm, summarize, template_space
+from benchmarks.search_replay import (TableRunner, cold_and_warm, main, replay_arm, summarize, summarize_warm,
+                                      template_space)
 from benchmarks.bench_convergence import kernel_of
 
 
@@ -164,8 +165,46 @@ def test_the_summary_counts_the_shapes_whose_default_leaves_room(gemm_table):
     assert row["trials_to_random32"] == 2 and row["default_over_tuned"] == pytest.approx(0.03 / best)
 
 
+def test_warm_tunes_each_shape_cold_and_from_the_other_shapes_records(gemm_table, tmp_path):
+    """``warm``: each shape alone in a fresh database, then again in a database merged from the other shapes' cold
+    runs, the model warm-started from it: the second shape's warm run starts from the first's records (its default
+    then the model's pick beside the rule), and both stay inside the table."""
+    target, table = gemm_table
+    (key, entry), = table["shapes"].items()
+    shape = {"M": 512, "N": 384, "K": 512}
+    second = kernel_of("gemm", shape, target)
+    _, schedules = template_space(second.mod, target.target)
+    rng = random.Random(2)
+    other = {"class": "gemm", "shape": shape, "template": "wgmma", "default": None,
+             "configs": {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in schedules}}
+    runs = cold_and_warm([(key, entry), ("gemm:M=512,N=384,K=512", other)], target, trials=8, seed=0, work=tmp_path)
+    assert set(runs) == {"cold", "warm"} and all(len(r) == 2 for r in runs.values())
+    assert all(len(t) >= 9 for r in runs.values() for t in r.values())
+    assert runs["cold"][key][0] == pytest.approx(0.03e-3)   # the rule first, cold
+    from tvmfuse.db import open_database
+
+    warm_db = open_database(tmp_path / "warm1.db", target=target)
+    assert len(warm_db.list_workloads()) == 2   # the first shape's cold records, then the second's own
+    warm_db.close()
+
+
+def test_the_warm_summary_counts_trials_to_ninety_percent_of_the_cold_final(gemm_table):
+    _, table = gemm_table
+    (key,) = table["shapes"]
+    best = min(c["ms"] for c in table["shapes"][key]["configs"].values() if c["ok"]) / 1e3
+    runs = {0: {"cold": {key: [0.03e-3, 0.02e-3, 0.02e-3, 0.02e-3, best]},
+                "warm": {key: [0.03e-3, best / 0.95]}},
+            1: {"cold": {key: [0.03e-3, best]}, "warm": {key: [0.03e-3, 0.02e-3, best]}}}
+    (row,) = summarize_warm(table, runs, 32)
+    assert row["runs"] == 2 and row["cold_trials"] == 2.5 and row["warm_trials"] == 1.5
+    assert row["warm_over_cold"] == pytest.approx((0.25 + 2.0) / 2) and row["warm_within_quarter"] == 1
+    assert row["warm_final_over_cold"] == pytest.approx((1 / 0.95 + 1.0) / 2)
+
+
 def test_a_missing_table_or_gpu_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["replay", "--table", str(tmp_path / "none.json")]) == 2
+    assert "no table" in capsys.readouterr().err
+    assert main(["warm", "--table", str(tmp_path / "none.json")]) == 2
     assert "no table" in capsys.readouterr().err
     from tvmfuse.target import resolve_target
 
