@@ -462,9 +462,9 @@ def test_a_grid_too_small_for_the_gpu_takes_smaller_tiles(tmp_path):
              "c: T.Buffer((512, 256), 'float16')"]
     gemm = hopper.GemmSpec((), 512, 256, 2304, False, False, False)
     # a GEMM's stores are staged, a conv's not; a GEMM's small grid runs the deepest pipeline (36 K steps: 5 stages,
-    # a batch in flight), a conv's 3 stages
-    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1, stages=5, inflight=1)
-    assert small.stages == 3 and not small.inflight
+    # a batch in flight), a conv's 3 stages, its K split over the idle SMs (16 tiles x 6, 6 K steps a split)
+    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1, stages=5, inflight=1, split=1)
+    assert small.stages == 3 and not small.inflight and small.split == 6
     # at most half the K steps deep: 7 steps keep 3 stages; K of 4 steps or fewer leaves TMA (output-bound)
     assert hopper.default_config(hopper.GemmSpec((), 512, 256, 448, False, False, False), 132).stages == 3
     short = hopper.default_config(hopper.GemmSpec((), 1194, 12288, 128, False, False, False), 132)
