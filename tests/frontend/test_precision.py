@@ -36,6 +36,31 @@ def test_fp16_keeps_inputs_outputs_and_rmsnorm_statistics_in_fp32():
     assert stats and all(_float_type(inferred, n.output[0]) == onnx.TensorProto.FLOAT for n in stats)
 
 
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gpt2"])
+def test_a_model_past_protobufs_2_gib_is_typed_from_its_skeleton_and_converts_alike(fixture, monkeypatch):
+    """The converter's shape inference serializes the model, which protobuf refuses past 2 GiB (TinyLlama-1.1B in
+    fp32: "Failed to serialize proto"). Such a model is typed from its skeleton instead; with the limit set to 0
+    every model takes that path, and converts to the same graph, types and weights as through the converter's own
+    inference."""
+    from tvmfuse.errors import TvmfuseError
+    from tvmfuse.frontend import precision
+
+    def graph(loaded):
+        g = loaded.proto.graph
+        nodes = [(n.op_type, tuple(n.input), tuple(n.output), tuple(a.i for a in n.attribute if a.name == "to"))
+                 for n in g.node]
+        types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output)}
+        return nodes, types, {t.name: t.data_type for t in g.initializer}
+
+    plain = graph(load_model(FIXTURES / f"{fixture}.float32.onnx", precision="fp16"))
+    monkeypatch.setattr(precision, "SERIALIZE_LIMIT", 0)
+    big = graph(load_model(FIXTURES / f"{fixture}.float32.onnx", precision="fp16"))
+    assert big[0] == plain[0] and big[2] == plain[2]
+    assert {k: v for k, v in big[1].items() if k in plain[1]} == plain[1]
+    with pytest.raises(TvmfuseError, match="2 GiB"):
+        precision.convert(onnx.load(FIXTURES / f"{fixture}.float32.onnx"), "fp16")
+
+
 def test_fp16_layer_norm_kernels_accumulate_in_fp32(llvm_target):
     loaded = load_model(FIXTURES / "tiny_gpt2.float32.onnx", precision="fp16")
     fused, _ = partition(import_model(loaded), target=llvm_target)

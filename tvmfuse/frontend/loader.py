@@ -325,7 +325,7 @@ def _check_and_describe(path: Path, model: onnx.ModelProto, input_shapes: dict, 
     inferred = _validate(model, path.name, folder)
     _check_value_sizes(inferred, budget)
     load_external_data(model, folder)
-    model = convert_precision(model, precision)
+    model = convert_precision(model, precision, skeleton=lambda m: _skeleton(m, folder))
 
     init_names = {init.name for init in model.graph.initializer}
     bounds = index_bounds(model)

@@ -34,6 +34,10 @@ PRECISIONS = ("model", "fp32", "tf32", "fp16")
 # reductions (and the square before them) whose statistics stay fp32 under --precision fp16
 FP32_OPS = ("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "Pow")
 
+# protobuf serializes at most 2 GiB, and the converter's shape inference serializes the model: one past it (a 1B-
+# parameter decoder in fp32) is typed from its skeleton, its weights as typed inputs (``skeleton`` of convert())
+SERIALIZE_LIMIT = (2 << 30) - 1
+
 # relative error allowed against onnxruntime's run of the original model, by precision
 # (TF32 keeps fp16's 10-bit mantissa: a GEMM's relative error is fp16's, about 1e-3, and grows through a deep graph)
 TOLERANCE = {"fp16": 1e-2, "tf32": 1e-2}
@@ -65,9 +69,11 @@ def float_types(model: onnx.ModelProto) -> set[str]:
     return {n for n in names if n.startswith("float")}
 
 
-def convert(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+def convert(model: onnx.ModelProto, precision: str, skeleton=None) -> onnx.ModelProto:
     """``model`` in ``precision`` (the same object when nothing changes). Raises TvmfuseError for fp32 on a model
-    stored in fp16 (tvmfuse does not widen weights) and when the converter fails."""
+    stored in fp16 (tvmfuse does not widen weights) and when the converter fails. ``skeleton``: a function giving
+    the model without its large weights (they typed graph inputs), which types a model past protobuf's 2 GiB
+    (:data:`SERIALIZE_LIMIT`) for the converter in its stead."""
     precision = check_precision(precision)
     types = float_types(model)
     if precision == "model" or (precision in ("fp32", "tf32") and "float16" not in types):
@@ -82,12 +88,20 @@ def convert(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
     except ImportError:
         raise TvmfuseError("--precision fp16 needs onnxconverter-common", hint="pip install onnxconverter-common") from None
     block = list(float16.DEFAULT_OP_BLOCK_LIST) + list(FP32_OPS)
-    _drop_identity_casts(model)
+    big = _past_limit(model)
+    if big and skeleton is None:
+        raise TvmfuseError("the fp16 conversion failed: the model is past protobuf's 2 GiB",
+                           hint="load it with tvmfuse.frontend.load_model, which types it without its weights")
+    _drop_identity_casts(model, skeleton(model) if big else model)
+    if big:   # the converter's own inference would serialize the model: the skeleton's types, given it instead
+        typed = onnx.shape_inference.infer_shapes(skeleton(model), strict_mode=False)
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(typed.graph.value_info)
     try:
         with warnings.catch_warnings():   # it warns for each constant it clamps (a mask's -3.4e38 to -1e4)
             warnings.simplefilter("ignore")
             converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
-                                                         disable_shape_infer=False)
+                                                         disable_shape_infer=big)
     except Exception as err:  # noqa: BLE001 - the converter raises many types; the user needs one line
         raise TvmfuseError(f"the fp16 conversion failed: {type(err).__name__}: {str(err)[:200]}") from None
     _casts_follow_their_values(converted)
@@ -95,12 +109,22 @@ def convert(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
     return converted
 
 
-def _drop_identity_casts(model: onnx.ModelProto) -> int:
+def _past_limit(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` serializes to more than :data:`SERIALIZE_LIMIT` bytes (protobuf cannot even size one past
+    2 GiB: it raises)."""
+    try:
+        return model.ByteSize() > SERIALIZE_LIMIT
+    except Exception:  # noqa: BLE001 - EncodeError: past protobuf's limit
+        return True
+
+
+def _drop_identity_casts(model: onnx.ModelProto, typed: onnx.ModelProto) -> int:
     """Remove each ``Cast`` to the type its input already has (a TorchScript export's ``x.float()`` of an fp32
     tensor; DINOv2 casts its pixels so). The converter casts an fp32 input to fp16 and then drops that cast and
     the model's own ``Cast(to=FLOAT)`` after it as a redundant pair, which left DINOv2's first conv reading the
-    fp32 input with fp16 weights. A cast whose output the graph returns, or a subgraph reads, is kept."""
-    types = value_types(model)
+    fp32 input with fp16 weights. A cast whose output the graph returns, or a subgraph reads, is kept. ``typed``:
+    the model shape inference types (``model``, or its skeleton)."""
+    types = value_types(typed)
     # values the graph returns, or a subgraph reads from the outer scope, keep their names
     outputs = {o.name for o in model.graph.output}.union(*(outer_reads(n) for n in model.graph.node))
     rename, kept = {}, []
