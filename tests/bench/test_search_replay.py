@@ -125,6 +125,42 @@ def test_a_default_the_model_chose_is_measured_beside_the_rule(gemm_table, tmp_p
         assert results[1].default.endswith(" + rule"), results[1].default
 
 
+def test_the_search_measures_no_config_the_database_holds(gemm_table, tmp_path):
+    """MetaSchedule's evolutionary search excludes only what it measured itself; tvmfuse's wraps it so that a config
+    the database already holds is answered from its record, not measured. A second shape's warm run (the model's
+    pick measured first, then the rule) never measures the pick again, which its search proposed first without the
+    wrapper; a resumed run measures only configs the first did not, as many as it was given."""
+    from benchmarks.search_replay import TableBuilder
+    from tvmfuse.db import open_database
+    from tvmfuse.tune import tune_kernels
+    from tvmfuse.tune.cost_model import make_cost_model
+    from tvmfuse.tune.tuner import TuneConfig
+
+    target, table = gemm_table
+    (key, entry), = table["shapes"].items()
+    second = kernel_of("gemm", {"M": 512, "N": 384, "K": 512}, target)
+    _, schedules = template_space(second.mod, target.target)
+    rng = random.Random(1)
+    configs = {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in schedules}
+    db, model = open_database(tmp_path / "r.db", target=target), make_cost_model("xgb")
+    asked, results = [], []
+    for kernel, table_of, per_kernel in ((kernel_of("gemm", entry["shape"], target), entry["configs"], 17),
+                                         (second, configs, 17), (second, configs, 29)):
+        config = TuneConfig(trials=16, trials_per_kernel=per_kernel, trials_per_round=8, population=64, seed=0,
+                            cost_model="xgb", check=False, retime_finalists=0, strategy="evolutionary",
+                            nvcc_cache="off")
+        names: dict = {}
+        runner = TableRunner(table_of, names)
+        (r,) = tune_kernels([kernel], target=target, database=db, config=config, cost_model=model,
+                            builder=TableBuilder(table_of, names), runner=runner)
+        asked.append(runner.asked)
+        results.append(r)
+    assert results[1].default.startswith("model (") and not results[1].default.endswith("= rule")
+    assert all(len(set(a)) == len(a) for a in asked), [len(a) - len(set(a)) for a in asked]
+    assert len(asked[1]) == 18   # the model's pick, the rule, 16 trials
+    assert asked[2] and not set(asked[2]) & set(asked[1]) and len(asked[2]) <= 12   # the kernel's 29 less 17
+
+
 def test_the_runner_answers_from_the_table():
     from tvmfuse._tvm import ms
 

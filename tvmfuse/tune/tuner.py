@@ -24,6 +24,7 @@ from tvmfuse.tune.builder import close_builder, make_builder
 from tvmfuse.tune.model_default import SAME_AS_RULE
 from tvmfuse.tune.retime import retime_result
 from tvmfuse.tune.samples import KeptSamplesRunner, check_cpu_trial_mode, cpu_trials, local_runner
+from tvmfuse.tune.search import FreshSearch
 from tvmfuse.tune.tasks import Kernel
 
 log = logging.getLogger("tvmfuse.tune")
@@ -570,10 +571,9 @@ def _tune_one(kernel: Kernel, budget: int, *, target: TargetInfo, database, conf
     # A kernel with a few trials left gains nothing from a large population, and on 2 cores sampling and
     # evolving it dominates the time per kernel: scale it with the budget.
     population = max(16, min(config.population, 8 * budget))
-    strategy = ms.search_strategy.EvolutionarySearch(
-        population_size=population,
-        init_min_unmeasured=min(50, population),
-    ) if config.strategy != "random" else ms.search_strategy.ReplayTrace()
+    strategy = FreshSearch(ms.search_strategy.EvolutionarySearch(
+        population_size=population, init_min_unmeasured=min(50, population),
+    )) if config.strategy != "random" else ms.search_strategy.ReplayTrace()
     _quiet_ms_console()
     ctxs, _ = ms.relax_integration.extracted_tasks_to_tune_contexts(
         [kernel.extracted], str(work_dir), space=space, strategy=strategy, seed=config.seed,
