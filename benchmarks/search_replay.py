@@ -344,12 +344,17 @@ def summarize(table: dict, runs: dict, trials: int) -> list[dict]:
     return rows
 
 
-def replay(args) -> int:
+def _table(args) -> tuple[dict, object, list]:
+    """(the table ``--table`` names, its target, its shapes that have configs as (key, entry))."""
     from tvmfuse.target import resolve_target
 
     table = json.loads(args.table.read_text())
-    target = resolve_target(table.get("target", "cuda"))
-    entries = [(k, e) for k, e in table["shapes"].items() if e.get("configs")]
+    return (table, resolve_target(table.get("target", "cuda")),
+            [(k, e) for k, e in table["shapes"].items() if e.get("configs")])
+
+
+def replay(args) -> int:
+    table, target, entries = _table(args)
     runs = {}
     for seed in range(args.seeds):
         runs[seed] = {arm: replay_arm(arm, entries, target, trials=args.trials if arm == "tvmfuse" else
@@ -366,11 +371,7 @@ def replay(args) -> int:
 
 
 def warm(args) -> int:
-    from tvmfuse.target import resolve_target
-
-    table = json.loads(args.table.read_text())
-    target = resolve_target(table.get("target", "cuda"))
-    entries = [(k, e) for k, e in table["shapes"].items() if e.get("configs")]
+    table, target, entries = _table(args)
     runs = {}
     for seed in range(args.seeds):
         with tempfile.TemporaryDirectory() as work:

@@ -37,6 +37,15 @@ def gemm_table():
     return target, table
 
 
+def _second_shape(target, seed: int) -> tuple:
+    """(kernel, its space's configs given times of a fixed draw) of a 512 x 384 x 512 GEMM: a shape beside the
+    table's."""
+    kernel = kernel_of("gemm", {"M": 512, "N": 384, "K": 512}, target)
+    _, schedules = template_space(kernel.mod, target.target)
+    rng = random.Random(seed)
+    return kernel, {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in schedules}
+
+
 def test_the_space_of_a_wgmma_gemm_lists_its_configs(gemm_table):
     _, table = gemm_table
     (entry,) = table["shapes"].values()
@@ -99,11 +108,7 @@ def test_a_default_the_model_chose_is_measured_beside_the_rule(gemm_table, tmp_p
 
     target, table = gemm_table
     (key, entry), = table["shapes"].items()
-    shape = {"M": 512, "N": 384, "K": 512}
-    second = kernel_of("gemm", shape, target)
-    _, schedules = template_space(second.mod, target.target)
-    rng = random.Random(1)
-    configs = {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in schedules}
+    second, configs = _second_shape(target, 1)
     rule = get("wgmma").default_config(second.mod["main"], target.target).name
     model, db = make_cost_model("xgb"), open_database(tmp_path / "m.db", target=target)
     config = TuneConfig(trials=16, trials_per_kernel=17, trials_per_round=8, population=64, seed=0, cost_model="xgb",
@@ -138,10 +143,7 @@ def test_the_search_measures_no_config_the_database_holds(gemm_table, tmp_path):
 
     target, table = gemm_table
     (key, entry), = table["shapes"].items()
-    second = kernel_of("gemm", {"M": 512, "N": 384, "K": 512}, target)
-    _, schedules = template_space(second.mod, target.target)
-    rng = random.Random(1)
-    configs = {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in schedules}
+    second, configs = _second_shape(target, 1)
     db, model = open_database(tmp_path / "r.db", target=target), make_cost_model("xgb")
     asked, results = [], []
     for kernel, table_of, per_kernel in ((kernel_of("gemm", entry["shape"], target), entry["configs"], 17),
@@ -207,12 +209,9 @@ def test_warm_tunes_each_shape_cold_and_from_the_other_shapes_records(gemm_table
     then the model's pick beside the rule), and both stay inside the table."""
     target, table = gemm_table
     (key, entry), = table["shapes"].items()
-    shape = {"M": 512, "N": 384, "K": 512}
-    second = kernel_of("gemm", shape, target)
-    _, schedules = template_space(second.mod, target.target)
-    rng = random.Random(2)
-    other = {"class": "gemm", "shape": shape, "template": "wgmma", "default": None,
-             "configs": {n: {"ms": 0.01 + rng.random() * 0.01, "ok": True, "error": None} for n in schedules}}
+    _, configs = _second_shape(target, 2)
+    other = {"class": "gemm", "shape": {"M": 512, "N": 384, "K": 512}, "template": "wgmma", "default": None,
+             "configs": configs}
     runs = cold_and_warm([(key, entry), ("gemm:M=512,N=384,K=512", other)], target, trials=8, seed=0, work=tmp_path)
     assert set(runs) == {"cold", "warm"} and all(len(r) == 2 for r in runs.values())
     assert all(len(t) >= 9 for r in runs.values() for t in r.values())
