@@ -33,8 +33,7 @@ class FreshSearch(ms.search_strategy.PySearchStrategy):
         self.inner = inner
         self.known: dict = {}   # key -> run seconds of a measured schedule
         self.mod = None
-        self.left = 0
-        self.answered = 0
+        self.left = 0   # trials the run has left
 
     def _initialize_with_tune_context(self, context) -> None:
         self.mod = context.mod
@@ -44,13 +43,13 @@ class FreshSearch(ms.search_strategy.PySearchStrategy):
         # (the wrapped search counts the answered candidates as trials: its budget has room for them, and this
         # one stops at the real budget)
         self.inner.pre_tuning(max_trials + _ANSWERED, num_trials_per_iter, design_spaces, database, cost_model)
-        self.left, self.answered, self.known = int(max_trials), 0, {}
+        self.left, self.known = int(max_trials), {}
         if database is None or self.mod is None:
             return
         for record in database.get_top_k(database.commit_workload(self.mod), 1 << 20):
             sch = tvm.s_tir.Schedule(self.mod)
             try:
-                record.trace.apply_to_schedule(sch, remove_postproc=True)
+                record.trace.apply_to_schedule(sch, remove_postproc=False)   # as the candidates: post-processed
             except Exception:  # noqa: BLE001 - a trace of an older template: nothing to match
                 continue
             self.known.setdefault(_key(sch.mod), [float(s) for s in record.run_secs])
@@ -75,7 +74,6 @@ class FreshSearch(ms.search_strategy.PySearchStrategy):
                     batch.add(key)
                     fresh.append(c)
             if old:   # the wrapped search learns they are measured, and does not propose them again
-                self.answered += len(old)
                 self.inner.notify_runner_results(old, answers)
             if fresh:
                 return fresh
