@@ -9,7 +9,7 @@ from its record, not measured, and the search goes on to the next.
 """
 from __future__ import annotations
 
-from tvmfuse._tvm import derived_object, ms, tvm
+from tvmfuse._tvm import derived_object, ms, structural_hash, tvm
 from tvmfuse.tune.features import config_name
 
 # rounds of candidates that were all measured before, after which the search counts as exhausted
@@ -22,7 +22,7 @@ def _key(mod):
     """What makes two scheduled modules the same kernel: the template config chosen, or the module itself."""
     func = mod["main"]
     found = config_name(func)
-    return ("config", *found) if found is not None else ("module", tvm.ir.structural_hash(func))
+    return ("config", *found) if found is not None else ("module", structural_hash(func))
 
 
 @derived_object
