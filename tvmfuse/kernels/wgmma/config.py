@@ -234,16 +234,22 @@ def default_config(spec: GemmSpec, sm_count: int = SMS, split: bool = True) -> W
 
 def conv_split(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int = SMS) -> WgmmaConfig:
     """``cfg`` with its K split over the most blocks :func:`splits` allows (up to two an SM), each at least
-    :data:`SPLIT_STEPS` K steps, where it is an fp16 cp.async conv whose tiles leave SMs idle; else ``cfg``. Each
-    block is one warpgroup gathering its own A tile, so its copies' latency is hidden only by the blocks beside it.
+    :data:`SPLIT_STEPS` K steps, where it is an fp16 cp.async conv whose tiles leave SMs idle; else ``cfg``. Every
+    thread of a block gathers its A tile, so the copies' latency is hidden only by the blocks beside it.
     On the H100 (benchmarks/wgmma_gemm.py), ResNet-50's 3 x 3 conv at 7 x 7 x 512, batch 32 (100 tiles of 64 x 128):
     57.8 us unsplit, 36.7 split 2 (cuDNN 18.7); at 14 x 14 x 256 (196 tiles) no split was faster (31.2 against
     35.7-46.6)."""
     if spec.conv is None or cfg.tma or cfg.split > 1 or spec.dtype != "float16":
         return cfg
-    steps = k_steps(spec, cfg)
-    fits = [d for d in SPLITS if splits(spec, cfg, d, sm_count) and steps / d >= SPLIT_STEPS]
-    return replace(cfg, split=max(fits)) if fits else cfg
+    return replace(cfg, split=_deepest_split(spec, cfg, sm_count, 2 * sm_count))
+
+
+def _deepest_split(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int, most_blocks: int) -> int:
+    """The most blocks of :data:`SPLITS` that :func:`splits` lets ``cfg`` split K over, in at most ``most_blocks``
+    blocks in all and at least :data:`SPLIT_STEPS` K steps each; 1 where none."""
+    blocks, steps = tiles_m(spec, cfg) * tiles_n(spec, cfg), k_steps(spec, cfg)
+    return max([d for d in SPLITS if splits(spec, cfg, d, sm_count) and blocks * d <= most_blocks
+                and steps / d >= SPLIT_STEPS], default=1)
 
 
 def staged_default(spec: GemmSpec, cfg: WgmmaConfig) -> WgmmaConfig:
@@ -281,16 +287,14 @@ def skinny_config(spec: GemmSpec, sm_count: int = SMS) -> WgmmaConfig | None:
     grid fills under half the SMs (the GEMV template's or the small-grid rule's then)."""
     if spec.rows > SKINNY_ROWS or spec.conv is not None or spec.grid_batch != 1 or spec.dtype != "float16":
         return None
-    options = set(configs(spec, stages=(4,), raster=(1,), inflight=(1,), split=SPLITS, sm_count=sm_count))
-    for tile in SKINNY_TILES:
-        if tile not in options:
-            continue
-        blocks, steps = tiles_m(spec, tile) * tiles_n(spec, tile), k_steps(spec, tile)
-        fits = [d for d in SPLITS if replace(tile, split=d) in options and blocks * d <= sm_count
-                and steps / d >= SPLIT_STEPS]
-        # (a grid that still leaves half the SMs idle: a small weight, whose GEMV splits K finer)
-        return replace(tile, split=max(fits)) if fits and 2 * blocks * max(fits) >= sm_count else None
-    return None
+    options = configs(spec, stages=(4,), raster=(1,), inflight=(1,))
+    tile = next((t for t in SKINNY_TILES if t in options), None)
+    if tile is None:
+        return None
+    d = _deepest_split(spec, tile, sm_count, sm_count)
+    # (a grid that still leaves half the SMs idle: a small weight, whose GEMV splits K finer)
+    blocks = tiles_m(spec, tile) * tiles_n(spec, tile) * d
+    return replace(tile, split=d) if d > 1 and 2 * blocks >= sm_count else None
 
 
 def grid_time(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int) -> float:
