@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import replace
+from typing import NamedTuple
 
 from tvmfuse._tvm import dlight, tvm
 
@@ -153,6 +154,157 @@ class NarrowMatmul(dlight.gpu.Matmul):
             if _grid_blocks(sch.mod["main"]) >= self.min_blocks:
                 return sch
         return None
+
+
+class SimtTile(NamedTuple):
+    """A :class:`SimtMatmul` block tile: threads along I and J, and each thread's outputs along I and J in
+    ``v_i`` x ``v_j`` groups (virtual threads) a block's threads-width apart, so that threads side by side read
+    neighbouring rows of the staged tiles."""
+
+    thr_i: int
+    thr_j: int
+    out_i: int
+    out_j: int
+    v_i: int = 1
+    v_j: int = 1
+
+    @property
+    def rows(self) -> int:
+        return self.thr_i * self.out_i * self.v_i
+
+    @property
+    def cols(self) -> int:
+        return self.thr_j * self.out_j * self.v_j
+
+    def name(self) -> str:
+        return f"{self.rows}x{self.cols} t{self.thr_i}x{self.thr_j} o{self.out_i}x{self.out_j} v{self.v_i}x{self.v_j}"
+
+
+class SimtMatmul:
+    """fp32 GEMMs on the CUDA cores (no template takes them outside ``--precision tf32``): dlight's Matmul
+    normalization (``C[S, I, J] += A[S, I, K] * B[S, J, K]``) and its shared-memory staging, with a tile chosen
+    for the GEMM at hand and partial tiles predicated instead of padded.
+
+    dlight's rule keeps one 32 x 64 tile of 4 x 4 outputs a thread, whose shared-memory reads (two a multiply-add)
+    bound a thread's FMA rate, and pads every axis to it: a GEMM whose epilogue moves heads (``matmul + reshape +
+    transpose``) and whose rows no tile divides (ViT's 8 x 197 tokens) was then declined by
+    :class:`UnpaddedMatmul` and :class:`NarrowMatmul` and fell to dlight's GeneralReduction, a block per few
+    outputs (ViT-B fp32 batch 8: 634 ms against torch.compile's 9.1 on the H100). Here a partial tile computes
+    under ``T.where`` guards on the GEMM's own indices, so any epilogue is written only where the GEMM is, and
+    the first tile of ``tiles`` no wider than the GEMM that launches ``min_blocks`` blocks is taken (the last that
+    fits otherwise)."""
+
+    source = "simt-matmul"   # the schedule's name in the reports
+    TILES = (SimtTile(16, 16, 4, 4, 2, 2), SimtTile(8, 16, 4, 4, 2, 2), SimtTile(16, 16, 4, 4), SimtTile(8, 16, 4, 4),
+             SimtTile(16, 8, 4, 4), SimtTile(16, 4, 4, 4))
+    K_STEP = 16
+    # a GEMM narrower than MIN_EXTENT along I or J (a head's 16-80 columns) is left to the rules after, first the
+    # narrow tile that divides it; what those leave (ragged rows: no tile divides 197 tokens) comes back to a second
+    # instance of this rule placed after them, which takes GEMMs down to MIN_EXTENT_LATE (a GEMV goes on)
+    MIN_EXTENT, MIN_EXTENT_LATE = 128, 16
+
+    def __init__(self, min_blocks: int = 132, tiles: tuple = TILES, min_extent: int = MIN_EXTENT):
+        self.min_blocks, self.tiles, self.min_extent = min_blocks, tiles, min_extent
+
+    def apply(self, func, target, tunable):
+        from tvm.s_tir.dlight.gpu.matmul import get_in_out_dtypes, get_reduction_blocks
+
+        sch = tvm.s_tir.Schedule(func)
+        reductions = get_reduction_blocks(sch, sch.get_child_blocks(sch.get_sblock("root")))
+        if not reductions or len(reductions) != 1:
+            return None
+        if tuple(get_in_out_dtypes(sch.get(reductions[0]))) != ("float32", "float32"):
+            return None
+        fitting, dims = None, None
+        for tile in self.tiles:
+            if dims is not None and (tile.rows > dims[1] or tile.cols > dims[2]):
+                continue   # wider than the GEMM (a head's 64 columns under 128): most of each block idle
+            try:
+                found = simt_matmul(func, target, tile, self.K_STEP, self.min_extent)
+            except Exception:  # noqa: BLE001 - this tile does not schedule or lower: the next one
+                continue
+            if found is None:
+                return None
+            sch, dims = found
+            if tile.rows > dims[1] or tile.cols > dims[2]:
+                continue
+            fitting = sch
+            if _grid_blocks(sch.mod["main"]) >= self.min_blocks:
+                return sch
+        return fitting   # the most blocks of the tiles that fit
+        return fitting
+
+
+def simt_matmul(func, target, tile: SimtTile, k_step: int = SimtMatmul.K_STEP,
+                min_extent: int = SimtMatmul.MIN_EXTENT):
+    """(:class:`SimtMatmul`'s schedule of ``func`` with ``tile``, the GEMM's extents (S, I, J, K)), or None where
+    ``func`` is no GEMM it takes (an axis under ``min_extent``); raises where the schedule does not apply or lower."""
+    from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, get_index_map,
+                                             get_reduction_blocks)
+
+    sch = tvm.s_tir.Schedule(func)
+    main = get_reduction_blocks(sch, sch.get_child_blocks(sch.get_sblock("root")))[0]
+    if not get_index_map(sch.get(main)):
+        return None
+    reindexed = [sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1)), sch.reindex(main, ("write", 0))]
+    matmul_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(reindexed[0], ("write", 0), a_map)
+    sch.transform_layout(reindexed[1], ("write", 0), b_map)
+    sch.transform_layout(reindexed[2], ("read", 0), c_map)
+    sch.transform_block_layout(main, matmul_map)
+    batch, i, j, k = sch.get_loops(main)
+    extents = tuple(int(sch.get(lp).extent) for lp in (batch, i, j, k))
+    if min(extents[1:3]) < min_extent:
+        return None
+    bi, vi, ti, ii = sch.split(i, [None, tile.v_i, tile.thr_i, tile.out_i])
+    bj, vj, tj, ij = sch.split(j, [None, tile.v_j, tile.thr_j, tile.out_j])
+    ko, ki = sch.split(k, [None, k_step])
+    sch.reorder(bj, bi, vj, vi, tj, ti, ko, ki, ii, ij)
+    sch.bind(sch.fuse(batch, bj), "blockIdx.y")
+    sch.bind(bi, "blockIdx.x")
+    sch.bind(vj, "vthread.y")
+    sch.bind(vi, "vthread.x")
+    sch.bind(tj, "threadIdx.y")
+    sch.bind(ti, "threadIdx.x")
+    sch.annotate(ti, ann_key="pragma_auto_unroll_max_step", ann_val=256)
+    sch.annotate(ti, ann_key="pragma_unroll_explicit", ann_val=1)
+    store = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(store, ti, preserve_unit_loops=True)
+    for index in (0, 1):   # the K step's A and B tiles staged in shared memory by the block's threads together
+        stage = sch.cache_read(main, index, "shared")
+        auto_inline_producers(sch, stage)
+        depth = len(sch.get_loops(stage))
+        sch.compute_at(stage, ko, preserve_unit_loops=True)
+        loops = sch.get_loops(stage)[-depth:]
+        if _contiguous_outer(sch.get(stage)):
+            loops[-2], loops[-1] = loops[-1], loops[-2]
+            sch.reorder(*loops)
+        _, tj_, ti_ = sch.split(sch.fuse(*loops), [None, tile.thr_j, tile.thr_i])   # side by side: coalesced
+        sch.bind(tj_, "threadIdx.y")
+        sch.bind(ti_, "threadIdx.x")
+        sch.storage_align(stage, 0, axis=1, factor=32, offset=1)
+    auto_inline_consumer_chain(sch, store)
+    sch.decompose_reduction(main, ko)
+    _lower(sch.mod, target)
+    return sch, extents
+
+
+def _contiguous_outer(stage) -> bool:
+    """Whether a staging block's source is contiguous along its outer axis (the row or column index) rather than
+    its inner one (K): a weight ``W[k, n]`` staged as ``B[n, k]``. Its loops are then swapped, so threads side by
+    side read side by side in global memory."""
+    src = stage.reads[0].region
+    outer, inner = (iv.var for iv in stage.iter_vars[-2:])
+    last = src[-1].min
+
+    def uses(expr, var) -> bool:
+        return var.same_as(expr) or any(uses(c, var) for c in _children(expr))
+
+    return uses(last, outer) and not uses(last, inner)
+
+
+def _children(expr) -> list:
+    return [getattr(expr, f) for f in ("a", "b", "value") if hasattr(expr, f)]
 
 
 def launch_extents(func) -> dict:
@@ -377,8 +529,8 @@ def default_gpu_rules(sm_count: int = MEASURED_SMS) -> tuple:
     # reuse each operand across a block; one output a thread reads both operands K times an output)
     # (many outputs: 4 a thread, see ShortReduction's vector)
     return (WholeReduction(), ShortReduction(max_outputs=round(ShortReduction.few_outputs * scale)),
-            UnpaddedMatmul(), ShortReduction(vector=4), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
-            _NoGuardedEpilogue(dlight.gpu.GEMV()),
+            SimtMatmul(sm_count), UnpaddedMatmul(), ShortReduction(vector=4), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
+            SimtMatmul(sm_count, min_extent=SimtMatmul.MIN_EXTENT_LATE), _NoGuardedEpilogue(dlight.gpu.GEMV()),
             _NoGuardedEpilogue(dlight.gpu.Reduction()), _NoGuardedEpilogue(dlight.gpu.GeneralReduction()),
             dlight.gpu.Fallback())
 

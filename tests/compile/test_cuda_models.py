@@ -541,3 +541,74 @@ def test_a_pointwise_kernel_storing_bools_builds_for_cuda(tmp_path, cuda_target)
     fused, _ = partition(import_model(load_model(tmp_path / "mask.onnx")), target=cuda_target)
     result = build(fused, target=cuda_target, database=None)
     assert [k.schedule for k in result.kernels] == ["pointwise-default"]
+
+
+def _qkv_heads(tokens: int, batch: int, hidden: int = 128, heads: int = 4):
+    """An fp32 QKV projection whose epilogue splits the heads out (``(x @ w + b)`` reshaped to [B, T, H, D] and
+    transposed to [B, H, T, D]): ViT's at ``tokens`` = 197, whose B x 197 rows no tile divides."""
+    from tvm import te
+
+    from tvmfuse._tvm import tvm
+
+    d = hidden // heads
+    x = te.placeholder((batch * tokens, hidden), "float32", name="x")
+    w = te.placeholder((hidden, hidden), "float32", name="w")
+    b = te.placeholder((hidden,), "float32", name="b")
+    k = te.reduce_axis((0, hidden), name="k")
+    mm = te.compute((batch * tokens, hidden), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="matmul")
+    out = te.compute((batch, heads, tokens, d),
+                     lambda n, h, t, e: mm[n * tokens + t, h * d + e] + b[h * d + e], name="T_transpose")
+    return tvm.IRModule({"main": te.create_prim_func([x, w, b, out])})
+
+
+def test_an_fp32_gemm_with_ragged_rows_and_moved_heads_takes_predicated_tiles(cuda_target):
+    """ViT-B fp32 at batch 8 ran its QKV projections (1576 rows, heads moved by the epilogue) on dlight's
+    GeneralReduction, a block a few outputs (634 ms a call against torch.compile's 9.1 on the H100): dlight's
+    Matmul pads the rows and the padded store would land on other heads, and no narrow tile divides 197 tokens.
+    SimtMatmul's partial tiles are predicated on the GEMM's own rows instead: nothing is padded, every thread's
+    store is guarded, and nvcc builds it."""
+    from tvmfuse._gpu_rules import SimtMatmul, _pads, default_gpu_schedule
+    from tvmfuse._tvm import tvm
+
+    mod = _qkv_heads(197, 8)
+    sch, source = default_gpu_schedule(mod, cuda_target.target)
+    assert source == SimtMatmul.source
+    assert not _pads(sch.mod["main"])
+    assert "T.where" in sch.mod["main"].script()   # the partial tile's predicate
+    tvm.compile(sch.mod, target=cuda_target.target)
+
+
+@pytest.mark.parametrize("rows,cols,tile", [(4096, 768, "128x128"), (4096, 384, "64x128"), (197, 64, "64x16"),
+                                           (512, 16, None)])
+def test_simt_matmul_takes_the_largest_tile_no_wider_than_the_gemm_that_fills_the_sms(cuda_target, rows, cols, tile):
+    """128 x 128 where 4096 x 768 gives 192 blocks; 4096 x 384 gives 96 such blocks, under the H200's 132 SMs, so
+    a 64 x 128 tile (192); 197 x 64 fills no wave with any tile no wider than itself, so the one of most blocks;
+    16 columns are a narrower GEMM than the first instance takes (the narrow tile's, which divides them)."""
+    from tvm import te
+
+    from tvmfuse._gpu_rules import SimtMatmul, launch_extents
+    from tvmfuse._tvm import tvm
+
+    x = te.placeholder((rows, 256), "float32", name="x")
+    w = te.placeholder((256, cols), "float32", name="w")
+    k = te.reduce_axis((0, 256), name="k")
+    mod = tvm.IRModule({"main": te.create_prim_func(
+        [x, w, te.compute((rows, cols), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="matmul")])})
+    with cuda_target.target:
+        sch = SimtMatmul(132).apply(mod["main"], cuda_target.target, False)
+        late = SimtMatmul(132, min_extent=SimtMatmul.MIN_EXTENT_LATE).apply(mod["main"], cuda_target.target, False)
+    if tile is None:
+        assert sch is None and late is not None
+        return
+    chosen = next(t for t in SimtMatmul.TILES if t.name().startswith(tile + " "))
+    ext = launch_extents((sch or late).mod["main"])
+    assert (ext["threadIdx.x"], ext["threadIdx.y"]) == (chosen.thr_i, chosen.thr_j)
+    assert ext.get("vthread.x", 1) == chosen.v_i
+
+
+def test_simt_matmul_takes_fp32_only(cuda_target):
+    """fp16 GEMMs have tvmfuse's tensor-core templates and dlight's tensorized Matmul."""
+    from tvmfuse._gpu_rules import SimtMatmul
+
+    with cuda_target.target:
+        assert SimtMatmul(132, min_extent=16).apply(_odd_gemm("elementwise")["main"], cuda_target.target, False) is None
