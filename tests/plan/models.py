@@ -147,14 +147,17 @@ def _int64(b: _B, values) -> str:
     return name
 
 
-def attention(batch=2, heads=3, seq=32, dim=16, mask=True) -> onnx.ModelProto:
-    """softmax(Q Kᵀ / sqrt(d) + mask) V with Q, K, V inputs [B, H, S, D] and a [B, 1, 1, S] mask."""
+def attention(batch=2, heads=3, seq=32, dim=16, mask=True, casts=0) -> onnx.ModelProto:
+    """softmax(Q Kᵀ / sqrt(d) + mask) V with Q, K, V inputs [B, H, S, D] and a [B, 1, 1, S] mask; ``casts``
+    identity casts (fp32 to fp32, as ViT's exports have) between the softmax and P·V."""
     b = _B(8)
     kt = b.op("Transpose", ["k"], perm=[0, 1, 3, 2])
     s = b.op("Div", [b.op("MatMul", ["q", kt]), b.const(np.sqrt(dim))])
     if mask:
         s = b.op("Add", [s, "mask"])
     p = b.op("Softmax", [s], axis=-1)
+    for _ in range(casts):
+        p = b.op("Cast", [p], to=TensorProto.FLOAT)
     y = b.op("MatMul", [p, "v"])
     ins = {"q": [batch, heads, seq, dim], "k": [batch, heads, seq, dim], "v": [batch, heads, seq, dim]}
     if mask:

@@ -156,6 +156,16 @@ def test_attention_one_kernel_without_scores_in_memory(llvm, mask):
     assert base.totals["kernels_fused"] > 1 and plan.totals["bytes_fused"] < base.totals["bytes_fused"]
 
 
+def test_attention_behind_identity_casts_is_one_kernel(llvm):
+    """ViT's exports cast the probabilities from fp32 to fp32 twice before P·V: the casts are identities, dropped
+    before the matcher looks (fp32 ViT-B had run Q·Kᵀ, softmax and P·V as three kernels)."""
+    model = models.attention(mask=False, casts=2)
+    ins = _inputs(model)
+    fused, plan = _model_layout_plan(import_proto(model), llvm)
+    assert _launches(fused) == 1 and plan.groups[0].pattern == "attention"
+    assert rel_err(build_and_run(fused, llvm, ins)[0], ort_run(model, ins)[0]) < 1e-5
+
+
 def test_fp16_attention_through_the_frontend_is_still_one_kernel(llvm, tmp_path):
     """The frontend makes fp16 matmuls accumulate in fp32 (astype(matmul(.., f32), f16)); the attention
     pattern must look through those casts, or fp16 transformers lose their attention kernel."""
