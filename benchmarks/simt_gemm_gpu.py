@@ -1,10 +1,11 @@
-"""fp32 GEMM kernels of real models on the CUDA cores: the untuned rules without :class:`SimtMatmul` (dlight's
-padded Matmul and the rules after it) against SimtMatmul's tiles, each kernel checked and timed beside cuBLAS.
+"""fp32 GEMM kernels of real models on the CUDA cores: the untuned rules (dlight's Matmul, the narrow tile,
+:class:`SimtMatmul` for what those decline) against every SimtMatmul tile, each kernel checked and timed beside
+cuBLAS: whether SimtMatmul's tiles should take fp32 GEMMs ahead of dlight's Matmul.
 
 For each model: ``scripts/model_zoo.py``'s export (``--size full``, ``--layers`` of its blocks, random weights),
-the planner's kernels for CUDA in fp32 (as ``tvmfuse bench`` plans them), and every kernel SimtMatmul takes. Each is
-built under the rules as they were before it (``before``: the rule that took it is named), under the rule itself
-(``default``: the tile it picks) and under every tile of ``--tiles``; run on random inputs with its output poisoned
+the planner's kernels for CUDA in fp32 (as ``tvmfuse bench`` plans them), and every GEMM among them. Each is built
+under the untuned rules (``default``: the rule that takes it is named) and under every tile of ``--tiles``; run on
+random inputs with its output poisoned
 (NaN) first, checked against the same kernel under dlight's Fallback (``reference_schedule``: an output a thread,
 sums in order), and timed with TVM's time evaluator. cuBLAS: ``torch.matmul`` of the GEMM's (S, I, K) x (S, K, J)
 in fp32 with TF32 off, in the same process. Prints the kernels and a per-model total last; writes
@@ -29,8 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _kernels(model: Path) -> tuple:
-    """The CUDA target and [(name, module of ``main``, GEMM extents (S, I, J, K))] of the model's fp32 kernels
-    SimtMatmul takes."""
+    """The CUDA target and [(name, module of ``main``, GEMM extents (S, I, J, K))] of the model's fp32 GEMMs."""
     from tvmfuse._gpu_rules import SimtMatmul, simt_matmul
     from tvmfuse._tvm import PrimFunc, tvm
     from tvmfuse.frontend import import_model, load_model
@@ -46,9 +46,12 @@ def _kernels(model: Path) -> tuple:
             continue
         mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
         with target.target:
-            if SimtMatmul().apply(mod["main"], target.target, False) is None:
+            try:
+                found = simt_matmul(mod["main"], target.target, SimtMatmul.TILES[-1])
+            except Exception:  # noqa: BLE001 - not a GEMM this schedule takes
                 continue
-            out.append((gv.name_hint, mod, simt_matmul(mod["main"], target.target, SimtMatmul.TILES[-1])[1]))
+        if found is not None:
+            out.append((gv.name_hint, mod, found[1]))
     return target, out
 
 
@@ -83,7 +86,7 @@ def _cublas_us(dims) -> float:
 def run_kernel(name: str, mod, dims, tiles: list, target, sms: int) -> list:
     import torch
 
-    from tvmfuse._gpu_rules import SimtMatmul, default_gpu_rules, reference_schedule, simt_matmul
+    from tvmfuse._gpu_rules import default_gpu_schedule, reference_schedule, simt_matmul
     from tvmfuse._tvm import param_buffers, tvm
 
     dev = tvm.cuda(0)
@@ -104,24 +107,15 @@ def run_kernel(name: str, mod, dims, tiles: list, target, sms: int) -> list:
     want, _ = run(_build(reference_schedule(mod, tt, is_gpu=True), tt))
     flops = 2.0 * np.prod(dims)
     base = {"kernel": name, "dims": list(dims), "cublas_us": _cublas_us(dims)}
-    variants = [("before", None), ("default", None)] + [(t.name(), t) for t in tiles]
+    variants = [("default", None)] + [(t.name(), t) for t in tiles]
     rows = []
     for label, tile in variants:
         row = dict(base, variant=label)
         try:
-            with tt:
-                if label == "before":
-                    for rule in default_gpu_rules(sms):
-                        if isinstance(rule, SimtMatmul):
-                            continue
-                        sch = rule.apply(mod["main"], tt, False)
-                        sch = sch[0] if isinstance(sch, list) and sch else sch
-                        if sch is not None:
-                            row["rule"] = type(getattr(rule, "rule", rule)).__name__
-                            break
-                elif label == "default":
-                    sch = SimtMatmul(sms).apply(mod["main"], tt, False)
-                else:
+            if label == "default":
+                sch, row["rule"] = default_gpu_schedule(mod, tt, sms)
+            else:
+                with tt:
                     sch = simt_matmul(mod["main"], tt, tile)[0]
             got, us = run(_build(sch, tt))
             err = float((got - want).norm() / max(float(want.norm()), 1e-30))
@@ -142,7 +136,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--tiles", default="16.16.8.8,16.16.4.4.2.2,8.16.4.4.2.2,16.16.4.4,8.16.4.4",
+    ap.add_argument("--tiles", default="16.16.8.8,16.16.4.4.2.2,8.16.4.4.2.2,16.16.4.4,8.16.4.4,16.4.4.4",
                     help="SimtTile fields joined by dots, comma-separated")
     a = ap.parse_args()
     tiles = [SimtTile(*map(int, t.split("."))) for t in a.tiles.split(",") if t]
@@ -161,7 +155,7 @@ def main() -> int:
         for kernel, mod, dims in kernels:
             mine += run_kernel(kernel, mod, dims, tiles, target, sms)
         rows += mine
-        for label in ["before", "default"] + [t.name() for t in tiles]:
+        for label in ["default"] + [t.name() for t in tiles]:
             timed = [r for r in mine if r["variant"] == label and "us" in r]
             totals.append({"model": name, "variant": label, "kernels": len(timed), "us": sum(r["us"] for r in timed),
                            "cublas_us": sum(r["cublas_us"] for r in timed),

@@ -191,17 +191,19 @@ class SimtMatmul:
     :class:`UnpaddedMatmul` and :class:`NarrowMatmul` and fell to dlight's GeneralReduction, a block per few
     outputs (ViT-B fp32 batch 8: 634 ms against torch.compile's 9.1 on the H100). Here a partial tile computes
     under ``T.where`` guards on the GEMM's own indices, so any epilogue is written only where the GEMM is, and
-    the first tile of ``tiles`` no wider than the GEMM that launches ``min_blocks`` blocks is taken (the last that
-    fits otherwise)."""
+    the first tile of ``tiles`` no wider than the GEMM that launches ``min_blocks`` blocks is taken; a GEMM that no
+    tile spreads that wide is left to the rules after (at batch 1 their blocks of one output each fill the SMs).
+
+    The untuned rules place it after :class:`NarrowMatmul`, for the GEMMs the rules before it decline: its tiles
+    have been built (nvcc) but not yet timed against dlight's on a GPU (``benchmarks/simt_gemm_gpu.py``), so the
+    fp32 GEMMs dlight's Matmul takes keep it."""
 
     source = "simt-matmul"   # the schedule's name in the reports
     TILES = (SimtTile(16, 16, 4, 4, 2, 2), SimtTile(8, 16, 4, 4, 2, 2), SimtTile(16, 16, 4, 4), SimtTile(8, 16, 4, 4),
              SimtTile(16, 8, 4, 4), SimtTile(16, 4, 4, 4))
     K_STEP = 16
-    # a GEMM narrower than MIN_EXTENT along I or J (a head's 16-80 columns) is left to the rules after, first the
-    # narrow tile that divides it; what those leave (ragged rows: no tile divides 197 tokens) comes back to a second
-    # instance of this rule placed after them, which takes GEMMs down to MIN_EXTENT_LATE (a GEMV goes on)
-    MIN_EXTENT, MIN_EXTENT_LATE = 128, 16
+    # the smallest extent along I and J of a GEMM it takes (a GEMV goes on to dlight's GEMV rule)
+    MIN_EXTENT = 16
 
     def __init__(self, min_blocks: int = 132, tiles: tuple = TILES, min_extent: int = MIN_EXTENT):
         self.min_blocks, self.tiles, self.min_extent = min_blocks, tiles, min_extent
@@ -215,7 +217,7 @@ class SimtMatmul:
             return None
         if tuple(get_in_out_dtypes(sch.get(reductions[0]))) != ("float32", "float32"):
             return None
-        fitting, dims = None, None
+        dims = None
         for tile in self.tiles:
             if dims is not None and (tile.rows > dims[1] or tile.cols > dims[2]):
                 continue   # wider than the GEMM (a head's 64 columns under 128): most of each block idle
@@ -226,12 +228,9 @@ class SimtMatmul:
             if found is None:
                 return None
             sch, dims = found
-            if tile.rows > dims[1] or tile.cols > dims[2]:
-                continue
-            fitting = sch
-            if _grid_blocks(sch.mod["main"]) >= self.min_blocks:
+            if tile.rows <= dims[1] and tile.cols <= dims[2] and _grid_blocks(sch.mod["main"]) >= self.min_blocks:
                 return sch
-        return fitting   # the most blocks of the tiles that fit
+        return None   # too small to fill the SMs with tiles: the rules after (a block an output) fill them better
         return fitting
 
 
@@ -529,8 +528,8 @@ def default_gpu_rules(sm_count: int = MEASURED_SMS) -> tuple:
     # reuse each operand across a block; one output a thread reads both operands K times an output)
     # (many outputs: 4 a thread, see ShortReduction's vector)
     return (WholeReduction(), ShortReduction(max_outputs=round(ShortReduction.few_outputs * scale)),
-            SimtMatmul(sm_count), UnpaddedMatmul(), ShortReduction(vector=4), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
-            SimtMatmul(sm_count, min_extent=SimtMatmul.MIN_EXTENT_LATE), _NoGuardedEpilogue(dlight.gpu.GEMV()),
+            UnpaddedMatmul(), ShortReduction(vector=4), NarrowMatmul(round(NarrowMatmul.MIN_BLOCKS * scale)),
+            SimtMatmul(sm_count), _NoGuardedEpilogue(dlight.gpu.GEMV()),
             _NoGuardedEpilogue(dlight.gpu.Reduction()), _NoGuardedEpilogue(dlight.gpu.GeneralReduction()),
             dlight.gpu.Fallback())
 
