@@ -553,9 +553,17 @@ def default_schedule(mod, target, *, is_gpu: bool, sm_count: int = MEASURED_SMS)
     return default_gpu_schedule(mod, target, sm_count)[0]
 
 
+def _dlight_source(rule) -> str:
+    """A dlight rule's name in the reports: ``dlight-matmul``, ``dlight-gemv``, ``dlight-general-reduction``,
+    ``dlight-fallback``... (a big GEMM on GeneralReduction or Fallback is a slow kernel the report should show)."""
+    name = type(getattr(rule, "rule", rule)).__name__.removeprefix("Unpadded")
+    return "dlight-" + re.sub(r"(?<=[a-z])(?=[A-Z])", "-", name).lower()
+
+
 def default_gpu_schedule(mod, target, sm_count: int = MEASURED_SMS):
     """(schedule, source) of the first of :func:`default_gpu_rules` that takes ``mod``: the source names the rule
-    as the reports do (``whole-reduction``, ``short-reduction``, else ``dlight``); (None, "dlight") when none does."""
+    as the reports do (``whole-reduction``, ``short-reduction``, ``simt-matmul``, ``dlight-matmul``,
+    ``dlight-general-reduction``...); (None, "dlight") when none does."""
     func = mod["main"]
     with target:
         for rule in default_gpu_rules(sm_count):
@@ -572,5 +580,5 @@ def default_gpu_schedule(mod, target, sm_count: int = MEASURED_SMS):
                     continue   # a per-thread cache of far more than the thread's share: the next rule
             except Exception:  # noqa: BLE001 - a schedule that does not lower: the next rule
                 continue
-            return sch, getattr(rule, "source", "dlight")
+            return sch, getattr(rule, "source", None) or _dlight_source(rule)
     return None, "dlight"

@@ -22,7 +22,9 @@ from tvmfuse.tune.defaults import untuned_kernel
 @dataclass(frozen=True)
 class KernelStatus:
     name: str
-    schedule: str  # tuned | default (llvm, untuned) | dlight (cuda fallback) | flash-default (cuda attention,
+    schedule: str  # tuned | default (llvm, untuned) | dlight-<rule> (cuda, untuned: the dlight rule that took it,
+    #                dlight-matmul, dlight-gemv, dlight-reduction, dlight-general-reduction, dlight-fallback) |
+    #                narrow-matmul, simt-matmul (cuda, untuned: _gpu_rules) | flash-default (cuda attention,
     #                untuned: the flash template's default tiles) | wgmma-default (a GEMM or conv on sm_90a,
     #                untuned: the wgmma template's default tiles) | rows-default (a row kernel on cuda,
     #                untuned: the row program's default config) | pointwise-default (a pointwise kernel on
