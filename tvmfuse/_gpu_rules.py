@@ -191,8 +191,9 @@ class SimtMatmul:
     :class:`UnpaddedMatmul` and :class:`NarrowMatmul` and fell to dlight's GeneralReduction, a block per few
     outputs (ViT-B fp32 batch 8: 634 ms against torch.compile's 9.1 on the H100). Here a partial tile computes
     under ``T.where`` guards on the GEMM's own indices, so any epilogue is written only where the GEMM is, and
-    the first tile of ``tiles`` no wider than the GEMM that launches ``min_blocks`` blocks is taken; a GEMM that no
-    tile spreads that wide is left to the rules after (at batch 1 their blocks of one output each fill the SMs).
+    the first tile of ``tiles`` no wider than the GEMM whose blocks give ``min_blocks`` SMs ``THREADS_AN_SM``
+    threads each is taken; a GEMM that no tile spreads that wide is left to the rules after (at batch 1 their blocks
+    of one output each fill the SMs).
 
     The untuned rules place it after :class:`NarrowMatmul`, for the GEMMs the rules before it decline: its tiles
     have been built (nvcc) but not yet timed against dlight's on a GPU (``benchmarks/simt_gemm_gpu.py``), so the
@@ -202,6 +203,9 @@ class SimtMatmul:
     TILES = (SimtTile(16, 16, 4, 4, 2, 2), SimtTile(8, 16, 4, 4, 2, 2), SimtTile(16, 16, 4, 4), SimtTile(8, 16, 4, 4),
              SimtTile(16, 8, 4, 4), SimtTile(16, 4, 4, 4))
     K_STEP = 16
+    # a tile is taken where its blocks give every SM (min_blocks of them) this many threads: fewer leave the SMs idle,
+    # where the rules after it (blocks of one output each) keep them busy
+    THREADS_AN_SM = 256
     # the smallest extent along I and J of a GEMM it takes (a GEMV goes on to dlight's GEMV rule)
     MIN_EXTENT = 16
 
@@ -228,7 +232,8 @@ class SimtMatmul:
             if found is None:
                 return None
             sch, dims = found
-            if tile.rows <= dims[1] and tile.cols <= dims[2] and _grid_blocks(sch.mod["main"]) >= self.min_blocks:
+            threads = _grid_blocks(sch.mod["main"]) * tile.thr_i * tile.thr_j
+            if tile.rows <= dims[1] and tile.cols <= dims[2] and threads >= self.min_blocks * self.THREADS_AN_SM:
                 return sch
         return None   # too small to fill the SMs with tiles: the rules after (a block an output) fill them better
         return fitting

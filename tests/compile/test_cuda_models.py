@@ -573,7 +573,7 @@ def test_an_fp32_gemm_with_ragged_rows_and_moved_heads_takes_predicated_tiles(cu
     from tvmfuse._gpu_rules import SimtMatmul, _pads, default_gpu_schedule
     from tvmfuse._tvm import tvm
 
-    mod = _qkv_heads(197, 8)
+    mod = _qkv_heads(197, 8, hidden=768, heads=12)
     sch, source = default_gpu_schedule(mod, cuda_target.target)
     assert source == SimtMatmul.source
     assert not _pads(sch.mod["main"])
@@ -581,12 +581,13 @@ def test_an_fp32_gemm_with_ragged_rows_and_moved_heads_takes_predicated_tiles(cu
     tvm.compile(sch.mod, target=cuda_target.target)
 
 
-@pytest.mark.parametrize("rows,cols,tile", [(4096, 768, "128x128"), (4096, 384, "64x128"), (8192, 64, "32x64"),
+@pytest.mark.parametrize("rows,cols,tile", [(4096, 768, "128x128"), (4096, 384, "64x64"), (16384, 64, "64x64"),
                                            (197, 64, None)])
 def test_simt_matmul_takes_the_largest_tile_no_wider_than_the_gemm_that_fills_the_sms(cuda_target, rows, cols, tile):
-    """128 x 128 where 4096 x 768 gives 192 blocks; 4096 x 384 gives 96 such blocks, under the H200's 132 SMs, so
-    a 64 x 128 tile (192); 64 columns never take a tile wider than themselves (8192 x 64: 32 x 64, 256 blocks);
-    197 x 64 fills no wave with any tile and is left to the rules after, whose blocks of one output fill it."""
+    """A tile is taken where its blocks give each of the H200's 132 SMs 256 threads: 128 x 128 where 4096 x 768
+    gives 192 blocks of 256 threads; 4096 x 384 gives 96 such blocks, and 192 of the 128-thread 64 x 128 tile,
+    so 64 x 64 (384 blocks of 256); 64 columns never take a tile wider than themselves; 197 x 64 fills no SM
+    with any tile and is left to the rules after, whose blocks of one output fill them."""
     from tvm import te
 
     from tvmfuse._gpu_rules import SimtMatmul, launch_extents
