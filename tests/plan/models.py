@@ -140,6 +140,22 @@ def qkv(m=64, d=64, heads=4) -> onnx.ModelProto:
     return b.model({"x": [1, m, d]}, y, [1, heads, m, 3 * d // heads])
 
 
+def fused_qkv_attention(m=64, d=64, heads=4, sizes=None) -> onnx.ModelProto:
+    """GPT-2's attention input: one GEMM with bias for Q, K and V together, split along its columns (``sizes``:
+    the parts' widths; equal thirds by default), each part reshaped to heads and transposed, then attention."""
+    b = _B(9)
+    widths = sizes or [d, d, d]
+    p = b.op("Add", [b.op("MatMul", ["x", b.w(d, sum(widths))]), b.const(b.rng.standard_normal(sum(widths)) * 0.1)])
+    b.k += 1
+    parts = [f"part{b.k}_{i}" for i in range(3)]
+    b.nodes.append(helper.make_node("Split", [p, _int64(b, widths)], parts, name=f"n{b.k}", axis=-1))
+    q, k, v = (b.op("Transpose", [b.op("Reshape", [x, _int64(b, [1, m, heads, w // heads])])], perm=perm)
+               for x, w, perm in zip(parts, widths, ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])))
+    s = b.op("Mul", [b.op("MatMul", [q, k]), b.const(1 / np.sqrt(widths[0] // heads))])
+    y = b.op("MatMul", [b.op("Softmax", [s], axis=-1), v])
+    return b.model({"x": [1, m, d]}, y, [1, heads, m, widths[2] // heads])
+
+
 def _int64(b: _B, values) -> str:
     b.k += 1
     name = f"s{b.k}"

@@ -138,6 +138,30 @@ def test_horizontal_merge_refused_when_it_does_not_pay(llvm):
     assert any(r.reason.startswith("horizontal merge of 3 GEMMs") and "no gain" in r.reason for r in plan.rejected)
 
 
+def test_a_split_gemm_runs_as_one_gemm_a_part(llvm):
+    """GPT-2's QKV: one GEMM, split in three, each part reshaped and transposed to heads. Split as it is, its output
+    goes through a split kernel and each part through a transpose of its own; one GEMM a part (the weight's column
+    blocks) stores each part in its heads' layout from the GEMM's epilogue, and the model still matches."""
+    model = models.fused_qkv_attention()
+    ins = _inputs(model)
+    fused, plan = _model_layout_plan(import_proto(model), llvm)
+    assert not any("split" in g.ops for g in plan.groups), [g.ops for g in plan.groups]
+    assert sum(g.ops.count("matmul") for g in plan.groups if g.pattern != "attention") == 3
+    assert any(g.pattern == "attention" for g in plan.groups)
+    assert rel_err(build_and_run(fused, llvm, ins)[0], ort_run(model, ins)[0]) < 1e-5
+
+
+def test_a_split_gemm_stays_one_gemm_where_its_input_outweighs_its_output(llvm):
+    """Parts 8 columns wide of a 256-wide input: three GEMMs would read the input twice more than the split's
+    read and write of the output saves."""
+    model = models.fused_qkv_attention(d=256, sizes=[8, 8, 8])
+    ins = _inputs(model)
+    fused, plan = _model_layout_plan(import_proto(model), llvm)
+    assert any("split" in g.ops for g in plan.groups)
+    assert any(r.reason.startswith("split GEMM: 3 GEMMs would read") for r in plan.rejected)
+    assert rel_err(build_and_run(fused, llvm, ins)[0], ort_run(model, ins)[0]) < 1e-5
+
+
 @pytest.mark.parametrize("mask", [True, False])
 def test_attention_one_kernel_without_scores_in_memory(llvm, mask):
     model = models.attention(mask=mask)

@@ -250,6 +250,9 @@ def _high_level(mod, target: TargetInfo, config: PlannerConfig, log: RewriteLog,
         if getattr(cost_model, "gemm_conv_rows", 0):
             mod = rewrites.pointwise_convs_as_gemms(mod, log=log, max_rows=cost_model.gemm_conv_rows)
             dump("pointwise_convs", mod)
+    if config.horizontal:   # before the attention matcher, which then finds Q, K and V as BERT's projections give them
+        mod = rewrites.SplitGemm(log=log)(mod)
+        dump("split_gemm", mod)
     if config.attention:
         mod = rewrites.FuseAttention(log=log, decline=getattr(cost_model, "attention_decline", None))(mod)
         dump("attention", mod)

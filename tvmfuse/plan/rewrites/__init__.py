@@ -33,6 +33,8 @@ One rewrite per module, each a Relax module pass (``pass(mod) -> mod``) with a b
   (``attention_inputs``).
 - :class:`GatedGemm` (``gated_gemm``): ``act(x @ Wg) * (x @ Wu)`` (SwiGLU, GeGLU) as one MatMul on the two
   weights' columns interleaved, whose epilogue gates each accumulator pair (GPUs, where the GEMM template takes it).
+- :class:`SplitGemm` (``split_gemm``): a GEMM whose output is split along its columns (a fused QKV projection) as
+  one GEMM a part on the weight's column blocks, so each part's reshape and transpose fuse into its GEMM's store.
 - :class:`HorizontalGemm` (``horizontal_gemm``): MatMuls reading the same input with constant weights become
   one MatMul on concatenated weights plus slices, when the cost model finds it saves bytes.
 
@@ -56,6 +58,7 @@ from tvmfuse.plan.rewrites.pad_channels import PadOutputChannels, pad_output_cha
 from tvmfuse.plan.rewrites.pairwise_extrema import PairwiseExtrema, pairwise_extrema
 from tvmfuse.plan.rewrites.pointwise_convs import PointwiseConvsAsGemms, pointwise_convs_as_gemms
 from tvmfuse.plan.rewrites.qdq import RedundantRequantize, redundant_requantize
+from tvmfuse.plan.rewrites.split_gemm import SplitGemm
 
 __all__ = [
     "ChannelsLast", "ComposeTransposes", "DropInferenceIdentities", "FoldBatchNorm", "FuseAttention",
@@ -64,5 +67,5 @@ __all__ = [
     "im2col_narrow_convs", "module_pass", "PadOutputChannels", "pad_output_channels", "PairwiseExtrema",
     "pairwise_extrema", "PointwiseConvsAsGemms", "pointwise_convs_as_gemms", "rebuild_main", "TrimDeadTaps",
     "trim_dead_taps", "Int8Gemms", "int8_gemms", "Int8Convs", "int8_convs", "Int8ConvsAsGemms", "int8_convs_as_gemms",
-    "RedundantRequantize", "redundant_requantize",
+    "RedundantRequantize", "redundant_requantize", "SplitGemm",
 ]
