@@ -124,6 +124,29 @@ def test_gating(llvm, kind):
     assert any("horizontal merge" in r.reason for r in plan.rejected)
 
 
+@pytest.mark.slow
+def test_a_cast_split_off_a_gemm_joins_the_norm_that_reads_it(tmp_path):
+    """LLaMA in fp16: a GEMM's kernel took the fp32 cast of the residual sum while grouping, then stored the sum
+    alone (its templates store one result), leaving the cast a kernel of its own that wrote 2x the sum's bytes for
+    the RMSNorm to read back, twice a layer. The cast now joins the norm's kernel as its prologue, on CUDA and on
+    CPUs, and the build still matches the fp32 model at fp16's tolerance."""
+    from pathlib import Path
+
+    from tvmfuse import api
+    from tvmfuse.frontend import import_model, load_model
+
+    model = Path(__file__).parents[1] / "fixtures" / "tiny_llama.float32.onnx"
+    for target in ("cuda", "llvm"):
+        loaded = load_model(model, precision="fp16")
+        _, plan = partition(import_model(loaded), target=resolve_target(target), precision="fp16")
+        assert not any(g.ops == ("cast",) for g in plan.groups), [g.ops for g in plan.groups]
+        assert sum(g.ops[:2] == ("cast", "power") for g in plan.groups) >= 3, [g.ops for g in plan.groups]
+    cfg = api.ModelConfig(model=model, target="llvm", db=tmp_path / "none.db", precision="fp16")
+    api.compile(cfg, out=tmp_path / "art", untuned=True)
+    ran = api.run(tmp_path / "art", inputs=model.with_name("tiny_llama.inputs.npz"), verify_against=model, repeat=0)
+    assert all(o["ok"] for o in ran["verification"]["outputs"]), ran["verification"]
+
+
 def test_horizontal_merge_when_it_pays(llvm):
     plan, fused, base = _check(models.wide_branches(), llvm)
     h = plan.by_pattern("horizontal_gemm")

@@ -18,8 +18,8 @@ from tvmfuse._tvm import PrimFunc, RelaxConstant, param_buffers, relax, tvm
 from tvmfuse.plan.cluster import Cluster, bytes_fused, reused_inputs
 from tvmfuse.plan.cost import CostModel
 from tvmfuse.plan.fastmath import legalize_ops
-from tvmfuse.plan.graph import (CONV, GEMM, NORM, NOT_KERNEL, REDUCE, Graph, build_graph, kernel_bytes,
-                                kernel_calls, static_params)
+from tvmfuse.plan.graph import (CONV, GEMM, INJECTIVE_K, NORM, NOT_KERNEL, POINTWISE, REDUCE, Graph, build_graph,
+                                kernel_bytes, kernel_calls, static_params)
 from tvmfuse.plan.legality import can_fuse, results_stored, whole_tensor
 from tvmfuse.plan.outline import outline_groups
 from tvmfuse.plan.patterns import classify
@@ -112,7 +112,41 @@ def group_nodes(graph: Graph, cost_model) -> Grouping:
         if c is not None and id(c) not in seen:
             seen.add(id(c))
             clusters.extend(_one_result(graph, c, reject, getattr(cost_model, "reduction_results", 0)))
-    return Grouping(clusters=clusters, rejected=rejected, scores=scores)
+    return Grouping(clusters=_reoffered(graph, clusters, cost_model), rejected=rejected, scores=scores)
+
+
+def _reoffered(graph: Graph, clusters: list[Cluster], cost_model) -> list[Cluster]:
+    """``clusters`` where a kernel of pointwise and layout ops alone, every reader of which sits in one other kernel,
+    joins that kernel as its prologue. :func:`_one_result` leaves such kernels behind: a GEMM took the pointwise
+    reader of its result while grouping, and then could not store it beside its own result (LLaMA's and T5's
+    fp16 residual sums cast to fp32 for the RMSNorm: a kernel writing the cast sum, 2 x the fp16 bytes, for the
+    norm to read back, twice a layer). Grouping offered the cast to its producer first; its reader never saw it."""
+    readers: dict = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            p = graph.producer.get(v)
+            if p is not None:
+                readers.setdefault(id(p), []).append(n)
+    out = list(clusters)
+    for c in list(out):
+        if any(n.kind not in (POINTWISE, INJECTIVE_K) or n.var in graph.outputs for n in c.members):
+            continue
+        owner = {id(n): k for k in out for n in k.members}
+        mine = c.ids()
+        targets = {id(owner[id(r)]): owner[id(r)] for n in c.members for r in readers.get(id(n), [])
+                   if id(r) not in mine and id(r) in owner}
+        if len(targets) != 1:
+            continue
+        (d,) = targets.values()
+        if not can_fuse(graph, c, d) or not cost_model.score(graph, c.members, d.members).profitable:
+            continue
+        merged = Cluster(c.members + d.members)
+        if len(results_stored(graph, merged, Cluster([]), final=True)) > len(
+                results_stored(graph, d, Cluster([]), final=True)):
+            continue
+        out[out.index(d)] = merged
+        out.remove(c)
+    return out
 
 
 def _one_result(graph: Graph, cluster: Cluster, reject, reduction_results: int = 0) -> list[Cluster]:
