@@ -129,8 +129,9 @@ def _reoffered(graph: Graph, clusters: list[Cluster], cost_model) -> list[Cluste
                 readers.setdefault(id(p), []).append(n)
     out = list(clusters)
     for c in list(out):
-        if any(n.kind not in (POINTWISE, INJECTIVE_K) or n.var in graph.outputs for n in c.members):
-            continue
+        if not any(k is c for k in out) or any(n.kind not in (POINTWISE, INJECTIVE_K) or n.var in graph.outputs
+                                               for n in c.members):
+            continue   # (a cluster already merged into another is gone)
         owner = {id(n): k for k in out for n in k.members}
         mine = c.ids()
         targets = {id(owner[id(r)]): owner[id(r)] for n in c.members for r in readers.get(id(n), [])
@@ -144,8 +145,7 @@ def _reoffered(graph: Graph, clusters: list[Cluster], cost_model) -> list[Cluste
         if len(results_stored(graph, merged, Cluster([]), final=True)) > len(
                 results_stored(graph, d, Cluster([]), final=True)):
             continue
-        out[out.index(d)] = merged
-        out.remove(c)
+        out = [merged if k is d else k for k in out if k is not c]   # (by identity: clusters compare by members)
     return out
 
 
