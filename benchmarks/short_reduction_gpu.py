@@ -62,6 +62,15 @@ def _lanes(sch) -> int:
     return max(found, default=1)
 
 
+def checked(got, want, tol: float) -> dict:
+    """A kernel's output against its reference (torch tensors): relative error, and ok where it is under ``tol``
+    and no element was left unwritten (NaN, the poison the output was filled with)."""
+    import torch
+
+    err = float((got - want).norm() / max(float(want.norm()), 1e-30))
+    return {"rel_error": err, "ok": bool(not torch.isnan(got).any() and err < tol)}
+
+
 def run_kernel(name: str, mod, vectors: list, target) -> list:
     import torch
 
@@ -95,9 +104,7 @@ def run_kernel(name: str, mod, vectors: list, target) -> list:
             if sch is None:
                 raise RuntimeError("ShortReduction declined the kernel")
             got, us = run(_build(sch, target))
-            err = float((got - want).norm() / max(float(want.norm()), 1e-30))
-            row.update(lanes=_lanes(sch), us=us, rel_error=err,
-                       ok=bool(not torch.isnan(got).any() and err < 2e-3))
+            row.update(lanes=_lanes(sch), us=us, **checked(got, want, 2e-3))
         except Exception as e:   # noqa: BLE001 - a variant that fails is a row, the rest still run
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)

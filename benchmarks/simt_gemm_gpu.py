@@ -27,6 +27,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from short_reduction_gpu import _build, checked  # noqa: E402 - the same build and check
 
 
 def _kernels(model: Path) -> tuple:
@@ -53,13 +56,6 @@ def _kernels(model: Path) -> tuple:
         if found is not None:
             out.append((gv.name_hint, mod, found[1]))
     return target, out
-
-
-def _build(sch, target):
-    from tvmfuse._tvm import build_context, tvm
-
-    with build_context():
-        return tvm.compile(sch.mod, target=target)
 
 
 def _cublas_us(dims) -> float:
@@ -118,9 +114,7 @@ def run_kernel(name: str, mod, dims, tiles: list, target, sms: int) -> list:
                 with tt:
                     sch = simt_matmul(mod["main"], tt, tile)[0]
             got, us = run(_build(sch, tt))
-            err = float((got - want).norm() / max(float(want.norm()), 1e-30))
-            row.update(us=us, tflops=flops / us / 1e6, rel_error=err,
-                       ok=bool(not torch.isnan(got).any() and err < 1e-4))
+            row.update(us=us, tflops=flops / us / 1e6, **checked(got, want, 1e-4))
         except Exception as e:   # noqa: BLE001 - a variant that fails is a row, the rest still run
             row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         rows.append(row)
