@@ -236,7 +236,6 @@ class SimtMatmul:
             if tile.rows <= dims[1] and tile.cols <= dims[2] and threads >= self.min_blocks * self.THREADS_AN_SM:
                 return sch
         return None   # too small to fill the SMs with tiles: the rules after (a block an output) fill them better
-        return fitting
 
 
 def simt_matmul(func, target, tile: SimtTile, k_step: int = SimtMatmul.K_STEP,
