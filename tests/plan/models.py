@@ -156,6 +156,19 @@ def fused_qkv_attention(m=64, d=64, heads=4, sizes=None) -> onnx.ModelProto:
     return b.model({"x": [1, m, d]}, y, [1, heads, m, widths[2] // heads])
 
 
+def fused_gate_up(m=128, d=64, n=128) -> onnx.ModelProto:
+    """Phi-3's MLP: one GEMM for the gate and up projections together, ``chunk(2)`` along its columns (an ONNX
+    Split), ``silu(gate) * up``, then the down projection."""
+    b = _B(11)
+    mm = b.op("MatMul", ["x", b.w(d, 2 * n)])
+    b.k += 1
+    gate, up = f"gate{b.k}", f"up{b.k}"
+    b.nodes.append(helper.make_node("Split", [mm, _int64(b, [n, n])], [gate, up], name=f"n{b.k}", axis=-1))
+    h = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])
+    y = b.op("MatMul", [h, b.w(n, d)])
+    return b.model({"x": [m, d]}, y, [m, d])
+
+
 def _int64(b: _B, values) -> str:
     b.k += 1
     name = f"s{b.k}"
