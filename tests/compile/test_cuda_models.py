@@ -579,6 +579,10 @@ def test_an_fp32_gemm_with_ragged_rows_and_moved_heads_takes_predicated_tiles(cu
     assert not _pads(sch.mod["main"])
     assert "T.where" in sch.mod["main"].script()   # the partial tile's predicate
     tvm.compile(sch.mod, target=cuda_target.target)
+    # tune commits the untuned schedule as a record: its trace must replay from the database's JSON
+    fresh = tvm.s_tir.Schedule(mod)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(sch.trace.as_json(), fresh)
+    tvm.ir.assert_structural_equal(fresh.mod, sch.mod)
 
 
 @pytest.mark.parametrize("rows,cols,tile", [(4096, 768, "128x128"), (4096, 384, "64x64"), (16384, 64, "64x64"),
