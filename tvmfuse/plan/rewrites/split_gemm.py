@@ -1,5 +1,5 @@
-"""A GEMM whose output is split along its columns (a fused QKV projection: GPT-2's ``c_attn``, Falcon's and
-Phi's ``qkv_proj``) as one GEMM per part, on the weight's column blocks, where that saves bytes."""
+"""A GEMM whose output is split along its columns (a fused projection: GPT-2's QKV ``c_attn``, Phi-3's
+``gate_up_proj``) as one GEMM per part, on the weight's column blocks, where that saves bytes."""
 from __future__ import annotations
 
 import functools
@@ -39,10 +39,11 @@ class SplitGemm:
                 continue
             chain, bounds, items = found
             x, weight = chain[0].value.args[0], const_numpy(chain[0].value.args[1])
-            extra, saved = (len(bounds) - 2) * tensor_bytes(x.ty), 2 * tensor_bytes(chain[-2].var.ty)
+            # one more read of x for each part read beyond the first; the split's read and write of the output saved
+            extra, saved = (len(items) - 1) * tensor_bytes(x.ty), 2 * tensor_bytes(chain[-2].var.ty)
             ops = tuple(op_name(c.value).removeprefix("relax.") for c in chain)
             if extra >= saved:
-                self.log.rejected.append(Rejection(ops=ops, reason=f"split GEMM: {len(bounds) - 1} GEMMs would read "
+                self.log.rejected.append(Rejection(ops=ops, reason=f"split GEMM: {len(items)} GEMMs would read "
                                                                    f"{x.name} {extra} B more than the split saves"))
                 continue
             for item in items:
@@ -50,7 +51,7 @@ class SplitGemm:
                 plan[item.var] = functools.partial(_emit_part, chain=chain[:-1], weight=weight, lo=lo, hi=hi,
                                                    name=str(item.var.name))
             skip.update(c.var for c in chain)
-            self.log.notes.append(f"a GEMM of {len(bounds) - 1} parts reading {x.name} as {len(bounds) - 1} GEMMs "
+            self.log.notes.append(f"a GEMM of {len(bounds) - 1} parts reading {x.name} as {len(items)} GEMMs "
                                   f"({saved - extra} B saved)")
         if not plan:
             return mod
@@ -69,6 +70,8 @@ class SplitGemm:
         items = users.get(split.var, [])
         if not items or not all(isinstance(u.value, relax.TupleGetItem) for u in items):
             return None
+        if len({int(u.value.index) for u in items}) != len(items):
+            return None   # a part read twice would be computed twice
         chain, cur = [split], split.value.args[0]
         while True:
             node = defs.get(cur)
