@@ -40,8 +40,10 @@ def _check(model, llvm, tol=1e-5):
     base_mod, base_plan, base_out = plan_and_run(model, llvm, ins, "fuseops")
     assert rel_err(out[0], ref) < tol, "tvmfuse build differs from onnxruntime"
     assert rel_err(out[0], base_out[0]) < tol, "tvmfuse build differs from the FuseOps build"
-    # the same unfused baseline as FuseOps (less only where an identity such as Dropout was dropped)
-    assert base_plan.totals["kernels_unfused"] - 1 <= plan.totals["kernels_unfused"] <= base_plan.totals["kernels_unfused"]
+    # the same unfused baseline as FuseOps (less only where identities were dropped: Dropout, a cast to its own type)
+    identities = sum(n.op_type in ("Dropout", "Cast") for n in model.graph.node)
+    assert (base_plan.totals["kernels_unfused"] - identities <= plan.totals["kernels_unfused"]
+            <= base_plan.totals["kernels_unfused"])
     assert plan.totals["bytes_unfused"] <= base_plan.totals["bytes_unfused"]
     assert plan.totals["kernels_fused"] <= base_plan.totals["kernels_fused"]
     assert plan.totals["bytes_fused"] <= base_plan.totals["bytes_fused"]
