@@ -275,9 +275,12 @@ def test_a_stop_request_ends_the_kernel_in_flight_after_its_batch(tmp_path, exam
                          cost_model="random")
         res = tune_kernels(kernels, target=llvm, database=db, config=cfg, progress=Progress(),
                            stop=lambda: bool(batches))
-        assert batches == [(0, 2)]
-        assert res[0].status == "interrupted" and "2 of its 6 trials" in res[0].message, res[0]
-        assert res[0].trials_run == 3 and db.trials_spent(kernels[0].mod) == 3  # the default schedule and 2 trials
+        # a batch of 2 measures 1 where the random draw repeats the default, which the database answers
+        # (tune/search.py): which one, the search's threads decide
+        ((first, n),) = batches
+        assert first == 0 and n in (1, 2), batches
+        assert res[0].status == "interrupted" and f"{n} of its 6 trials" in res[0].message, res[0]
+        assert res[0].trials_run == 1 + n and db.trials_spent(kernels[0].mod) == 1 + n  # the default and the batch
         assert res[0].best_s is not None and res[0].check is None  # kept, checked by the run that finishes it
         assert [r.status for r in res[1:]] == ["skipped-interrupt"] * (len(kernels) - 1)
         assert all(r.trials_run == 0 and db.trials_spent(k.mod) == 0 for r, k in zip(res[1:], kernels[1:]))
