@@ -8,7 +8,7 @@ from tvmfuse.plan.rewrites._common import CLEAN, main_bindings, module_pass, op_
 
 def drop_inference_identities(mod) -> tvm.IRModule:
     """Dropout is the identity at inference: ``dropout(x)`` -> ``(x, x)`` (CanonicalizeBindings removes it). A cast
-    to the type its input already has is too: ViT's exports cast the attention probabilities from fp32 to fp32 twice
+    to the type its input already has is too: ViT's TorchScript export casts the probabilities from fp32 to fp32 twice
     between softmax and P·V, which hid the attention from its matcher (fp32 ViT-B ran Q·Kᵀ, softmax and P·V as three
     kernels, the scores through HBM)."""
     bindings = main_bindings(mod)
