@@ -128,11 +128,11 @@ def _reoffered(graph: Graph, clusters: list[Cluster], cost_model) -> list[Cluste
             if p is not None:
                 readers.setdefault(id(p), []).append(n)
     out = list(clusters)
+    owner = {id(n): k for k in out for n in k.members}   # kept current as clusters merge
     for c in list(out):
         if not any(k is c for k in out) or any(n.kind not in (POINTWISE, INJECTIVE_K) or n.var in graph.outputs
                                                for n in c.members):
             continue   # (a cluster already merged into another is gone)
-        owner = {id(n): k for k in out for n in k.members}
         mine = c.ids()
         targets = {id(owner[id(r)]): owner[id(r)] for n in c.members for r in readers.get(id(n), [])
                    if id(r) not in mine and id(r) in owner}
@@ -145,7 +145,8 @@ def _reoffered(graph: Graph, clusters: list[Cluster], cost_model) -> list[Cluste
         if len(results_stored(graph, merged, Cluster([]), final=True)) > len(
                 results_stored(graph, d, Cluster([]), final=True)):
             continue
-        out = [merged if k is d else k for k in out if k is not c]   # (by identity: clusters compare by members)
+        out = [merged if k is d else k for k in out if k is not c]
+        owner.update((id(n), merged) for n in merged.members)
     return out
 
 
