@@ -30,10 +30,11 @@ def cuda():
     return resolve_target("cuda")
 
 
-def _plan(tmp_path, model, target, tf32):
+def _plan(tmp_path, model, target, tf32, fp32_tensor_cores=True):
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    return partition(import_model(load_model(path)), target=target, precision="tf32" if tf32 else "model")
+    return partition(import_model(load_model(path)), target=target, precision="tf32" if tf32 else "model",
+                     fp32_tensor_cores=fp32_tensor_cores)
 
 
 def _gemms(fused) -> dict:
@@ -130,15 +131,19 @@ def test_plan_and_inspect_re_plan_in_the_precision_tune_used(tmp_path):
 
 
 def test_a_stem_runs_as_im2col_and_a_tensor_core_gemm_in_tf32_as_in_fp16(tmp_path, cuda):
-    """A 3-channel 7x7 stem: no conv template takes its 3 channels, so in fp16 and in tf32 it runs as im2col rows by
-    the filter, a GEMM the tensor cores take; in fp32 it stays a conv (the CUDA cores' rules)."""
+    """A 3-channel 7x7 stem: no conv template takes its 3 channels, so in fp16, in tf32 and in fp32 on Hopper (three
+    TF32 products) it runs as im2col rows by the filter, a GEMM the tensor cores take; in fp32 on the CUDA cores it
+    stays a conv (their rules)."""
     b = models._B(9)
     c = b.op("Conv", ["x", b.w(64, 3, 7, 7, scale=0.1)], kernel_shape=[7, 7], strides=[2, 2], pads=[3, 3, 3, 3])
     model = b.model({"x": [1, 3, 64, 64]}, b.op("Relu", [c]), [1, 64, 32, 32])   # 1024 pixels: not "a few"
     _, tf32 = _plan(tmp_path, model, cuda, tf32=True)
     _, fp32 = _plan(tmp_path, model, cuda, tf32=False)
+    _, simt = _plan(tmp_path, model, cuda, tf32=False, fp32_tensor_cores=False)
     assert any("runs as im2col + GEMM" in r for r in tf32.rewrites)
-    assert not any("runs as im2col + GEMM" in r for r in fp32.rewrites)
+    assert any("runs as im2col + GEMM" in r for r in fp32.rewrites)
+    assert any("fp32x3: 1 GEMM/conv kernels" in r for r in fp32.rewrites), fp32.rewrites
+    assert not any("runs as im2col + GEMM" in r for r in simt.rewrites)
 
 
 def test_only_kernels_a_tensor_core_template_takes_are_marked_and_rounded(tmp_path, cuda):

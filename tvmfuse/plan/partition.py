@@ -85,18 +85,20 @@ def _fuseops(mod: tvm.IRModule, target: TargetInfo) -> "tuple[tvm.IRModule, Plan
 
 
 def _tvmfuse(mod: tvm.IRModule, target: TargetInfo, tf32: bool = False,
-             cost_overrides: dict | None = None) -> "tuple[tvm.IRModule, Plan]":
+             cost_overrides: dict | None = None, x3: bool = False) -> "tuple[tvm.IRModule, Plan]":
     """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``). ``tf32``: fp32
     GEMMs and convs have a tensor-core template (wgmma in TF32): a small fp32 conv is not made im2col + GEMM for lack
     of one, and a narrow one (a stem) is, for the template's GEMM, as in fp16; fp32 attention is fused where the TF32
-    flash kernel takes it. ``cost_overrides``: fields of the target's :class:`CostModel` set otherwise."""
+    flash kernel takes it; ``x3``: the same for fp32 GEMMs and convs in three TF32 products, attention as fp32's.
+    ``cost_overrides``: fields of the target's :class:`CostModel` set otherwise."""
     from tvmfuse.plan.cost import CostModel, gpu_tf32_attention_decline
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
     overrides = dict(cost_overrides or {})
-    if tf32 and target.is_gpu:
-        overrides = dict(im2col_untemplated_pixels=0, tensor_core_dtypes=("float16", "float32"),
-                         attention_decline=gpu_tf32_attention_decline, **overrides)
+    if (tf32 or x3) and target.is_gpu:
+        overrides = dict(im2col_untemplated_pixels=0, tensor_core_dtypes=("float16", "float32"), **overrides)
+        if tf32:
+            overrides.setdefault("attention_decline", gpu_tf32_attention_decline)
     if not overrides:
         return plan_tvmfuse(mod, target)
     return plan_tvmfuse(mod, target, config=PlannerConfig(cost_model=CostModel.for_target(target, **overrides)))
@@ -107,12 +109,14 @@ DEFAULT_PLANNER = "tvmfuse"
 
 
 def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_PLANNER,
-              precision: str = "model", cost_overrides: dict | None = None) -> "tuple[tvm.IRModule, Plan]":
+              precision: str = "model", cost_overrides: dict | None = None,
+              fp32_tensor_cores: bool = True) -> "tuple[tvm.IRModule, Plan]":
     """Partition ``mod`` into fused kernels.
 
     ``precision`` (``--precision``; the graph is converted before, by the loader): under ``tf32`` on a GPU the fp32
     GEMM and conv kernels are marked for the tensor cores and their weights stored in the order those read them
-    (:mod:`tvmfuse.plan.tf32`). ``cost_overrides``: fields of tvmfuse's cost model set otherwise (an A/B of one
+    (:mod:`tvmfuse.plan.tf32`); otherwise, on Hopper, the fp32 ones are marked for three TF32 products each (fp32's
+    accuracy; ``fp32_tensor_cores`` False keeps them on the CUDA cores). ``cost_overrides``: fields of tvmfuse's cost model set otherwise (an A/B of one
     decision, e.g. ``{"gated_gemm_rows": 0}``).
 
     Returns the module whose ``main`` calls one PrimFunc per fused kernel, and the plan explaining it.
@@ -124,22 +128,35 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
     tf32 = precision == "tf32"
-    fused, plan = fn(mod, target, tf32, cost_overrides) if fn is _tvmfuse else fn(mod, target)
+    # fp32 GEMMs and convs elsewhere on Hopper: three TF32 products each, fp32's accuracy on the tensor cores
+    x3 = not tf32 and fp32_tensor_cores and target.is_gpu and _hopper(target)
+    fused, plan = fn(mod, target, tf32, cost_overrides, x3) if fn is _tvmfuse else fn(mod, target)
     if target.is_gpu or tf32:
         from dataclasses import replace
 
         from tvmfuse.plan.tf32 import tf32_kernels
         from tvmfuse.plan.weights import odd_columns_kmajor
 
+        notes = []
         if not tf32:   # fp16 weights of odd columns, K-major for the tensor cores (TF32 transposes every weight)
             fused, note = odd_columns_kmajor(fused)
+            notes.append(note)
+            if x3:
+                fused, note = tf32_kernels(fused, target.target, x3=True)
+                notes.append(note)
         elif target.is_gpu:
             fused, note = tf32_kernels(fused, target.target)
+            notes.append(note)
         else:
-            note = "tf32: no tensor cores on this target; GEMMs and convs run in fp32"
-        if note is not None:
-            plan = replace(plan, rewrites=(*plan.rewrites, note))
+            notes.append("tf32: no tensor cores on this target; GEMMs and convs run in fp32")
+        plan = replace(plan, rewrites=(*plan.rewrites, *(n for n in notes if n is not None)))
     return fused, plan
+
+
+def _hopper(target: TargetInfo) -> bool:
+    """Whether ``target`` is an arch-specific Hopper target (``sm_90a``), where the wgmma template runs."""
+    t = target.target
+    return t is not None and t.kind.name == "cuda" and str(t.attrs.get("arch", "")) == "sm_90a"
 
 
 def plan_model(model, *, target: str | dict | None = "auto", planner: str = DEFAULT_PLANNER,

@@ -25,6 +25,9 @@ from tvmfuse.plan.weights import (Edit, _load, apply, constant_params, kn_weight
 from tvmfuse.verify import tf32_rounded   # (the reference's TF32 emulation rounds its constants alike)
 
 ATTR = "tvmfuse.tf32"
+# fp32 GEMM and conv kernels in fp32's accuracy on the tensor cores: each operand split into two TF32 parts and three
+# products summed (the wgmma template's ``float32x3``), what an fp32 build runs on sm_90a
+X3 = "tvmfuse.fp32x3"
 # the operands (parameter indices) rounded to TF32 at compile time: constants at every call (weights)
 ROUNDED = "tvmfuse.tf32_rounded"
 
@@ -78,19 +81,22 @@ def on_tensor_cores(sch, block, target) -> bool:
     return rows > GEMV_ROWS
 
 
-def tf32_kernels(mod: tvm.IRModule, target=None) -> tuple[tvm.IRModule, str | None]:
+def tf32_kernels(mod: tvm.IRModule, target=None, x3: bool = False) -> tuple[tvm.IRModule, str | None]:
     """``mod`` (a partitioned module) with its fp32 GEMM and conv kernels that a tensor-core template computes on
     ``target`` (a ``tvm.target.Target``; :func:`on_tensor_cores`) marked :data:`ATTR`, each weight stored ``[K, N]``
     transposed to ``[N, K]`` (kernel and calls alike; only where every call passes a constant), its fp32 attention
     kernels' specs marked ``tf32`` (:func:`tf32_attention`), and a note for the plan's rewrites (None where no
     kernel was marked). ``target`` None: every GEMM and conv kernel. The others stay fp32, their constants too: a
-    depthwise conv or a GEMV runs on CUDA cores, where TF32 operands would cost accuracy and gain nothing."""
+    depthwise conv or a GEMV runs on CUDA cores, where TF32 operands would cost accuracy and gain nothing.
+
+    ``x3``: fp32's accuracy instead (an fp32 build): the kernels are marked :data:`X3`, their operands split into
+    TF32 parts in the kernel (no constant rounded), and attention stays on the CUDA cores."""
     calls = kernel_calls(mod["main"])
     edits, attention, kept = {}, 0, 0
     for gv, func in mod.functions.items():
         if not isinstance(func, PrimFunc):
             continue
-        spec = tf32_attention(func)
+        spec = None if x3 else tf32_attention(func)
         if spec is not None:
             edits[gv] = Edit(func.with_attr(SPEC_ATTR, spec.to_json()))
             attention += 1
@@ -107,20 +113,25 @@ def tf32_kernels(mod: tvm.IRModule, target=None) -> tuple[tvm.IRModule, str | No
         if target is not None and (mac is None or not on_tensor_cores(ksch, mac, target)):
             kept += 1
             continue
+        if x3:   # (the kernel splits every operand, constants too)
+            edits[gv] = Edit(kernel.with_attr(X3, True), transposed, {})
+            continue
         marked = kernel.with_attr(ATTR, True).with_attr(ROUNDED, consts)
         edits[gv] = Edit(marked, transposed, {p: tf32_rounded for p in consts})
+    name = "fp32x3" if x3 else "tf32"
     if not edits:
-        return mod, (f"tf32: none of the {kept} GEMM/conv kernels runs on tensor cores here; all stay fp32"
+        return mod, (f"{name}: none of the {kept} GEMM/conv kernels runs on tensor cores here; all stay fp32"
                      if kept else None)
     out = apply(mod, edits)
     transposed = [gv for gv, e in edits.items() if e.transposed is not None]
     rounded = [gv for gv, e in edits.items() if e.values]
     sites = sum(len(calls.get(gv, [])) for gv in transposed)
     gemms = len(edits) - attention
-    parts = [f"{gemms} GEMM/conv kernels on the tensor cores in TF32" if gemms else "",
+    parts = [(f"{gemms} GEMM/conv kernels on the tensor cores in three TF32 products (fp32's accuracy)" if x3 else
+              f"{gemms} GEMM/conv kernels on the tensor cores in TF32") if gemms else "",
              f"{attention} attention kernels on the TF32 flash kernel (mma.sync)" if attention else "",
              f"{len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
              if transposed else "",
              f"{len(rounded)} kernels' constant operands rounded to TF32 at compile time" if rounded else "",
              f"{kept} GEMM/conv kernels kept in fp32 (no tensor-core template takes them)" if kept else ""]
-    return out, "tf32: " + "; ".join(p for p in parts if p)
+    return out, f"{name}: " + "; ".join(p for p in parts if p)

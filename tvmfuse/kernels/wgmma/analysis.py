@@ -3,6 +3,7 @@ parameters and the epilogue's store, or the reason they do not fit (:class:`Misf
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tvmfuse.kernels.tirtext import BINARY, FUNCS, expr_text
 from tvmfuse.kernels.wgmma.spec import ConvGeometry, GemmSpec
@@ -77,9 +78,10 @@ def analyze(func, dtypes: tuple[str, ...] | None = None, gated: bool = False) ->
     ``info["gated"]`` is set. Raises :class:`Misfit`."""
     from tvmfuse._tvm import tvm
     from tvmfuse.kernels.sketch import inline_all_but_outputs
-    from tvmfuse.plan.tf32 import ATTR
+    from tvmfuse.plan.tf32 import ATTR, X3
 
-    tf32 = bool(func.attrs is not None and func.attrs.get(ATTR))
+    x3 = bool(func.attrs is not None and func.attrs.get(X3))
+    tf32 = x3 or bool(func.attrs is not None and func.attrs.get(ATTR))
     if dtypes is None:
         dtypes = ("float16", "float32") if tf32 else ("float16",)
 
@@ -119,6 +121,8 @@ def analyze(func, dtypes: tuple[str, ...] | None = None, gated: bool = False) ->
     else:
         spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params, dtypes)
         out_idx = _gemm_out_index(spec)
+    if x3 and spec.dtype == "float32":   # fp32 in three TF32 products (GemmSpec's float32x3)
+        spec = replace(spec, dtype="float32x3")
     pname = {name: f"p{n}" for name, n in params.items()}
     reindexed = paired = False
     if not rest:

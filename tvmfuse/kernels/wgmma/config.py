@@ -61,6 +61,14 @@ class WgmmaConfig:
         return max(tiles, 4 * self.block_m * self.staged_stride) if self.staged else tiles
 
 
+def kernel_shared_bytes(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+    """The shared memory ``cfg``'s kernel of ``spec`` allocates: :meth:`WgmmaConfig.shared_bytes`, and for a
+    ``float32x3`` kernel a second set of stages, the operands' small TF32 parts beside their big ones."""
+    if not spec.x3:
+        return cfg.shared_bytes()
+    return max(cfg.shared_bytes(), 4 * cfg.stages * cfg.block_k * (cfg.block_m + cfg.block_n))
+
+
 def parse_config(name: str) -> WgmmaConfig:
     """The config :attr:`WgmmaConfig.name` names (``"g2 m1 n128 k64 s4 r8 z128 f1"``)."""
     f = dict((part[0], int(part[1:])) for part in name.split())
@@ -127,7 +135,7 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     and not (c.tma and c.staged)
                                     and (c.swizzle == 0 or c.block_k == 64)
                                     and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
-                                    and c.shared_bytes() <= max_shared_bytes):
+                                    and kernel_shared_bytes(spec, c) <= max_shared_bytes):
                                 out.append(c)
     return out + [replace(c, split=int(d)) for c in out for d in split
                   if int(d) > 1 and splits(spec, c, int(d), sm_count)]

@@ -3,10 +3,12 @@ kernel for a TMA config)."""
 from __future__ import annotations
 
 from tvmfuse.kernels.ksplit import split_sum
-from tvmfuse.kernels.wgmma.config import WgmmaConfig, _a_predicated, _b_predicated, k_steps, tiles_n
+from tvmfuse.kernels.wgmma.config import (WgmmaConfig, _a_predicated, _b_predicated, k_steps, kernel_shared_bytes,
+                                          tiles_n)
 from tvmfuse.kernels.wgmma.layout import _a_read, _all, _batch_offsets, _tile_coords, tile_layout
 from tvmfuse.kernels.wgmma.mma import _mma_and_store
-from tvmfuse.kernels.wgmma.ptx import _ROUND_TF32_SOURCE, _ZFILL_SOURCE, ROUND_TF32, ZFILL, _indent
+from tvmfuse.kernels.wgmma.ptx import (_ROUND_TF32_SOURCE, _SPLIT_TF32_SOURCE, _ZFILL_SOURCE, ROUND_TF32, SPLIT_TF32,
+                                       ZFILL, _indent)
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 from tvmfuse.kernels.wgmma.tma import tma_source
 
@@ -43,7 +45,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     ``{bz}`` (flattened batch index), ``{row}``, ``{col}`` (output row within the batch and column) and
     ``{acc}`` (the fp32 accumulator). A TF32 kernel (fp32 operands) is generated as an fp16 one of twice the K
     (:meth:`GemmSpec.halves`): the same bytes move, its wgmmas differ, and each thread rounds the tiles it copied to
-    TF32 but those of the operands named in ``rounded`` (``"a"``, ``"b"``: rounded at compile time)."""
+    TF32 but those of the operands named in ``rounded`` (``"a"``, ``"b"``: rounded at compile time). A ``float32x3``
+    kernel's threads split each chunk they copied into its TF32 parts instead, the small ones into a second set of
+    stages :func:`small_offset` past the first, and each K step issues three wgmmas (:func:`_mma_and_store`)."""
     spec = spec.halves()
     if cfg.tma:
         return tma_source(spec, cfg, params, a, b, store, **({} if sms is None else {"sms": sms}))
@@ -92,22 +96,26 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(copy, 4)}"
         return out
 
+    lo = small_offset(spec, cfg)
+
     def round_copied(slot: str) -> str:
         """TF32: the 16-byte chunks this thread copied into stage ``slot``, rounded in place once its copies have
         landed (a thread sees its own cp.async writes after its wait; the barrier after orders them for the
-        wgmmas)."""
+        wgmmas); ``float32x3``: split into their TF32 parts, the small ones ``lo`` further on."""
         out = ""
         for dst, tile, chunk in [t for name, t in (("a", (0, a_tile, a_chunk)), ("b", (sb_at, b_tile, b_chunk)))
-                                 if name not in rounded]:
+                                 if spec.x3 or name not in rounded]:
             at_smem = shared_at(dst, slot, tile, chunk(f"(it * {NT} + tx)")[2])
-            call = (f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, smem_base + T.uint32(({at_smem}) * 2), "
-                    f"source_code={_ROUND_TF32_SOURCE!r}))")
+            at = f"smem_base + T.uint32(({at_smem}) * 2)"
+            call = (f"T.evaluate(T.cuda.func_call({SPLIT_TF32!r}, {at}, {at} + T.uint32({lo * 2}), "
+                    f"source_code={_SPLIT_TF32_SOURCE!r}))" if spec.x3 else
+                    f"T.evaluate(T.cuda.func_call({ROUND_TF32!r}, {at}, source_code={_ROUND_TF32_SOURCE!r}))")
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(call, 4)}"
         return out
 
     # a K split's blocks store fp32 partials; the sum's kernel applies the epilogue (`store`)
     partial = f"part[(kz * {M} + {{row}}) * {N} + {{col}}] = {{acc}}"
-    wgmmas, stored = _mma_and_store(spec, cfg, store if D == 1 else partial, pid_m, pid_n, sb_at)
+    wgmmas, stored = _mma_and_store(spec, cfg, store if D == 1 else partial, pid_m, pid_n, sb_at, small=lo)
     # Loads run L = S - 1 - F tiles ahead: a stage is refilled once the wgmma batches that read it are done
     # (with F batches left in flight at a step's end, the stage read F + 1 steps ago; the barrier at the top
     # of each step orders every warpgroup's wait before anyone's refill). One cp.async group per tile.
@@ -121,7 +129,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
         return f"if {s_} < {count}:\n" + _indent(copies(str(s_), f"({k0}{s_})", branch=True), 4)
 
     prologue = "".join(first(s_) + "T.evaluate(T.ptx.cp.async_.commit_group())\n" for s_ in range(L))
-    tf32 = spec.dtype == "tf32" and set(rounded) != {"a", "b"}
+    tf32 = spec.tf32 and (spec.x3 or set(rounded) != {"a", "b"})
     base = ('smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n'
             if zfill or tf32 else "")
     rounding = round_copied(f"ko % {S}") if tf32 else ""
@@ -145,7 +153,8 @@ def main({", ".join(params)}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True}})
 {_indent(grid, 4)}        for bx in T.thread_binding({tiles_m * tn}, thread="blockIdx.x"):
             for tx in T.thread_binding({NT}, thread="threadIdx.x"):
-                smem = T.alloc_buffer(({cfg.shared_bytes() // 2},), "float16", scope="shared.dyn", align=1024)
+                smem = T.alloc_buffer(({kernel_shared_bytes(spec, cfg) // 2},), "float16", scope="shared.dyn",
+                                      align=1024)
                 acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")
 {staging}{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
                     acc[i] = T.float32(0)
@@ -160,3 +169,9 @@ def main({", ".join(params)}):
                 T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
 {_indent(stored, 16)}{_indent(split_sum(M, N, D, store) if D > 1 else '', 4)}"""
 
+
+
+def small_offset(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+    """A ``float32x3`` kernel's second set of stages (its operands' small TF32 parts), in 16-bit units past the
+    first (A's stages then B's, laid out alike); 0 for other kernels."""
+    return cfg.stages * cfg.block_k * (cfg.block_m + cfg.block_n) if spec.x3 else 0

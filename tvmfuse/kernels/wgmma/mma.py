@@ -8,10 +8,12 @@ from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 
 def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid_n: str,
-                   sb_at: int, step: str = "ko") -> tuple[str, str]:
+                   sb_at: int, step: str = "ko", small: int = 0) -> tuple[str, str]:
     """TVMScript of one K step's wgmmas (stage ``step % stages``; A's stages at element 0 of ``smem``, B's at
     ``sb_at``) and of the stores of the accumulators (rows past the last predicated). ``spec`` in 16-bit units
-    (:meth:`GemmSpec.halves`): each wgmma reads 32 bytes of K, 16 fp16 or 8 TF32 elements."""
+    (:meth:`GemmSpec.halves`): each wgmma reads 32 bytes of K, 16 fp16 or 8 TF32 elements. A ``tf32x3`` kernel
+    (its operands' small TF32 parts ``small`` elements past the big ones) issues three a slice, the small products
+    first, into the same accumulators: ``a.B``, ``A.b``, ``A.B``."""
     BM, BN, BK, S, MT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles
     a_tile, b_tile = BM * BK, BN * BK
     _, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
@@ -28,7 +30,13 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
                        cfg.swizzle)
             db = desc("smem", f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
             # scale A and B by 1; fp16 also says whether B is read transposed (TF32 reads K-major only)
-            flags = "1, 1" if spec.dtype == "tf32" else f"1, 1, 0, {0 if spec.b_kmajor else 1}"
+            flags = "1, 1" if spec.tf32 else f"1, 1, 0, {0 if spec.b_kmajor else 1}"
+            if spec.x3:
+                da_lo, db_lo = (desc("smem", f"{small} + {start}", lbo, sbo, cfg.swizzle) for start, lbo, sbo in (
+                    (f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo),
+                    (f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo)))
+                wgmmas += wgmma_issue(BN, accs, da_lo, db, flags, spec.dtype)
+                wgmmas += wgmma_issue(BN, accs, da, db_lo, flags, spec.dtype)
             wgmmas += wgmma_issue(BN, accs, da, db, flags, spec.dtype)
 
     # accumulators i = 2 * p + v (v = 0, 1) are two adjacent columns of one row: stored as one 4-byte vector

@@ -34,6 +34,27 @@ __forceinline__ __device__ void {ROUND_TF32}(unsigned int at) {{
 """
 
 
+# 16 bytes of shared memory (4 fp32) split in place into two TF32 parts: the value rounded to TF32 (``big``) stays,
+# and what it lost, ``x - big`` (exact in fp32), rounded to TF32 (``small``), goes to ``lo``: big + small carries 22
+# of the value's 24 mantissa bits, so three products (big.big, big.small, small.big) give fp32's accuracy on the
+# tensor cores (the 3xTF32 of NVIDIA's CUTLASS). An infinity or NaN keeps its small part 0 (not inf - inf).
+SPLIT_TF32 = "tvmfuse_split_tf32_16b"
+_SPLIT_TF32_SOURCE = f"""
+__forceinline__ __device__ void {SPLIT_TF32}(unsigned int at, unsigned int lo) {{
+  unsigned int x[4], big[4], small[4];
+  asm volatile("ld.shared.v4.b32 {{%0, %1, %2, %3}}, [%4];" : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3]) : "r"(at));
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {{
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big[i]) : "f"(__uint_as_float(x[i])));
+    float rest = __uint_as_float(x[i]) - __uint_as_float(big[i]);
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small[i]) : "f"(isfinite(rest) ? rest : 0.0f));
+  }}
+  asm volatile("st.shared.v4.b32 [%0], {{%1, %2, %3, %4}};" :: "r"(at), "r"(big[0]), "r"(big[1]), "r"(big[2]), "r"(big[3]) : "memory");
+  asm volatile("st.shared.v4.b32 [%0], {{%1, %2, %3, %4}};" :: "r"(lo), "r"(small[0]), "r"(small[1]), "r"(small[2]), "r"(small[3]) : "memory");
+}}
+"""
+
+
 def _indent(text: str, n: int) -> str:
     return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
 
@@ -42,7 +63,7 @@ def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str, dtype: str = "flo
     """One wgmma statement over 32 bytes of K, fp32 accumulate: ``m64n{n}k16`` of fp16, or ``m64n{n}k8`` of TF32
     (``dtype`` ``tf32``: fp32 operands, K-major, no transpose immediates). ``accs`` the accumulators, ``a`` a
     descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates."""
-    if dtype == "tf32":
+    if dtype in ("tf32", "tf32x3"):
         return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32({accs}, {a}, {b}, "
                 f"T.ptx.pred(1), {flags}))\n")
     return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16({accs}, {a}, {b}, "

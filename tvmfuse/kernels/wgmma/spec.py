@@ -45,7 +45,10 @@ class GemmSpec:
     ``b_kmajor``: B stored ``[.., N, K]`` (weights of a Linear, transB); else ``[.., K, N]``.
     ``dtype``: the operands' type: ``float16``, or ``float32`` read by the tensor cores as TF32 (a kernel the
     planner marked ``tvmfuse.tf32``; K-major operands only); ``tf32``: a ``float32`` spec counted in 16-bit units
-    (:meth:`halves`), the kernel generator's view of it.
+    (:meth:`halves`), the kernel generator's view of it. ``float32x3`` (``tf32x3`` halved): fp32 operands each
+    split into two TF32 parts, ``big + small``, and the products of three wgmmas summed (``a.B + A.b + A.B``,
+    the error of the dropped ``a.b`` under fp32's rounding): fp32 accuracy on the tensor cores (a kernel the
+    planner marked ``tvmfuse.fp32x3``).
     """
 
     batch: tuple[int, ...]
@@ -63,10 +66,20 @@ class GemmSpec:
         ``[rows, K]`` operand is, byte for byte, an fp16 ``[rows, 2K]`` one, so a TF32 kernel's copies, tile
         layouts, descriptors and TMA boxes are the fp16 kernel's at twice the K (and a conv's channels); only the
         wgmma instruction differs (K 8 in TF32 per 32 bytes, against K 16 in fp16)."""
-        if self.dtype != "float32":
+        if self.dtype not in ("float32", "float32x3"):
             return self
         conv = None if self.conv is None else replace(self.conv, c=2 * self.conv.c)
-        return replace(self, k=2 * self.k, conv=conv, dtype="tf32")
+        return replace(self, k=2 * self.k, conv=conv, dtype="tf32x3" if self.x3 else "tf32")
+
+    @property
+    def x3(self) -> bool:
+        """Whether the kernel sums three TF32 products a K step for fp32's accuracy (``float32x3``)."""
+        return self.dtype in ("float32x3", "tf32x3")
+
+    @property
+    def tf32(self) -> bool:
+        """Whether the (halved) kernel's wgmmas read TF32 operands: ``tf32`` or ``tf32x3``."""
+        return self.dtype in ("tf32", "tf32x3")
 
     @property
     def fold_batch(self) -> bool:
