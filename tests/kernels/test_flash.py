@@ -90,9 +90,11 @@ def test_ragged_sequences_fuse_and_build_the_guarded_mma_sync_kernel(tmp_path, c
 
 
 @pytest.mark.parametrize("seq,dim,fp16,why", [(48, 24, True, "head dims 24/24 (the template takes multiples of 16"),
-                                              (64, 18, False, "float32 inputs (the tensor-core template takes fp16, "
-                                                              "or fp32 under --precision tf32); head dims 18/18 (the "
-                                                              "CUDA-core flash kernel takes multiples of 4)")])
+                                              # (fp32 on Hopper: the TF32 kernel in three products, then the CUDA
+                                              # cores' kernel)
+                                              (64, 18, False, "head dims 18/18 (the template takes multiples of 8 up "
+                                                              "to 128); head dims 18/18 (the CUDA-core flash kernel "
+                                                              "takes multiples of 4)")])
 def test_gpu_plans_leave_attention_unfused_where_it_does_not_fit(tmp_path, cuda, seq, dim, fp16, why):
     """(fp32 attention the CUDA-core kernel takes is fused: tests/kernels/test_flash_simt.py)"""
     fused, plan = partition(_fp16_attention(tmp_path, seq=seq, dim=dim, fp16=fp16), target=cuda)

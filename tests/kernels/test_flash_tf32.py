@@ -165,11 +165,18 @@ def test_precision_tf32_marks_fp32_attention_and_the_build_runs_the_tf32_kernel(
     assert any(r.startswith("tf32: ") and "1 attention kernels on the TF32 flash kernel" in r for r in plan.rewrites)
     src = cuda_source(build(fused, target=cuda).executable)
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
-    # plain fp32 keeps the CUDA-core kernel
-    fused32, _ = partition(mod, target=cuda)
+    # plain fp32 on Hopper: the same kernel in three TF32 products a fragment (fp32's accuracy)
+    fused32, plan32 = partition(mod, target=cuda)
     (spec32,) = [flash.spec_of(f) for f in fused32.functions.values() if f.attrs is not None and SPEC_ATTR in f.attrs]
-    assert not spec32.tf32
-    assert "mma.sync" not in cuda_source(build(fused32, target=cuda).executable)
+    assert spec32.tf32 and spec32.x3
+    assert any(r.startswith("fp32x3: ") and "three products a fragment" in r for r in plan32.rewrites)
+    src = cuda_source(build(fused32, target=cuda).executable)
+    assert src.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") >= 6 and "tvmfuse_round_tf32_16b(" not in src
+    # on the CUDA cores when asked: the CUDA-core kernel
+    simt, _ = partition(mod, target=cuda, fp32_tensor_cores=False)
+    (plain,) = [flash.spec_of(f) for f in simt.functions.values() if f.attrs is not None and SPEC_ATTR in f.attrs]
+    assert not plain.tf32 and not plain.x3
+    assert "mma.sync" not in cuda_source(build(simt, target=cuda).executable)
 
 
 def test_under_tf32_the_planner_fuses_fp32_attention_only_the_tf32_kernel_takes(tmp_path):
@@ -187,3 +194,34 @@ def test_under_tf32_the_planner_fuses_fp32_attention_only_the_tf32_kernel_takes(
     assert plan.by_pattern("attention")
     (spec,) = [flash.spec_of(f) for f in fused.functions.values() if f.attrs is not None and SPEC_ATTR in f.attrs]
     assert spec.tf32 and spec.head_dim == 128
+
+
+@pytest.mark.parametrize("dim", [16, 32, 48, 64, 80, 96, 112, 128])
+def test_the_planners_x3_head_dims_are_the_kernels_register_count(dim):
+    """fp32 attention on Hopper (``x3``: three TF32 products a fragment) is fused where the kernel has a config
+    within its register cap, and the planner's rule (``plan.attention.X3_HEAD_DIMS``) gives the same answer."""
+    from tvmfuse.plan.attention import X3_HEAD_DIMS
+
+    spec = AttentionSpec(batch=(2, 4), seq_q=128, seq_k=128, head_dim=dim, head_dim_v=dim, dtype="float32",
+                         scale=None, mask_shape=None, k_rows=True, tf32=True, x3=True)
+    fits = tiled_gpu_misfit(spec) is None
+    assert fits == bool(flash.configs(spec)) == (dim + dim // 2 <= X3_HEAD_DIMS)
+    assert all(tf32.registers(spec, c) <= tf32.X3_REGISTERS for c in flash.configs(spec))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("case,name", [("bert", None), ("bert", "w8 m1 n64 s2"), ("d80", None), ("ragged-kT", None),
+                                       ("vit-kT", None)])
+def test_x3_flash_kernels_issue_three_products_a_fragment_and_build_without_spills(tmp_path, case, name):
+    spec = replace(SPECS[case], x3=True)
+    cfg = flash.parse_config(name) if name else flash.default_config(spec, wgmma=True)
+    assert cfg in flash.all_configs(spec, wgmma=True)
+    src = tvm.compile(tvm.IRModule({"main": flash.flash_primfunc(spec, cfg).with_attr("global_symbol", "main")}),
+                      target=SM90A).mod.imports[0].inspect_source()
+    one = tvm.compile(tvm.IRModule({"main": flash.flash_primfunc(SPECS[case], cfg).with_attr("global_symbol", "main")}),
+                      target=SM90A).mod.imports[0].inspect_source()
+    mmas = lambda s: s.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32")  # noqa: E731
+    assert mmas(src) == 3 * mmas(one) > 0
+    # K and V land in shared memory as they are (fp32) and are split in registers, fragment by fragment
+    assert "tvmfuse_round_tf32_16b(" not in src
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")

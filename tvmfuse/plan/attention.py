@@ -39,6 +39,9 @@ class AttentionSpec:
     # fp32 attention computed on the tensor cores in TF32 (``--precision tf32``, ``tvmfuse.plan.tf32``); fp32 without
     # it keeps fp32's precision on the CUDA cores
     tf32: bool = False
+    # with ``tf32``: each operand split into two TF32 parts and three products summed, fp32's accuracy on the tensor
+    # cores (what an fp32 build on Hopper runs, ``tvmfuse.plan.tf32``'s ``x3``)
+    x3: bool = False
 
     def __post_init__(self):
         if self.bias_shape is not None and self.mask_shape is None:
@@ -67,8 +70,9 @@ class AttentionSpec:
 
     def to_json(self) -> str:
         fields = asdict(self)
-        if not self.tf32:   # (a spec's text is part of its kernel's workload: fp32 and fp16 kernels keep theirs)
-            del fields["tf32"]
+        for flag in ("tf32", "x3"):   # (a spec's text is part of its kernel's workload: fp32 and fp16 kernels keep
+            if not fields[flag]:      # theirs)
+                del fields[flag]
         return json.dumps(fields, sort_keys=True)
 
     @classmethod
@@ -83,7 +87,7 @@ class AttentionSpec:
     def key(self) -> tuple:
         return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
                 self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows, self.causal, self.causal_offset,
-                self.kv_group, self.bias_shape, self.bias_dtype, self.tf32)
+                self.kv_group, self.bias_shape, self.bias_dtype, self.tf32, self.x3)
 
 
 def key_vector(seq_k: int, dtype: str) -> int:
@@ -108,7 +112,16 @@ def tiled_gpu_misfit(spec: AttentionSpec) -> str | None:
     width = 8 if spec.tf32 else 16
     if spec.head_dim % width or spec.head_dim_v % width or max(spec.head_dim, spec.head_dim_v) > 128:
         return f"head dims {spec.head_dim}/{spec.head_dim_v} (the template takes multiples of {width} up to 128)"
+    if spec.tf32 and spec.x3 and spec.head_dim + spec.head_dim_v // 2 > X3_HEAD_DIMS:
+        return (f"head dims {spec.head_dim}/{spec.head_dim_v} in three TF32 products (Q's parts, P and O overflow a "
+                f"thread's registers past head dim + half the value head dim {X3_HEAD_DIMS})")
     return None
+
+
+# The x3 TF32 flash kernel's register count at its narrowest key step (32 keys): head_dim / 2 * 2 + 32 +
+# head_dim_v / 2 + 12 within its cap of 190 (``kernels.flash.tf32``: registers, X3_REGISTERS), which the planner
+# may not import: tests/kernels/test_flash_tf32.py holds the two answers together
+X3_HEAD_DIMS = 146
 
 
 def simt_gpu_misfit(spec: AttentionSpec) -> str | None:

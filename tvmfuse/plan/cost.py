@@ -32,6 +32,14 @@ def gpu_tf32_attention_decline(spec) -> str | None:
     return _gpu_attention_decline(replace(spec, tf32=True) if spec.dtype == "float32" else spec)
 
 
+def gpu_x3_attention_decline(spec) -> str | None:
+    """(an fp32 build on Hopper) as :func:`gpu_tf32_attention_decline`, for the TF32 flash kernel in three products
+    (``AttentionSpec.x3``: fp32's accuracy), or the CUDA-core kernel where that does not fit."""
+    from dataclasses import replace
+
+    return _gpu_attention_decline(replace(spec, tf32=True, x3=True) if spec.dtype == "float32" else spec)
+
+
 def _reorders(n: Node) -> bool:
     """A transpose that moves elements: its non-unit axes come out in another order (a pooled 1 x 1 x C back to
     C is a reshape in effect; a square transpose reads as none, and is let through)."""

@@ -89,16 +89,16 @@ def _tvmfuse(mod: tvm.IRModule, target: TargetInfo, tf32: bool = False,
     """tvmfuse's planner: rewrites, legality + cost model grouping, reasons (``--planner tvmfuse``). ``tf32``: fp32
     GEMMs and convs have a tensor-core template (wgmma in TF32): a small fp32 conv is not made im2col + GEMM for lack
     of one, and a narrow one (a stem) is, for the template's GEMM, as in fp16; fp32 attention is fused where the TF32
-    flash kernel takes it; ``x3``: the same for fp32 GEMMs and convs in three TF32 products, attention as fp32's.
+    flash kernel takes it; ``x3``: the same in three TF32 products each (fp32's accuracy).
     ``cost_overrides``: fields of the target's :class:`CostModel` set otherwise."""
-    from tvmfuse.plan.cost import CostModel, gpu_tf32_attention_decline
+    from tvmfuse.plan.cost import CostModel, gpu_tf32_attention_decline, gpu_x3_attention_decline
     from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
 
     overrides = dict(cost_overrides or {})
     if (tf32 or x3) and target.is_gpu:
-        overrides = dict(im2col_untemplated_pixels=0, tensor_core_dtypes=("float16", "float32"), **overrides)
-        if tf32:
-            overrides.setdefault("attention_decline", gpu_tf32_attention_decline)
+        overrides = dict(im2col_untemplated_pixels=0, tensor_core_dtypes=("float16", "float32"),
+                         **{"attention_decline": gpu_tf32_attention_decline if tf32 else gpu_x3_attention_decline,
+                            **overrides})
     if not overrides:
         return plan_tvmfuse(mod, target)
     return plan_tvmfuse(mod, target, config=PlannerConfig(cost_model=CostModel.for_target(target, **overrides)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tvmfuse._tvm import PrimFunc, tvm
-from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
+from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec, tiled_gpu_misfit
 from tvmfuse.plan.graph import kernel_calls
 from tvmfuse.plan.weights import (Edit, _load, apply, constant_params, kn_weight, mac_block, operand_params,
                                   transposed_kernel)
@@ -89,14 +89,18 @@ def tf32_kernels(mod: tvm.IRModule, target=None, x3: bool = False) -> tuple[tvm.
     kernel was marked). ``target`` None: every GEMM and conv kernel. The others stay fp32, their constants too: a
     depthwise conv or a GEMV runs on CUDA cores, where TF32 operands would cost accuracy and gain nothing.
 
-    ``x3``: fp32's accuracy instead (an fp32 build): the kernels are marked :data:`X3`, their operands split into
-    TF32 parts in the kernel (no constant rounded), and attention stays on the CUDA cores."""
+    ``x3``: fp32's accuracy instead (an fp32 build): the kernels are marked :data:`X3` and attention specs ``x3``,
+    their operands split into TF32 parts in the kernel (no constant rounded)."""
     calls = kernel_calls(mod["main"])
     edits, attention, kept = {}, 0, 0
     for gv, func in mod.functions.items():
         if not isinstance(func, PrimFunc):
             continue
-        spec = None if x3 else tf32_attention(func)
+        spec = tf32_attention(func)
+        if spec is not None and x3:   # (where the x3 kernel does not fit, the CUDA-core kernel keeps it)
+            spec = replace(spec, x3=True) if tiled_gpu_misfit(replace(spec, x3=True)) is None else None
+            if spec is None:
+                continue
         if spec is not None:
             edits[gv] = Edit(func.with_attr(SPEC_ATTR, spec.to_json()))
             attention += 1
@@ -129,7 +133,8 @@ def tf32_kernels(mod: tvm.IRModule, target=None, x3: bool = False) -> tuple[tvm.
     gemms = len(edits) - attention
     parts = [(f"{gemms} GEMM/conv kernels on the tensor cores in three TF32 products (fp32's accuracy)" if x3 else
               f"{gemms} GEMM/conv kernels on the tensor cores in TF32") if gemms else "",
-             f"{attention} attention kernels on the TF32 flash kernel (mma.sync)" if attention else "",
+             f"{attention} attention kernels on the TF32 flash kernel (mma.sync"
+             + (", three products a fragment)" if x3 else ")") if attention else "",
              f"{len(transposed)} kernels' weights ({sites} calls) transposed to [N, K] at compile time"
              if transposed else "",
              f"{len(rounded)} kernels' constant operands rounded to TF32 at compile time" if rounded else "",

@@ -72,12 +72,12 @@ def configs(spec: AttentionSpec, *, warps=(4, 8), m_tiles=(1, 2), block_n=(32, 6
     per warp, no wgmma.
     """
     if spec.tf32:
-        from tvmfuse.kernels.flash.tf32 import REGISTERS, registers, shared_bytes
+        from tvmfuse.kernels.flash.tf32 import register_cap, registers, shared_bytes
 
         return [c for w in warps for n in block_n for st in stages if 1 in tuple(m_tiles) and int(st) in (1, 2)
                 for c in [FlashConfig(int(w), int(n), int(st), 1)]
                 # (two stages round the copied chunks 16 bytes at a time: Kᵀ's vectors must be whole 4 floats)
-                if registers(spec, c) <= REGISTERS and shared_bytes(spec, c) <= max_shared_bytes
+                if registers(spec, c) <= register_cap(spec) and shared_bytes(spec, c) <= max_shared_bytes
                 and (c.stages == 1 or spec.k_rows or kt_vector(spec) == 4)]
     out = []
     for m in m_tiles if False in tuple(wgmma) else ():

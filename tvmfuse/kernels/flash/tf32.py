@@ -31,6 +31,9 @@ from tvmfuse.plan.attention import AttentionSpec
 
 REGISTERS = 200   # fp32 registers Q's fragments, the scores, P and O may take (of 255): with the addresses and the
 #                   fragments in flight, the kept configs build without spills (ptxas, sm_90a)
+# the same for an x3 kernel, whose splits keep more in flight: head dim 80 at 64 keys a step (196 counted) spilled
+# at one stage and took 254 registers at two; every config counted at most 188 built without spills (164-196 used)
+X3_REGISTERS = 190
 
 
 def rna(x: str) -> str:
@@ -74,8 +77,14 @@ def shared_bytes(spec: AttentionSpec, cfg) -> int:
 
 
 def registers(spec: AttentionSpec, cfg) -> int:
-    """Q's fragments, the scores, P (in A's order) and O: fp32 registers a thread keeps across a step."""
-    return spec.head_dim // 2 + cfg.block_n + spec.head_dim_v // 2
+    """Q's fragments, the scores, P (in A's order) and O: fp32 registers a thread keeps across a step; with ``x3``
+    also Q's small parts (its split does not change across key steps: nvcc keeps both), a slice's A fragment split
+    in two (8) and a B fragment's (4). (``plan.attention.X3_HEAD_DIMS`` is the planner's side of this count.)"""
+    return spec.head_dim // 2 + cfg.block_n + spec.head_dim_v // 2 + (spec.head_dim // 2 + 12 if spec.x3 else 0)
+
+
+def register_cap(spec: AttentionSpec) -> int:
+    return X3_REGISTERS if spec.x3 else REGISTERS
 
 
 def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
@@ -107,11 +116,13 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
     shapes = {"k": k_shape, "v": v_shape}
     kv_tiles = (("ks", "k", k_rows, k_cols, KS, k_tile, 0 if spec.k_rows else 1, 4 if spec.k_rows else kt_vector(spec)),
                 ("vs", "v", BN, DV, VS, v_tile, 0, 4))
+    # x3: operands kept whole (fp32) and split into TF32 parts in registers, fragment by fragment
+    rounded = (lambda x: x) if spec.x3 else rna
     copies = {
         # rounded on the way
         "load": lambda dst, at, src, index, width: (
             f"for e in T.vectorized({width}):\n"
-            f"    {dst}[{at} + e] = {rna(src + '[' + ', '.join([*kvidx, index[0], index[1] + ' + e']) + ']')}\n"),
+            f"    {dst}[{at} + e] = {rounded(src + '[' + ', '.join([*kvidx, index[0], index[1] + ' + e']) + ']')}\n"),
         "copy": lambda dst, at, src, index, width: (
             f"T.evaluate(T.s_tir.cp_async_raw('float32', {dst}.data, {at}, {src}.data, "
             f"{_flat(shapes[src], [*kvidx, *index])}, 16))\n"),
@@ -125,6 +136,8 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
         """Step ``step``'s K and V tiles into shared slot ``slot``, 16 bytes a thread a round (Kᵀ's may be
         narrower, :func:`kt_vector`): ``load`` (rounded on the way), ``copy`` (``cp.async``) or ``round`` (the
         chunks this thread copied, rounded in place)."""
+        if mode == "round" and spec.x3:
+            return ""
         return kv_tile_copies(spec, kv_tiles, step, slot, NT, BN, copies[mode],
                               None if mode == "round" else "T.float32(0)")
 
@@ -157,20 +170,27 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
                           lambda at: "q[" + ", ".join([*bidx, at, f"kk * 8 + {col}"]) + "]", "T.float32(0)", ragged_q)
 
     q_init = (f"for kk in T.unroll({D // 8}):\n"
-              + "".join(f"    qf[kk * 4 + {r}] = {rna(q_at(r))}\n" for r in range(4)))
-    s_block = f"""for kk in T.unroll({D // 8}):
+              + "".join(f"    qf[kk * 4 + {r}] = {rounded(q_at(r))}\n" for r in range(4)))
+    if spec.x3:
+        s_block, pv_block = (_x3_block(outer, inner, a, b, reads, acc, mma) for outer, inner, a, b, reads, acc in (
+            (f"kk in T.unroll({D // 8})", f"np in T.unroll({BN // 8})", "qf[kk * 4", "kf",
+             [f"ks[{k_at(0)}]", f"ks[{k_at(1)}]"], ("sacc", "np * 4")),
+            (f"kv in T.unroll({BN // 8})", f"dp in T.unroll({DV // 8})", "pf[kv * 4", "vf",
+             [f"vs[{v_at(0)}]", f"vs[{v_at(1)}]"], ("oacc", "dp * 4"))))
+    else:
+        s_block = f"""for kk in T.unroll({D // 8}):
     for np in T.unroll({BN // 8}):
         kf[0] = ks[{k_at(0)}]
         kf[1] = ks[{k_at(1)}]
         T.evaluate({mma.format(a="qf", ao="kk * 4", b="kf", c="sacc", co="np * 4")})
 """
-    pv_block = f"""for kv in T.unroll({BN // 8}):
+        pv_block = f"""for kv in T.unroll({BN // 8}):
     for dp in T.unroll({DV // 8}):
         vf[0] = vs[{v_at(0)}]
         vf[1] = vs[{v_at(1)}]
         T.evaluate({mma.format(a="pf", ao="kv * 4", b="vf", c="oacc", co="dp * 4")})
 """
-    p_store = f"pf[{P_SLOT}] = {rna('sacc[i]')}"
+    p_store = f"pf[{P_SLOT}] = {rounded('sacc[i]')}"
     plain, score = tile_scores(spec, bidx, row, key, "sacc[i]", BM, BN)
 
     def step(sc: str) -> str:
@@ -189,6 +209,7 @@ vs = T.alloc_buffer(({S * v_tile},), "float32", scope="shared.dyn", align=16)
 qf = T.alloc_buffer(({D // 2},), "float32", scope="local")
 kf = T.alloc_buffer((2,), "float32", scope="local")
 vf = T.alloc_buffer((2,), "float32", scope="local")
+{_X3_BUFFERS if spec.x3 else ""}
 pf = T.alloc_buffer(({SB},), "float32", scope="local")
 sacc = T.alloc_buffer(({SB},), "float32", scope="local")
 oacc = T.alloc_buffer(({OB},), "float32", scope="local")
@@ -203,3 +224,24 @@ for h in T.unroll(2):
     lrow[h] = T.float32(0)
 {prologue}{keys}{_normalize_and_store(1, OB, out_at, "float32", f"{row} < {spec.seq_q}" if ragged_q else None)}"""
     return kernel(spec, cfg, params, body)
+
+
+# x3's split fragments: a slice's A (big, small) and a B fragment's
+_X3_BUFFERS = "".join(f'{name} = T.alloc_buffer(({n},), "float32", scope="local")\n'
+                      for name, n in (("ab", 4), ("asm", 4), ("bb", 2), ("bsm", 2)))
+
+
+def _split(dst_big: str, dst_small: str, x: str) -> str:
+    """TVMScript splitting fp32 ``x`` into its TF32 parts: ``big`` (``x`` rounded) and ``small`` (the rest, rounded)."""
+    return f"{dst_big} = {rna(x)}\n{dst_small} = {rna(f'({x}) - {dst_big}')}\n"
+
+
+def _x3_block(outer: str, inner: str, a: str, b: str, reads: list, acc: tuple, mma: str) -> str:
+    """An x3 kernel's loop of ``m16n8k8`` products over ``outer`` (A's slices: registers ``a + r]``, r < 4, split once a
+    slice) and ``inner`` (B's fragments: the two ``reads`` from shared memory, split each): three mmas into ``acc``
+    (buffer, offset) a fragment, the small products first: ``a.B``, ``A.b``, ``A.B``."""
+    split_a = "".join(_split(f"ab[{r}]", f"asm[{r}]", f"{a} + {r}]") for r in range(4))
+    split_b = "".join(_split(f"bb[{h}]", f"bsm[{h}]", read) for h, read in enumerate(reads))
+    mmas = "".join(f"T.evaluate({mma.format(a=x, ao='0', b=y, c=acc[0], co=acc[1])})\n"
+                   for x, y in (("asm", "bb"), ("ab", "bsm"), ("ab", "bb")))
+    return f"for {outer}:\n" + _indent(split_a, 4) + f"    for {inner}:\n" + _indent(split_b + mmas, 8)

@@ -39,7 +39,8 @@ from __future__ import annotations
 from tvmfuse.kernels.base import KernelTemplate
 from tvmfuse.kernels.wgmma.analysis import Misfit, analyze
 from tvmfuse.kernels.wgmma.config import (ANNOTATION, CANDIDATES, SMS, SPEC, WgmmaConfig, configs, default_config,
-                                          parse_config, pixel_tile, supports, tiles_m, tiles_n, whole_tiles)
+                                          kernel_shared_bytes, parse_config, pixel_tile, supports, tiles_m, tiles_n,
+                                          whole_tiles)
 from tvmfuse.kernels.wgmma.cp_async import gemm_source
 from tvmfuse.kernels.wgmma.kernel import annotated, default_kernel, expand, kernel_for, untuned_config
 from tvmfuse.kernels.wgmma.layout import desc, tile_layout
@@ -113,7 +114,7 @@ class WgmmaTemplate(KernelTemplate):
         rows, cols = tiles_m(spec, cfg), tiles_n(spec, cfg)
         computed = rows * cfg.block_m * cols * cfg.block_n
         return {"blocks": rows * cols * spec.grid_batch * cfg.split, "threads": cfg.threads,
-                "shared_bytes": cfg.shared_bytes(), "padding": max(computed / (spec.rows * spec.n) - 1.0, 0.0),
+                "shared_bytes": kernel_shared_bytes(spec, cfg), "padding": max(computed / (spec.rows * spec.n) - 1.0, 0.0),
                 "work": cfg.block_m * cfg.block_n * spec.k // cfg.split}
 
     def expand(self, mod):

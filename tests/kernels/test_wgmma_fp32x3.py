@@ -1,0 +1,145 @@
+"""fp32 GEMMs and convs on Hopper's tensor cores in three TF32 products (the wgmma template's ``float32x3``, what an
+fp32 build runs on sm_90a). wgmma cannot run here, so: the split's arithmetic is checked in numpy (fp32's accuracy
+where one TF32 product has fp16's); the kernel is the TF32 kernel with every copied chunk split into its parts and
+three wgmmas a slice, built for sm_90a without spills; the planner marks an fp32 build's tensor-core kernels so and
+their scalar twin computes the planner's function; ``fp32_tensor_cores=False`` keeps them on the CUDA cores."""
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_checks
+
+import models  # noqa: E402
+from cuda_checks import (assert_ptxas_without_spills, copy_bytes, cuda_source, thread_chunks,  # noqa: E402
+                         twin_and_kernel_outputs)
+from tvmfuse._tvm import PrimFunc, tvm  # noqa: E402
+from tvmfuse.compile import build  # noqa: E402
+from tvmfuse.frontend import import_model, load_model  # noqa: E402
+from tvmfuse.kernels import wgmma as hopper  # noqa: E402
+from tvmfuse.kernels.wgmma.cp_async import small_offset  # noqa: E402
+from tvmfuse.kernels.wgmma.ptx import SPLIT_TF32  # noqa: E402
+from tvmfuse.plan import partition  # noqa: E402
+from tvmfuse.plan.tf32 import ATTR, ROUNDED, X3  # noqa: E402
+from tvmfuse.target import resolve_target  # noqa: E402
+from tvmfuse.verify import tf32_rounded  # noqa: E402
+
+SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    return resolve_target("cuda")
+
+
+def test_three_tf32_products_keep_fp32s_accuracy_where_one_has_fp16s():
+    """The split the kernel makes (big = the value rounded to TF32, small = the rest rounded to TF32), and the three
+    products it sums in fp32, against float64: within a few fp32 roundings of it, as cuBLAS's fp32 GEMM is; one
+    TF32 product lands near fp16's 1e-3."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 768)).astype(np.float32)
+    w = (rng.standard_normal((768, 96)) / 768 ** 0.5).astype(np.float32)
+    exact = a.astype(np.float64) @ w.astype(np.float64)
+
+    def parts(x):
+        big = tf32_rounded(x)
+        return big, tf32_rounded((x - big).astype(np.float32))
+
+    (ab, as_), (wb, ws) = parts(a), parts(w)
+    assert np.array_equal(ab + as_ - a, np.zeros_like(a)) or np.abs(ab + as_ - a).max() <= np.abs(a).max() * 2.0 ** -21
+    # each product of two TF32 values is exact in fp32; the tensor core sums them in fp32
+    x3 = (as_ @ wb).astype(np.float32) + (ab @ ws).astype(np.float32) + (ab @ wb).astype(np.float32)
+    fp32 = a @ w
+    one = tf32_rounded(a) @ tf32_rounded(w)
+    err = lambda c: float(np.linalg.norm(c - exact) / np.linalg.norm(exact))  # noqa: E731
+    assert err(x3) < 4 * err(fp32) + 1e-7 and err(x3) < 1e-6, (err(x3), err(fp32))
+    assert err(one) > 1e-4
+
+
+def _source(spec, cfg) -> str:
+    h = spec.halves()
+    a_shape = (h.conv.n, h.conv.h, h.conv.w, h.conv.c // 2) if spec.conv else (spec.rows, spec.k)
+    decls = [f"a: T.Buffer({a_shape}, 'float32')", f"b: T.Buffer(({spec.n}, {spec.k}), 'float32')",
+             f"c: T.Buffer(({spec.rows}, {spec.n}), 'float32')"]
+    func = hopper.parse(hopper.gemm_source(spec, cfg, decls, "a", "b", "c[{row}, {col}] = {acc}"))
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A) \
+        .mod.imports[0].inspect_source()
+
+
+GEOMETRY = hopper.ConvGeometry(2, 9, 9, 32, 5, 5, 3, 3, (2, 2), (1, 1), (1, 1))   # 50 rows, padded windows
+
+
+@NVCC
+@pytest.mark.parametrize("cfg,conv", [("g2 m1 n128 k64 s3 r1 z128 f0", False), ("g1 m1 n64 k64 s4 r1 z128 f1", True)])
+def test_an_fp32x3_kernel_splits_every_chunk_it_copies_and_issues_three_wgmmas(tmp_path, cfg, conv):
+    cfg = hopper.parse_config(cfg)
+    if conv:
+        x3 = hopper.GemmSpec((), 50, 128, 9 * 32, False, False, True, GEOMETRY, dtype="float32x3")
+    else:
+        x3 = hopper.GemmSpec((), 1000, 256, 512, False, False, True, dtype="float32x3")
+    tf32 = hopper.GemmSpec(**{**x3.__dict__, "dtype": "float32"})
+    assert x3.x3 and x3.halves().tf32 and x3.halves().dtype == "tf32x3"
+    assert cfg in hopper.configs(x3) and set(hopper.configs(x3)) <= set(hopper.configs(tf32))
+    assert all(hopper.config.kernel_shared_bytes(x3, c) <= 227 * 1024 for c in hopper.configs(x3))
+    src, ref = _source(x3, cfg), _source(tf32, cfg)
+    # the same copies; three wgmmas where TF32 issues one
+    assert copy_bytes(src) == copy_bytes(ref)
+    calls = lambda s: len(re.findall(r"tvm_builtin_ptx_wgmma_tf32\w*\(acc", s))  # noqa: E731
+    assert calls(src) == 3 * calls(ref) > 0
+    # every chunk a thread copied (or zero-filled) is split, its small part a second set of stages further on
+    copied = thread_chunks(src, r"ptx_cp_async_legacy_cg_16_\d_\d|tvmfuse_cp_async_zfill")
+    split = thread_chunks(src, SPLIT_TF32)
+    assert copied <= split and split == thread_chunks(ref, "tvmfuse_round_tf32_16b")
+    lo = small_offset(x3.halves(), cfg) * 2
+    assert lo == cfg.shared_bytes() and lo % 1024 == 0   # (the 128-byte swizzle repeats every 1024 bytes)
+    assert f"+ (uint){lo})" in src
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+
+
+def _fp32_kernels(tmp_path, model, cuda, **kw) -> list:
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    fused, plan = partition(import_model(load_model(path)), target=cuda, **kw)
+    return [f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "matmul" in gv.name_hint], plan
+
+
+def _linear_gelu(batch=2, m=96, k=128, n=192) -> onnx.ModelProto:
+    b = models._B(5)
+    h = b.op("Add", [b.op("MatMul", ["x", b.w(k, n, scale=0.1)]), b.const(b.rng.standard_normal(n) * 0.1)])
+    h = b.op("Mul", [h, b.op("Sigmoid", [h])])
+    return b.model({"x": [batch, m, k], "r": [batch, m, n]}, b.op("Add", [h, "r"]), [batch, m, n])
+
+
+def test_an_fp32_build_on_hopper_marks_its_gemms_for_three_tf32_products(tmp_path, cuda):
+    (func,), plan = _fp32_kernels(tmp_path, _linear_gelu(), cuda)
+    assert func.attrs.get(X3) and not func.attrs.get(ATTR) and not func.attrs.get(ROUNDED)
+    assert any(r.startswith("fp32x3: 1 GEMM/conv kernels") and "transposed to [N, K]" in r for r in plan.rewrites)
+    spec, _ = hopper.analyze(func)
+    assert spec.dtype == "float32x3" and spec.b_kmajor and hopper.untuned_config(func, cuda.target) is not None
+    outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
+    assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 1e-5
+    # kept on the CUDA cores when asked, and off Hopper
+    (simt,), plan = _fp32_kernels(tmp_path, _linear_gelu(), cuda, fp32_tensor_cores=False)
+    assert not (simt.attrs.get(X3) or simt.attrs.get(ATTR)) and not any("fp32x3" in r for r in plan.rewrites)
+    sm80 = resolve_target({"kind": "cuda", "arch": "sm_80"})
+    (old,), plan = _fp32_kernels(tmp_path, _linear_gelu(), sm80)
+    assert not old.attrs.get(X3) and not any("fp32x3" in r for r in plan.rewrites)
+
+
+@pytest.mark.slow
+def test_an_untuned_fp32_build_runs_its_gemms_in_three_tf32_products(tmp_path, cuda):
+    path = tmp_path / "m.onnx"
+    onnx.save(_linear_gelu(batch=2, m=128, k=256, n=512), path)
+    fused, _ = partition(import_model(load_model(path)), target=cuda)
+    result = build(fused, target=cuda, database=None)
+    assert [k.schedule for k in result.kernels if "matmul" in k.name] == ["wgmma-default"]
+    src = cuda_source(result.executable)
+    assert ".tf32.tf32" in src and f"{SPLIT_TF32}(" in src
