@@ -12,6 +12,10 @@ operands and constants alike.
 wgmma reads TF32 operands from shared memory K-major only (the transposed read is fp16 / bf16's): a weight
 stored ``[K, N]`` (what the exporters write for a Linear) is transposed here, once, to ``[N, K]`` at every call
 of its kernel, and the kernel reads it so. A conv's filters are K-major already (channels-last, OHWI).
+
+An fp32 build on Hopper takes the same kernels at fp32's accuracy (:data:`X3`, ``AttentionSpec.x3``): each operand
+is split into two TF32 parts in the kernel and three products summed, so the tensor cores run what the CUDA cores
+would otherwise (cuBLAS's fp32 GEMM, what PyTorch runs without ``allow_tf32``, has no tensor cores).
 """
 from __future__ import annotations
 
