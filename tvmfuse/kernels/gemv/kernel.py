@@ -11,7 +11,7 @@ from tvmfuse.kernels.gemv.source import gemv_source
 from tvmfuse.kernels.wgmma.analysis import Misfit, _param_buffers, _param_decls, _reduction_blocks
 from tvmfuse.kernels.wgmma.analysis import analyze as gemm_analyze
 from tvmfuse.kernels.wgmma.spec import GemmSpec
-from tvmfuse.plan.tf32 import ATTR as TF32, X3
+from tvmfuse.plan.tf32 import ATTR as TF32
 
 _DTYPES = ("float16", "float32")
 # GemvConfig's fields: knobs gemv_<field>
@@ -34,10 +34,11 @@ def analyze(func) -> tuple[GemmSpec, dict]:
     dtype = dtypes.pop()
     # past 16 rows only the tensor-core kernel (an fp16 [K, N] weight) keeps the weight's stream the time (MMA_ROWS)
     most = MMA_ROWS if dtype == "float16" and not spec.b_kmajor else MAX_ROWS
-    tf32 = bool(func.attrs is not None and (func.attrs.get(TF32) or func.attrs.get(X3)))
+    tf32 = bool(func.attrs is not None and func.attrs.get(TF32))
     if dtype == "float32" and spec.rows * spec.n <= SMALL_OUTPUTS and not tf32:
-        # a small fp32 GEMM: row groups of MAX_ROWS (see SMALL_ROWS); marked for the tensor cores (TF32, or three
-        # TF32 products), the tensor-core template takes it
+        # a small fp32 GEMM: row groups of MAX_ROWS (see SMALL_ROWS); in TF32 the tensor-core template takes it. (One
+        # marked for three TF32 products (X3) stays here: exact fp32, and launch-bound where a tensor core would
+        # not help; its planner mark only reaches the wgmma template past these)
         most = SMALL_ROWS
     if spec.rows > most:
         raise Misfit(f"M = {spec.rows} rows: the GEMV template takes at most {most}"
