@@ -134,7 +134,9 @@ def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 
                                     and (c.tma or not c.persistent)
                                     and not (c.tma and c.staged)
                                     and (c.swizzle == 0 or c.block_k == 64)
-                                    and c.m_tiles * c.block_n // 2 <= 128   # fp32 accumulators per thread
+                                    # fp32 accumulators per thread (x3: twice, a K step's own)
+                                    and c.m_tiles * c.block_n // 2 * (2 if spec.x3 else 1) <= 128
+                                    and not (spec.x3 and c.inflight)   # (x3: a step's sum is read once done)
                                     and kernel_shared_bytes(spec, c) <= max_shared_bytes):
                                 out.append(c)
     return out + [replace(c, split=int(d)) for c in out for d in split

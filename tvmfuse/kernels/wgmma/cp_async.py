@@ -6,7 +6,7 @@ from tvmfuse.kernels.ksplit import split_sum
 from tvmfuse.kernels.wgmma.config import (WgmmaConfig, _a_predicated, _b_predicated, k_steps, kernel_shared_bytes,
                                           tiles_n)
 from tvmfuse.kernels.wgmma.layout import _a_read, _all, _batch_offsets, _tile_coords, tile_layout
-from tvmfuse.kernels.wgmma.mma import _mma_and_store
+from tvmfuse.kernels.wgmma.mma import _mma_and_store, promote
 from tvmfuse.kernels.wgmma.ptx import (_ROUND_TF32_SOURCE, _SPLIT_TF32_SOURCE, _ZFILL_SOURCE, ROUND_TF32, SPLIT_TF32,
                                        ZFILL, _indent)
 from tvmfuse.kernels.wgmma.spec import GemmSpec
@@ -113,6 +113,12 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
             out += f"for it in T.unroll({tile // 8 // NT}):\n{_indent(call, 4)}"
         return out
 
+    if spec.x3 and F:
+        raise ValueError(f"wgmma: an x3 kernel sums each K step's products once they are done: no batch in flight "
+                         f"({cfg.name})")
+    # (x3: a K step's products, summed into acc once done)
+    second = _indent(f'acc2 = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")\n'
+                     f'for i in T.unroll({MT * BN // 2}):\n    acc2[i] = T.float32(0)\n', 16) if spec.x3 else ""
     # a K split's blocks store fp32 partials; the sum's kernel applies the epilogue (`store`)
     partial = f"part[(kz * {M} + {{row}}) * {N} + {{col}}] = {{acc}}"
     wgmmas, stored = _mma_and_store(spec, cfg, store if D == 1 else partial, pid_m, pid_n, sb_at, small=lo)
@@ -156,7 +162,7 @@ def main({", ".join(params)}):
                 smem = T.alloc_buffer(({kernel_shared_bytes(spec, cfg) // 2},), "float16", scope="shared.dyn",
                                       align=1024)
                 acc = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")
-{staging}{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
+{second}{staging}{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
                     acc[i] = T.float32(0)
 {_indent(prologue, 16)}                for ko in T.serial({count}):
                     T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))
@@ -166,7 +172,7 @@ def main({", ".join(params)}):
 {_indent(wgmmas, 20)}                    T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 {_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
                     T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
-                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
+{_indent(promote(spec, cfg), 20)}                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
 {_indent(stored, 16)}{_indent(split_sum(M, N, D, store) if D > 1 else '', 4)}"""
 
 

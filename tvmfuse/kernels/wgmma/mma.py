@@ -13,7 +13,8 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     ``sb_at``) and of the stores of the accumulators (rows past the last predicated). ``spec`` in 16-bit units
     (:meth:`GemmSpec.halves`): each wgmma reads 32 bytes of K, 16 fp16 or 8 TF32 elements. A ``tf32x3`` kernel
     (its operands' small TF32 parts ``small`` elements past the big ones) issues three a slice, the small products
-    first, into the same accumulators: ``a.B``, ``A.b``, ``A.B``."""
+    first: ``a.B``, ``A.b``, ``A.B``, into a K step's own accumulators ``acc2``, which the first product of the step
+    replaces and the kernel adds to ``acc`` once the step's wgmmas are done (:func:`promote`)."""
     BM, BN, BK, S, MT = cfg.block_m, cfg.block_n, cfg.block_k, cfg.stages, cfg.m_tiles
     a_tile, b_tile = BM * BK, BN * BK
     _, a_desc = tile_layout(cfg.swizzle, True, BM, BK)
@@ -22,7 +23,7 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     wgmmas = ""
     for kk in range(BK // 16):
         for t in range(MT):
-            accs = ", ".join(f"acc[{t * BN // 2 + i}]" for i in range(BN // 2))
+            accs = ", ".join(f"{'acc2' if spec.x3 else 'acc'}[{t * BN // 2 + i}]" for i in range(BN // 2))
             a_off, a_lbo, a_sbo = a_desc(kk)
             b_off, b_lbo, b_sbo = b_desc(kk)
             # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
@@ -35,7 +36,7 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
                 da_lo, db_lo = (desc("smem", f"{small} + {start}", lbo, sbo, cfg.swizzle) for start, lbo, sbo in (
                     (f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo),
                     (f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo)))
-                wgmmas += wgmma_issue(BN, accs, da_lo, db, flags, spec.dtype)
+                wgmmas += wgmma_issue(BN, accs, da_lo, db, flags, spec.dtype, accumulate=kk > 0)
                 wgmmas += wgmma_issue(BN, accs, da, db_lo, flags, spec.dtype)
             wgmmas += wgmma_issue(BN, accs, da, db, flags, spec.dtype)
 
@@ -98,3 +99,15 @@ def _staged_stores(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
     pair = _pair_store(spec, BN, store, row, f"{pid_n} * {BN} + {c}", lambda v: f"sacc[({r}) * {LD} + {c} + {v}]",
                        [f"{row} < {spec.rows}"] if spec.rows % BM else [])
     return put + f"for it in T.unroll({MT * BN // 4}):\n" + _indent(pair, 4)
+
+
+def promote(spec: GemmSpec, cfg: WgmmaConfig) -> str:
+    """A ``tf32x3`` kernel's K step summed into the kernel's accumulators once its wgmmas are done: on the CUDA cores,
+    rounded to nearest. The tensor cores' fp32 sums of one TF32 product a K step stayed near fp32's (the TF32
+    kernel), but three products a step across all of K drifted with K (fp64 against the kernel on the H100: 5.4e-6
+    at K 768, 2.9e-5 at 4096; cuBLAS's fp32 GEMM 5e-7 and 1.1e-6), and a random-weight ResNet-50 in fp32 came 3.4e-4
+    off onnxruntime's; each step's sum starts afresh, so the drift is a step's (32 of K), not K's."""
+    if not spec.x3:
+        return ""
+    n = cfg.m_tiles * cfg.block_n // 2
+    return f"for i in T.unroll({n}):\n    acc[i] = acc[i] + acc2[i]\n"

@@ -59,15 +59,17 @@ def _indent(text: str, n: int) -> str:
     return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
 
 
-def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str, dtype: str = "float16") -> str:
+def wgmma_issue(n: int, accs: str, a: str, b: str, flags: str, dtype: str = "float16", accumulate: bool = True) -> str:
     """One wgmma statement over 32 bytes of K, fp32 accumulate: ``m64n{n}k16`` of fp16, or ``m64n{n}k8`` of TF32
     (``dtype`` ``tf32``: fp32 operands, K-major, no transpose immediates). ``accs`` the accumulators, ``a`` a
-    descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates."""
+    descriptor or four A registers, ``b`` B's descriptor, ``flags`` the trailing scale/transpose immediates;
+    ``accumulate`` False: the product replaces the accumulators (scale-d 0)."""
+    d = int(accumulate)
     if dtype in ("tf32", "tf32x3"):
         return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32({accs}, {a}, {b}, "
-                f"T.ptx.pred(1), {flags}))\n")
+                f"T.ptx.pred({d}), {flags}))\n")
     return (f"T.evaluate(T.ptx.wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16({accs}, {a}, {b}, "
-            f"T.ptx.pred(1), {flags}))\n")
+            f"T.ptx.pred({d}), {flags}))\n")
 
 
 def _setmaxnreg(name: str, op: str, regs: int) -> dict[str, str]:
