@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from simt_gemm_gpu import _cublas_us  # noqa: E402 - the same cuBLAS timing
 
 SHAPES = ("4096,2304,768", "4096,768,768", "4096,3072,768", "4096,768,3072", "1576,768,768", "1576,3072,768",
           "4096,4096,4096", "2000,1000,1000")
@@ -53,28 +56,6 @@ def _template_kernel(m: int, n: int, k: int, dtype: str, cfg=None):
              f"c: T.Buffer(({m}, {n}), 'float32')"]
     func = hopper.parse(hopper.gemm_source(spec, cfg, decls, "a", "b", "c[{row}, {col}] = {acc}"))
     return func.with_attr("global_symbol", "main"), cfg.name
-
-
-def _cublas_us(a, w, tf32: bool) -> float:
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        for _ in range(3):
-            a @ w.T
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            start.record()
-            for _ in range(20):
-                a @ w.T
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / 20)
-        return float(np.median(times))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def run_shape(m: int, n: int, k: int, configs: list, target, sms: int) -> list:
@@ -126,7 +107,7 @@ def run_shape(m: int, n: int, k: int, configs: list, target, sms: int) -> list:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         got = a @ w.T
         torch.backends.cuda.matmul.allow_tf32 = False
-        us = _cublas_us(a, w, tf32)
+        us = _cublas_us((1, m, n, k), tf32, (a, w.T))
         row = {"shape": [m, n, k], "variant": label, "schedule": "cuBLAS", "us": us,
                "tflops": 2.0 * m * n * k / us / 1e6, "rel_error": err(got)}
         print(json.dumps(row), flush=True)

@@ -58,25 +58,30 @@ def _kernels(model: Path) -> tuple:
     return target, out
 
 
-def _cublas_us(dims) -> float:
+def _cublas_us(dims, tf32: bool = False, operands=None) -> float:
+    """cuBLAS's time (us) of ``torch.matmul`` of (S, I, K) x (S, K, J) fp32 (``operands``: those two tensors), with
+    TF32 off unless ``tf32``."""
     import torch
 
     s, i, j, k = dims
-    torch.backends.cuda.matmul.allow_tf32 = False
-    a, b = torch.randn(s, i, k, device="cuda"), torch.randn(s, k, j, device="cuda")
-    for _ in range(3):
-        torch.matmul(a, b)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(20):
+    a, b = operands or (torch.randn(s, i, k, device="cuda"), torch.randn(s, k, j, device="cuda"))
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        for _ in range(3):
             torch.matmul(a, b)
-        end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / 20)
-    return float(np.median(times))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(5):
+            start.record()
+            for _ in range(20):
+                torch.matmul(a, b)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / 20)
+        return float(np.median(times))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def run_kernel(name: str, mod, dims, tiles: list, target, sms: int) -> list:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_c
 
 import models  # noqa: E402
 from cuda_checks import (assert_ptxas_without_spills, copy_bytes, cuda_source, thread_chunks,  # noqa: E402
-                         twin_and_kernel_outputs)
+                         twin_and_kernel_outputs, wgmma_source)
 from tvmfuse._tvm import PrimFunc, tvm  # noqa: E402
 from tvmfuse.compile import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -65,13 +65,7 @@ def test_three_tf32_products_keep_fp32s_accuracy_where_one_has_fp16s():
 
 
 def _source(spec, cfg) -> str:
-    h = spec.halves()
-    a_shape = (h.conv.n, h.conv.h, h.conv.w, h.conv.c // 2) if spec.conv else (spec.rows, spec.k)
-    decls = [f"a: T.Buffer({a_shape}, 'float32')", f"b: T.Buffer(({spec.n}, {spec.k}), 'float32')",
-             f"c: T.Buffer(({spec.rows}, {spec.n}), 'float32')"]
-    func = hopper.parse(hopper.gemm_source(spec, cfg, decls, "a", "b", "c[{row}, {col}] = {acc}"))
-    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A) \
-        .mod.imports[0].inspect_source()
+    return wgmma_source(spec, cfg, "float32")
 
 
 GEOMETRY = hopper.ConvGeometry(2, 9, 9, 32, 5, 5, 3, 3, (2, 2), (1, 1), (1, 1))   # 50 rows, padded windows

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tune"))   # cuda_c
 
 import models  # noqa: E402
 from cuda_checks import (assert_ptxas_without_spills, copy_bytes, cuda_source, kernel_text,  # noqa: E402
-                         thread_chunks, twin_and_kernel_outputs)
+                         thread_chunks, twin_and_kernel_outputs, wgmma_source)
 from tvmfuse._tvm import PrimFunc, tvm  # noqa: E402
 from tvmfuse.compile import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
@@ -86,14 +86,7 @@ def test_the_twin_of_a_tf32_kernel_computes_the_planners_function(tmp_path, cuda
 
 def _source(spec, cfg, dtype: str) -> str:
     """The CUDA source of ``spec``'s kernel at ``cfg``, operands of ``dtype``, output fp32."""
-    h = spec.halves()
-    a_shape = ((h.conv.n, h.conv.h, h.conv.w, h.conv.c // (2 if dtype == "float32" else 1)) if spec.conv
-               else (spec.rows, spec.k))
-    decls = [f"a: T.Buffer({a_shape}, '{dtype}')", f"b: T.Buffer(({spec.n}, {spec.k}), '{dtype}')",
-             f"c: T.Buffer(({spec.rows}, {spec.n}), 'float32')"]
-    func = hopper.parse(hopper.gemm_source(spec, cfg, decls, "a", "b", "c[{row}, {col}] = {acc}"))
-    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=SM90A) \
-        .mod.imports[0].inspect_source()
+    return wgmma_source(spec, cfg, dtype)
 
 
 GEOMETRY = hopper.ConvGeometry(2, 9, 9, 32, 5, 5, 3, 3, (2, 2), (1, 1), (1, 1))   # 50 rows, padded windows

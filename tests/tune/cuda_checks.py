@@ -419,3 +419,19 @@ def twin_and_kernel_outputs(twin, func, seed: int = 0):
         lib["main"](*args)
         outs.append(args[-1].numpy().astype("float32"))
     return outs
+
+
+def wgmma_source(spec, cfg, dtype: str) -> str:
+    """The CUDA source (sm_90a) of the wgmma template's kernel of ``spec`` at ``cfg``: A and B (``[N, K]``) of
+    ``dtype`` (a conv's input NHWC), C fp32."""
+    from tvmfuse.kernels import wgmma as hopper
+
+    h = spec.halves()
+    a_shape = ((h.conv.n, h.conv.h, h.conv.w, h.conv.c // (2 if dtype == "float32" else 1)) if spec.conv
+               else (spec.rows, spec.k))
+    decls = [f"a: T.Buffer({a_shape}, '{dtype}')", f"b: T.Buffer(({spec.n}, {spec.k}), '{dtype}')",
+             f"c: T.Buffer(({spec.rows}, {spec.n}), 'float32')"]
+    func = hopper.parse(hopper.gemm_source(spec, cfg, decls, "a", "b", "c[{row}, {col}] = {acc}"))
+    sm90a = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=sm90a) \
+        .mod.imports[0].inspect_source()
