@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tvmfuse.kernels.wgmma.config import WgmmaConfig, _patches, pixel_tile
 from tvmfuse.kernels.wgmma.layout import _all, _pixel_origin, desc, tile_layout
-from tvmfuse.kernels.wgmma.ptx import _indent, wgmma_issue
+from tvmfuse.kernels.wgmma.ptx import _FENCE_F32_SOURCE, FENCE_F32, _indent, wgmma_issue
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 
@@ -110,4 +110,5 @@ def promote(spec: GemmSpec, cfg: WgmmaConfig) -> str:
     if not spec.x3:
         return ""
     n = cfg.m_tiles * cfg.block_n // 2
-    return f"for i in T.unroll({n}):\n    acc[i] = acc[i] + acc2[i]\n"
+    fence = f"T.evaluate(T.cuda.func_call({FENCE_F32!r}, acc2[i], source_code={_FENCE_F32_SOURCE!r}))"
+    return f"for i in T.unroll({n}):\n    {fence}\n    acc[i] = acc[i] + acc2[i]\n"

@@ -55,6 +55,17 @@ __forceinline__ __device__ void {SPLIT_TF32}(unsigned int at, unsigned int lo) {
 """
 
 
+# A register fence (CUTLASS's warpgroup_fence_operand): an empty volatile asm that reads and writes ``x`` in place,
+# so that no read of an accumulator the wgmmas wrote asynchronously is moved above the wait for them (volatile asm
+# statements keep their order; a plain read of the register may otherwise be scheduled anywhere after the wgmma)
+FENCE_F32 = "tvmfuse_fence_f32"
+_FENCE_F32_SOURCE = f"""
+__forceinline__ __device__ void {FENCE_F32}(float& x) {{
+  asm volatile("" : "+f"(x) :: "memory");
+}}
+"""
+
+
 def _indent(text: str, n: int) -> str:
     return "".join(" " * n + line + "\n" if line.strip() else "\n" for line in text.splitlines())
 
