@@ -54,10 +54,10 @@ def hint(model: onnx.ModelProto, precision: str, gpu: bool) -> str | None:
     types keeps its GEMMs, convs and attention off the tensor cores. None where there is nothing to suggest."""
     if not gpu or precision != "model" or float_types(model) != {"float32"}:
         return None
-    return ("an fp32 model on a GPU keeps fp32's accuracy: its attention runs on the CUDA cores, and its GEMMs and "
-            "convs on Hopper's tensor cores in three TF32 products each (elsewhere on the CUDA cores); --precision tf32 "
-            "computes them in one TF32 product (about 1e-3 from fp32, what PyTorch's allow_tf32 does), --precision "
-            "fp16 converts the graph (fp32 accumulation and statistics)")
+    return ("an fp32 model on a GPU keeps fp32's accuracy: its GEMMs, convs and attention run on Hopper's tensor "
+            "cores in three TF32 products each (elsewhere on the CUDA cores); --precision tf32 computes them in one "
+            "TF32 product (about 1e-3 from fp32, what PyTorch's allow_tf32 does), --precision fp16 converts the "
+            "graph (fp32 accumulation and statistics)")
 
 
 def float_types(model: onnx.ModelProto) -> set[str]:

@@ -114,7 +114,8 @@ class WgmmaTemplate(KernelTemplate):
         rows, cols = tiles_m(spec, cfg), tiles_n(spec, cfg)
         computed = rows * cfg.block_m * cols * cfg.block_n
         return {"blocks": rows * cols * spec.grid_batch * cfg.split, "threads": cfg.threads,
-                "shared_bytes": kernel_shared_bytes(spec, cfg), "padding": max(computed / (spec.rows * spec.n) - 1.0, 0.0),
+                "shared_bytes": kernel_shared_bytes(spec, cfg),
+                "padding": max(computed / (spec.rows * spec.n) - 1.0, 0.0),
                 "work": cfg.block_m * cfg.block_n * spec.k // cfg.split}
 
     def expand(self, mod):

@@ -49,8 +49,10 @@ __forceinline__ __device__ void {SPLIT_TF32}(unsigned int at, unsigned int lo) {
     float rest = __uint_as_float(x[i]) - __uint_as_float(big[i]);
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small[i]) : "f"(isfinite(rest) ? rest : 0.0f));
   }}
-  asm volatile("st.shared.v4.b32 [%0], {{%1, %2, %3, %4}};" :: "r"(at), "r"(big[0]), "r"(big[1]), "r"(big[2]), "r"(big[3]) : "memory");
-  asm volatile("st.shared.v4.b32 [%0], {{%1, %2, %3, %4}};" :: "r"(lo), "r"(small[0]), "r"(small[1]), "r"(small[2]), "r"(small[3]) : "memory");
+  asm volatile("st.shared.v4.b32 [%0], {{%1, %2, %3, %4}};"
+               :: "r"(at), "r"(big[0]), "r"(big[1]), "r"(big[2]), "r"(big[3]) : "memory");
+  asm volatile("st.shared.v4.b32 [%0], {{%1, %2, %3, %4}};"
+               :: "r"(lo), "r"(small[0]), "r"(small[1]), "r"(small[2]), "r"(small[3]) : "memory");
 }}
 """
 
