@@ -43,7 +43,7 @@ class ModelConfig:
     db: Path = DEFAULT_DB
     planner: str = DEFAULT_PLANNER
     input_shapes: dict = field(default_factory=dict)
-    precision: str = "model"  # model | fp32 | tf32 | fp16 (tvmfuse.frontend.precision)
+    precision: str = "model"  # model | fp32 | fp32-strict | tf32 | fp16 (tvmfuse.frontend.precision)
     threads: int | None = None  # CPU threads of TVM's runtime (None: the physical cores; tvmfuse.threads)
 
 

@@ -105,10 +105,10 @@ def test_an_fp32x3_kernel_splits_every_chunk_it_copies_and_issues_three_wgmmas(t
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
 
 
-def _fp32_kernels(tmp_path, model, cuda, **kw) -> list:
+def _fp32_kernels(tmp_path, model, cuda, precision="model", **kw) -> list:
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    fused, plan = partition(import_model(load_model(path)), target=cuda, **kw)
+    fused, plan = partition(import_model(load_model(path, precision=precision)), target=cuda, precision=precision, **kw)
     return [f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "matmul" in gv.name_hint], plan
 
 
@@ -127,9 +127,10 @@ def test_an_fp32_build_on_hopper_marks_its_gemms_for_three_tf32_products(tmp_pat
     assert spec.dtype == "float32x3" and spec.b_kmajor and hopper.untuned_config(func, cuda.target) is not None
     outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
     assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 1e-5
-    # kept on the CUDA cores when asked, and off Hopper
-    (simt,), plan = _fp32_kernels(tmp_path, _linear_gelu(), cuda, fp32_tensor_cores=False)
-    assert not (simt.attrs.get(X3) or simt.attrs.get(ATTR)) and not any("fp32x3" in r for r in plan.rewrites)
+    # kept on the CUDA cores when asked (--precision fp32-strict), and off Hopper
+    for kw in ({"fp32_tensor_cores": False}, {"precision": "fp32-strict"}):
+        (simt,), plan = _fp32_kernels(tmp_path, _linear_gelu(), cuda, **kw)
+        assert not (simt.attrs.get(X3) or simt.attrs.get(ATTR)) and not any("fp32x3" in r for r in plan.rewrites)
     sm80 = resolve_target({"kind": "cuda", "arch": "sm_80"})
     (old,), plan = _fp32_kernels(tmp_path, _linear_gelu(), sm80)
     assert not old.attrs.get(X3) and not any("fp32x3" in r for r in plan.rewrites)

@@ -184,6 +184,9 @@ def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled
     if device == "cuda" and cfg.precision == "tf32":   # the same math as tvmfuse's: fp32 GEMMs and convs in TF32
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    elif device == "cuda" and cfg.precision == "fp32-strict":   # no TF32 anywhere (PyTorch's convs default to it)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     fn = build_fn(model, device)
     if compiled:
         fn = torch.compile(fn, mode=mode)

@@ -25,8 +25,9 @@ def bench_command(
     planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
-    precision: str = typer.Option("model", "--precision", help="model | fp32 | tf32 | fp16: every backend runs the "
-                                  "converted graph; the check is against onnxruntime on the model as stored."),
+    precision: str = typer.Option("model", "--precision", help="model | fp32 | fp32-strict | tf32 | fp16: every "
+                                  "backend runs the converted graph; the check is against onnxruntime on the model "
+                                  "as stored."),
     cuda_graph: bool = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                                     help="On a GPU, tvmfuse's build replays as one CUDA graph (static shapes)."),
     threads: Optional[str] = ThreadsOpt,

@@ -28,8 +28,8 @@ def inspect_command(
     bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Memory bandwidth ceiling (GB/s) to use instead of the known/measured one."),
     planner: Optional[str] = typer.Option(None, "--planner", help="Planner used by tune (to re-plan --model)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224, as given to tune (repeatable)."),
-    precision: str = typer.Option("model", "--precision", help="model | fp32 | tf32 | fp16, as given to tune (to "
-                                  "re-plan --model)."),
+    precision: str = typer.Option("model", "--precision", help="model | fp32 | fp32-strict | tf32 | fp16, as given "
+                                  "to tune (to re-plan --model)."),
     trust_unsigned: bool = typer.Option(False, "--trust-unsigned", help="Run an --artifact whose manifest is unsigned "
                                         "or signed with another key (its library's code runs)."),
     json_out: bool = JsonOpt, verbose: bool = VerboseOpt,

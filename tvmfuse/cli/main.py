@@ -54,9 +54,11 @@ TargetOpt = typer.Option("auto", "--target",
                          help="auto | llvm | cuda | aarch64 (cross build) | a TVM target JSON object.")
 DbOpt = typer.Option(Path("tuning_logs/tvmfuse.db"), "--db", help="Tuning database.")
 InputShapeOpt = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 for inputs with dynamic dims (repeatable).")
-PrecisionOpt = typer.Option("model", "--precision", help="model (the types it is stored in) | fp32 | tf32 (fp32 "
-                             "GEMMs, convs and attention on a GPU's tensor cores) | fp16 (fp32 accumulation and "
-                             "statistics; inputs and outputs keep their types).")
+PrecisionOpt = typer.Option("model", "--precision", help="model (the types it is stored in) | fp32 (on Hopper: "
+                             "GEMMs, convs and attention in three TF32 products, fp32's accuracy class) | "
+                             "fp32-strict (every kernel on the CUDA cores) | tf32 (fp32 GEMMs, convs and attention "
+                             "on a GPU's tensor cores in TF32) | fp16 (fp32 accumulation and statistics; inputs "
+                             "and outputs keep their types).")
 CudaGraphOpt = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                             help="On a GPU, replay the model's kernels as one CUDA graph (static shapes).")
 RpcTrackerOpt = typer.Option(None, "--rpc-tracker", help="Measure on the RPC servers of this tracker (HOST:PORT, "

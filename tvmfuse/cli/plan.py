@@ -14,7 +14,8 @@ def plan_command(
     target: str = typer.Option("auto", "--target", help="auto | llvm | cuda | a TVM target JSON object."),
     planner: Optional[str] = typer.Option(None, "--planner", help="tvmfuse (default) or fuseops (TVM's FuseOps)."),
     input_shape: Optional[List[str]] = typer.Option(None, "--input-shape", help="NAME=1x3x224x224 (repeatable)."),
-    precision: str = typer.Option("model", "--precision", help="model | fp32 | tf32 | fp16, as given to tune."),
+    precision: str = typer.Option("model", "--precision",
+                                  help="model | fp32 | fp32-strict | tf32 | fp16, as given to tune."),
     as_json: bool = JsonOpt,
     verbose: bool = VerboseOpt,
 ) -> None:

@@ -116,7 +116,7 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
     ``precision`` (``--precision``; the graph is converted before, by the loader): under ``tf32`` on a GPU the fp32
     GEMM and conv kernels are marked for the tensor cores and their weights stored in the order those read them
     (:mod:`tvmfuse.plan.tf32`); otherwise, on Hopper, the fp32 ones are marked for three TF32 products each (fp32's
-    accuracy; ``fp32_tensor_cores`` False keeps them on the CUDA cores). ``cost_overrides``: fields of tvmfuse's
+    accuracy; ``fp32-strict``, or ``fp32_tensor_cores`` False, keeps them on the CUDA cores). ``cost_overrides``: fields of tvmfuse's
     cost model set otherwise (an A/B of one decision, e.g. ``{"gated_gemm_rows": 0}``).
 
     Returns the module whose ``main`` calls one PrimFunc per fused kernel, and the plan explaining it.
@@ -129,7 +129,8 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
     tf32 = precision == "tf32"
     # fp32 GEMMs and convs elsewhere on Hopper: three TF32 products each, fp32's accuracy on the tensor cores
-    x3 = not tf32 and fp32_tensor_cores and target.is_gpu and _hopper(target)
+    # (fp32-strict: the CUDA cores')
+    x3 = not tf32 and precision != "fp32-strict" and fp32_tensor_cores and target.is_gpu and _hopper(target)
     fused, plan = fn(mod, target, tf32, cost_overrides, x3) if fn is _tvmfuse else fn(mod, target)
     if target.is_gpu or tf32:
         from dataclasses import replace
