@@ -116,8 +116,8 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
     ``precision`` (``--precision``; the graph is converted before, by the loader): under ``tf32`` on a GPU the fp32
     GEMM and conv kernels are marked for the tensor cores and their weights stored in the order those read them
     (:mod:`tvmfuse.plan.tf32`); otherwise, on Hopper, the fp32 ones are marked for three TF32 products each (fp32's
-    accuracy; ``fp32-strict``, or ``fp32_tensor_cores`` False, keeps them on the CUDA cores). ``cost_overrides``: fields of tvmfuse's
-    cost model set otherwise (an A/B of one decision, e.g. ``{"gated_gemm_rows": 0}``).
+    accuracy; ``fp32-strict``, or ``fp32_tensor_cores`` False, keeps them on the CUDA cores). ``cost_overrides``:
+    fields of tvmfuse's cost model set otherwise (an A/B of one decision, e.g. ``{"gated_gemm_rows": 0}``).
 
     Returns the module whose ``main`` calls one PrimFunc per fused kernel, and the plan explaining it.
     """
