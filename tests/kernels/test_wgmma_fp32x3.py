@@ -24,7 +24,7 @@ from tvmfuse._tvm import PrimFunc, tvm  # noqa: E402
 from tvmfuse.compile import build  # noqa: E402
 from tvmfuse.frontend import import_model, load_model  # noqa: E402
 from tvmfuse.kernels import wgmma as hopper  # noqa: E402
-from tvmfuse.kernels.wgmma.cp_async import small_offset  # noqa: E402
+from tvmfuse.kernels.wgmma.config import small_offset  # noqa: E402
 from tvmfuse.kernels.wgmma.ptx import SPLIT_TF32  # noqa: E402
 from tvmfuse.plan import partition  # noqa: E402
 from tvmfuse.plan.tf32 import ATTR, ROUNDED, X3  # noqa: E402

@@ -127,10 +127,12 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
         from tvmfuse.errors import TvmfuseError
 
         raise TvmfuseError(f"unknown planner '{planner}'", hint="choose one of " + ", ".join(sorted(PLANNERS))) from None
+    from tvmfuse.plan.tf32 import hopper
+
     tf32 = precision == "tf32"
     # fp32 GEMMs and convs elsewhere on Hopper: three TF32 products each, fp32's accuracy on the tensor cores
     # (fp32-strict: the CUDA cores')
-    x3 = not tf32 and precision != "fp32-strict" and fp32_tensor_cores and target.is_gpu and _hopper(target)
+    x3 = not tf32 and precision != "fp32-strict" and fp32_tensor_cores and target.is_gpu and hopper(target.target)
     fused, plan = fn(mod, target, tf32, cost_overrides, x3) if fn is _tvmfuse else fn(mod, target)
     if target.is_gpu or tf32:
         from dataclasses import replace
@@ -152,12 +154,6 @@ def partition(mod: tvm.IRModule, *, target: TargetInfo, planner: str = DEFAULT_P
             notes.append("tf32: no tensor cores on this target; GEMMs and convs run in fp32")
         plan = replace(plan, rewrites=(*plan.rewrites, *(n for n in notes if n is not None)))
     return fused, plan
-
-
-def _hopper(target: TargetInfo) -> bool:
-    """Whether ``target`` is an arch-specific Hopper target (``sm_90a``), where the wgmma template runs."""
-    t = target.target
-    return t is not None and t.kind.name == "cuda" and str(t.attrs.get("arch", "")) == "sm_90a"
 
 
 def plan_model(model, *, target: str | dict | None = "auto", planner: str = DEFAULT_PLANNER,

@@ -56,6 +56,12 @@ def _vars(expr) -> set:
     return set(tvm.tirx.analysis.undefined_vars(expr))
 
 
+def hopper(target) -> bool:
+    """Whether ``target`` (a ``tvm.target.Target``) is an arch-specific Hopper one (``sm_90a``), where the wgmma
+    template runs (the planner's side of ``kernels.wgmma.supports``)."""
+    return target is not None and target.kind.name == "cuda" and str(target.attrs.get("arch", "")) == "sm_90a"
+
+
 def on_tensor_cores(sch, block, target) -> bool:
     """Whether Hopper's wgmma computes the multiply-accumulate ``block`` (of :func:`mac_block`) in TF32 on
     ``target``: an ``sm_90a`` target; both operands K-major (a constant ``[K, N]`` weight transposed first);
@@ -63,7 +69,7 @@ def on_tensor_cores(sch, block, target) -> bool:
     a depthwise conv's channel is an output axis both operands read, a batch of one-column GEMMs the CUDA cores run);
     more than :data:`GEMV_ROWS` rows (fewer are the GEMV template's). Read off the block's structure, as the
     templates read it (tests/plan/test_tf32.py holds the two to the same answer)."""
-    if target is None or target.kind.name != "cuda" or str(target.attrs.get("arch", "")) != "sm_90a":
+    if not hopper(target):
         return False
     b = sch.get(block)
     loads = [_load(b.body.value.b.a), _load(b.body.value.b.b)]
@@ -101,11 +107,10 @@ def tf32_kernels(mod: tvm.IRModule, target=None, x3: bool = False) -> tuple[tvm.
         if not isinstance(func, PrimFunc):
             continue
         spec = tf32_attention(func)
-        if spec is not None and x3:   # (where the x3 kernel does not fit, the CUDA-core kernel keeps it)
-            spec = replace(spec, x3=True) if tiled_gpu_misfit(replace(spec, x3=True)) is None else None
-            if spec is None:
-                continue
         if spec is not None:
+            spec = replace(spec, x3=x3)
+            if x3 and tiled_gpu_misfit(spec) is not None:   # (past its registers: the CUDA-core kernel keeps it)
+                continue
             edits[gv] = Edit(func.with_attr(SPEC_ATTR, spec.to_json()))
             attention += 1
             continue

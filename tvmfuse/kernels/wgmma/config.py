@@ -61,12 +61,16 @@ class WgmmaConfig:
         return max(tiles, 4 * self.block_m * self.staged_stride) if self.staged else tiles
 
 
+def small_offset(spec: GemmSpec, cfg: WgmmaConfig) -> int:
+    """A ``float32x3`` kernel's second set of stages (its operands' small TF32 parts), in 16-bit units past the
+    first (A's stages then B's, laid out alike): the first set's size; 0 for other kernels."""
+    return cfg.stages * cfg.block_k * (cfg.block_m + cfg.block_n) if spec.x3 else 0
+
+
 def kernel_shared_bytes(spec: GemmSpec, cfg: WgmmaConfig) -> int:
     """The shared memory ``cfg``'s kernel of ``spec`` allocates: :meth:`WgmmaConfig.shared_bytes`, and for a
-    ``float32x3`` kernel a second set of stages, the operands' small TF32 parts beside their big ones."""
-    if not spec.x3:
-        return cfg.shared_bytes()
-    return max(cfg.shared_bytes(), 4 * cfg.stages * cfg.block_k * (cfg.block_m + cfg.block_n))
+    ``float32x3`` kernel a second set of stages (:func:`small_offset`) beside the first."""
+    return max(cfg.shared_bytes(), 4 * small_offset(spec, cfg))
 
 
 def parse_config(name: str) -> WgmmaConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tvmfuse.kernels.ksplit import split_sum
 from tvmfuse.kernels.wgmma.config import (WgmmaConfig, _a_predicated, _b_predicated, k_steps, kernel_shared_bytes,
-                                          tiles_n)
+                                          small_offset, tiles_n)
 from tvmfuse.kernels.wgmma.layout import _a_read, _all, _batch_offsets, _tile_coords, tile_layout
 from tvmfuse.kernels.wgmma.mma import _mma_and_store, promote
 from tvmfuse.kernels.wgmma.ptx import (_ROUND_TF32_SOURCE, _SPLIT_TF32_SOURCE, _ZFILL_SOURCE, ROUND_TF32, SPLIT_TF32,
@@ -175,9 +175,3 @@ def main({", ".join(params)}):
 {_indent(promote(spec, cfg), 20)}                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
 {_indent(stored, 16)}{_indent(split_sum(M, N, D, store) if D > 1 else '', 4)}"""
 
-
-
-def small_offset(spec: GemmSpec, cfg: WgmmaConfig) -> int:
-    """A ``float32x3`` kernel's second set of stages (its operands' small TF32 parts), in 16-bit units past the
-    first (A's stages then B's, laid out alike); 0 for other kernels."""
-    return cfg.stages * cfg.block_k * (cfg.block_m + cfg.block_n) if spec.x3 else 0

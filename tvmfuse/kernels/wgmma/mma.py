@@ -27,15 +27,14 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
             a_off, a_lbo, a_sbo = a_desc(kk)
             b_off, b_lbo, b_sbo = b_desc(kk)
             # warpgroup g's m-tile t: rows (g * MT + t) * 64 of the block tile, 64 * BK elements each
-            da = desc("smem", f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo,
-                       cfg.swizzle)
-            db = desc("smem", f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo, cfg.swizzle)
+            a_at = f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}"
+            b_at = f"{sb_at} + {step} % {S} * {b_tile} + {b_off}"
+            da, db = desc("smem", a_at, a_lbo, a_sbo, cfg.swizzle), desc("smem", b_at, b_lbo, b_sbo, cfg.swizzle)
             # scale A and B by 1; fp16 also says whether B is read transposed (TF32 reads K-major only)
             flags = "1, 1" if spec.tf32 else f"1, 1, 0, {0 if spec.b_kmajor else 1}"
             if spec.x3:
-                da_lo, db_lo = (desc("smem", f"{small} + {start}", lbo, sbo, cfg.swizzle) for start, lbo, sbo in (
-                    (f"{step} % {S} * {a_tile} + ({wg} * {MT} + {t}) * {64 * BK} + {a_off}", a_lbo, a_sbo),
-                    (f"{sb_at} + {step} % {S} * {b_tile} + {b_off}", b_lbo, b_sbo)))
+                da_lo = desc("smem", f"{small} + {a_at}", a_lbo, a_sbo, cfg.swizzle)
+                db_lo = desc("smem", f"{small} + {b_at}", b_lbo, b_sbo, cfg.swizzle)
                 wgmmas += wgmma_issue(BN, accs, da_lo, db, flags, spec.dtype, accumulate=kk > 0)
                 wgmmas += wgmma_issue(BN, accs, da, db_lo, flags, spec.dtype)
             wgmmas += wgmma_issue(BN, accs, da, db, flags, spec.dtype)
