@@ -91,6 +91,11 @@ def test_an_fp32x3_kernel_splits_every_chunk_it_copies_and_issues_three_wgmmas(t
     loop = text[text.index("for ko in"):]
     assert loop.count("T.ptx.pred(0)") == cfg.m_tiles and "acc2[" in loop
     assert loop.index("wait_group.sync.aligned(0)") < loop.index("acc[i] = acc[i] + acc2[i]")
+    # the next step's tile is split while this step's wgmmas run: after their commit, before their wait (step 0's
+    # in the prologue)
+    commit, wait = loop.index("wgmma.commit_group"), loop.index("wgmma.wait_group.sync.aligned(0)")
+    assert commit < loop.index(SPLIT_TF32) < wait and f"(ko + 1) % {cfg.stages}" in loop[commit:wait]
+    assert SPLIT_TF32 in text[:text.index("for ko in")] and SPLIT_TF32 not in loop[:commit]
     src, ref = _source(x3, cfg), _source(tf32, cfg)
     # the same copies; three wgmmas where TF32 issues one
     assert copy_bytes(src) == copy_bytes(ref)

@@ -138,7 +138,18 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     tf32 = spec.tf32 and (spec.x3 or set(rounded) != {"a", "b"})
     base = ('smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n'
             if zfill or tf32 else "")
-    rounding = round_copied(f"ko % {S}") if tf32 else ""
+    # x3: each thread splits the tile it copied for step ko + 1 while step ko's wgmmas run (the split is a third of
+    # the step's shared-memory traffic, serial before the wgmmas otherwise); the stage it rewrites is not the one
+    # being read (ko % S), and past the last step it rewrites a stage no wgmma reads again, so it needs no branch.
+    # TF32 rounds the step's own tile before its wgmmas, as a batch in flight may still read the next stage.
+    ahead = spec.x3
+    rounding = round_copied(f"ko % {S}") if tf32 and not ahead else ""
+    landed = f"T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))\n"
+    if ahead:
+        prologue += landed + round_copied("0")
+        top, after = "", landed + round_copied(f"(ko + 1) % {S}")
+    else:
+        top, after = landed + rounding, ""
     if F:   # no branch while a batch is in flight across the step: ptxas serializes the wgmmas around one
         #     (C7514). Past the last tile the refill copies tile kt - 1 again, into a stage no later step reads
         last = f"{kt - 1}" if D == 1 else f"{count} - 1"
@@ -165,13 +176,12 @@ def main({", ".join(params)}):
 {second}{staging}{_indent(base, 16)}                for i in T.unroll({MT * BN // 2}):
                     acc[i] = T.float32(0)
 {_indent(prologue, 16)}                for ko in T.serial({count}):
-                    T.evaluate(T.ptx.cp.async_.wait_group({L - 1}))
-{_indent(rounding, 20)}                    T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
+{_indent(top, 20)}                    T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
                     T.tvm_storage_sync("shared")
                     T.evaluate(T.ptx.wgmma.fence.sync.aligned())
 {_indent(wgmmas, 20)}                    T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 {_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
-                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
+{_indent(after, 20)}                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))
 {_indent(promote(spec, cfg), 20)}                T.evaluate(T.ptx.wgmma.wait_group.sync.aligned(0))
 {_indent(stored, 16)}{_indent(split_sum(M, N, D, store) if D > 1 else '', 4)}"""
 
