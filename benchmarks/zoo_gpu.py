@@ -67,10 +67,10 @@ def _cli(*args: str, timeout: float) -> tuple[int, dict | None, str]:
 
 
 def _is_image(model: str) -> bool:
-    from model_zoo import VISION   # images have no sequence length
+    from model_zoo import OTHER_VISION, VISION   # images have no sequence length
     from user_form import AUDIO, IMAGES
 
-    return model in VISION or (model.startswith("uf:") and model[3:] in IMAGES + AUDIO)
+    return model in VISION + OTHER_VISION or (model.startswith("uf:") and model[3:] in IMAGES + AUDIO)
 
 
 def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:

@@ -32,7 +32,8 @@ IMG = 64
 SEQ = 16
 VISION = ["resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "squeezenet1_0"]
 # torchvision CNNs outside the default zoo, exported by name (--models): shapes no default or prior was fitted to
-OTHER_VISION = ["squeezenet1_1", "mobilenet_v3_small", "resnet18", "shufflenet_v2_x1_0", "regnet_y_400mf"]
+OTHER_VISION = ["squeezenet1_1", "mobilenet_v3_small", "resnet18", "resnet34", "shufflenet_v2_x1_0",
+                "regnet_y_400mf"]
 TEXT = ["bert", "gpt2", "vit", "t5_encoder", "llama", "whisper_encoder"]
 # --size: "tiny" the test fixtures; "small" hidden 64, 2 layers (minutes on 2 CPU cores); "full" the published
 # architectures (bert-base, gpt2, vit-base/16 at 224, t5-small's encoder, a TinyLlama-1.1B-shaped decoder with
