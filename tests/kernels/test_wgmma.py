@@ -595,6 +595,15 @@ def _conv(n=2, cin=64, cout=64, hw=8, k=3, stride=1, pad=1, dilation=1) -> onnx.
     return models.to_fp16(b.model({"x": [n, cin, hw, hw]}, b.op("Relu", [c]), [n, cout, out, out]))
 
 
+def _conv1d(n=2, cin=64, cout=128, width=33, k=3, stride=2, pad=1) -> onnx.ModelProto:
+    """A 1-D Conv (+ bias) -> GELU over frames, NCW in and out (Whisper's stem; the GPU plan runs it NWC)."""
+    b = models._B(12)
+    c = b.op("Conv", ["x", b.w(cout, cin, k, scale=0.1), b.const(b.rng.standard_normal(cout) * 0.1)],
+             kernel_shape=[k], strides=[stride], pads=[pad] * 2)
+    out = (width + 2 * pad - k) // stride + 1
+    return models.to_fp16(b.model({"x": [n, cin, width]}, b.op("Relu", [c]), [n, cout, out]))
+
+
 _CONVS = {   # (model, what the spec must say)
     "conv3x3_bn_relu": (lambda: models.to_fp16(models.conv_bn_relu(n=2, cin=64, cout=64, hw=8)),
                         dict(r=3, stride=(1, 1), pad=(1, 1), padded=True, tail=False)),
@@ -610,6 +619,10 @@ _CONVS = {   # (model, what the spec must say)
                         dict(r=3, stride=(1, 1), pad=(2, 2), dilation=(2, 2), padded=True, tail=True)),
     "conv_residual": (lambda: models.to_fp16(models.conv_bn_relu_residual(n=1, c=64, hw=8)),
                       dict(r=3, pad=(1, 1), padded=True, tail=False)),
+    # 1-D convs, NWC: convs of height 1 (2 x 17 = 34 rows; Whisper's stem, 80 mel channels, 2 x 40 rows)
+    "conv1d_stride2": (_conv1d, dict(h=1, oh=1, r=1, s=3, stride=(1, 2), pad=(0, 1), padded=True, tail=True)),
+    "conv1d_80_channels": (lambda: _conv1d(cin=80, cout=64, width=40, stride=1),
+                           dict(h=1, oh=1, r=1, s=3, c=80, stride=(1, 1), pad=(0, 1), padded=True, tail=True)),
 }
 
 

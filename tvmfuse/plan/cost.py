@@ -92,7 +92,8 @@ class CostModel:
     depthwise_kernel_layout : HWIO: depthwise convs' filters stored so (GPUs, whose OHWI is for the tensor-core
         template, which takes no grouped conv: adjacent threads read adjacent weights); None: as the rest
     conv1d_kernel_layout : with ``conv_layout`` set, 1-D convolutions run NWC with filters in this layout (WIO on
-        CPUs); None keeps them as the model has them (GPUs: no conv template reads a 1-D conv)
+        CPUs; OWI on GPUs, where the wgmma conv template reads an NWC conv as an NHWC one of height 1: Whisper's
+        stem had run dlight's CUDA-core matmul rule, in fp32 and fp16); None keeps them as the model has them
     im2col_k : channels-last convs with fewer than 16 input channels (a stem's 3) run as an im2col kernel and a
         GEMM where their K, padded to 64, is at most this; 0: never
     narrow_conv_pad : with ``im2col_k`` set, a narrow conv of these input types keeps its conv on its channels
@@ -168,7 +169,7 @@ class CostModel:
                        min_parallel_units=device_figures(target).sm_count,
                        attention_decline=_gpu_attention_decline,
                        # NCHW made the implicit GEMM's input reads gathers: 3.6 ms vs torch.compile's 0.4 ms (NHWC)
-                       conv_layout="NHWC", im2col_k=512, im2col_pixels=16,
+                       conv_layout="NHWC", conv1d_kernel_layout="OWI", im2col_k=512, im2col_pixels=16,
                        # (the padded conv is for the wgmma conv template: sm_90a only)
                        narrow_conv_pad=("float16",) if str(attrs.get("arch", "")) == "sm_90a" else (),
                        im2col_untemplated_pixels=256, gemm_conv_rows=64, reduction_results=1,

@@ -101,9 +101,10 @@ def analyze(func, dtypes: tuple[str, ...] | None = None, gated: bool = False) ->
         raise Misfit("the reduction is not an initialized accumulation")
     spatial = [iv for iv in main.iter_vars if int(iv.iter_type) == 0]
     red = [iv for iv in main.iter_vars if int(iv.iter_type) == 2]
-    conv = len(red) == 3 and len(spatial) == 4   # an NHWC conv: (n, oh, ow, f) x (r, s, c)
+    # an NHWC conv: (n, oh, ow, f) x (r, s, c); an NWC one (Whisper's stem): (n, ow, f) x (s, c), a conv of height 1
+    conv = (len(red), len(spatial)) in ((3, 4), (2, 3))
     if not conv and len(red) != 1 or len(spatial) < 2 or len(spatial) + len(red) != len(main.iter_vars):
-        raise Misfit("needs spatial dims and one reduction dim (a conv: four and three)")
+        raise Misfit("needs spatial dims and one reduction dim (a conv: four and three, or three and two)")
     c_store = main.body
     c = _name(c_store)
     names = [str(iv.var.name) for iv in spatial]
@@ -116,8 +117,9 @@ def analyze(func, dtypes: tuple[str, ...] | None = None, gated: bool = False) ->
     if conv:
         # (an fp32 conv is read only where marked for TF32: the GEMV template asks for fp32 GEMMs, not convs)
         spec, x, y = _conv_spec(value.b, names, red, ext, bufs, params, dtypes if tf32 else ("float16",))
-        oh, ow = ext[1], ext[2]
-        out_idx = ["{row}" + f" // {oh * ow}", "{row}" + f" // {ow} % {oh}", "{row}" + f" % {ow}", "{col}"]
+        oh, ow = (ext[1], ext[2]) if len(ext) == 4 else (1, ext[1])
+        out_idx = ["{row}" + f" // {oh * ow}", *(["{row}" + f" // {ow} % {oh}"] if len(ext) == 4 else []),
+                   "{row}" + f" % {ow}", "{col}"]
     else:
         spec, x, y = _gemm_spec(value.b, names, red[0], ext, bufs, params, dtypes)
         out_idx = _gemm_out_index(spec)
@@ -240,7 +242,9 @@ def _same_dtype(x, y, bufs, params) -> str:
 def _conv_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
     """(spec, the input's load, the filter's load) of an NHWC conv's multiply ``mul``: the output ``(n, oh, ow,
     f)`` over ``names``, the filter read ``[f, r, s, c]`` and the input ``[n, oh * sh + r * dh - pt, ow * sw + s *
-    dw - pl, c]``, zero-padded through an ``if_then_else`` where a window leaves the input."""
+    dw - pl, c]``, zero-padded through an ``if_then_else`` where a window leaves the input. An NWC conv (``names``
+    ``(n, ow, f)``, filter ``[f, s, c]``, OWI) is the conv of height 1: its geometry's ``h``, ``oh`` and ``r`` 1, and
+    its buffers' flat offsets are the NHWC ones."""
     from tvm import sym
 
     from tvmfuse._tvm import tvm
@@ -255,18 +259,21 @@ def _conv_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
                 raise Misfit("the conv pads with a nonzero value")
             e = e.args[1]
         loads.append((_fp16_param(e, bufs, params, dtypes), guarded))
-    n, oh, ow, f = names
-    r, s_, c = (str(iv.var.name) for iv in red)
+    one_d = len(names) == 3
+    n, *pixel, f = names
+    *taps, c = (str(iv.var.name) for iv in red)
     idx = lambda e: [str(t) for t in e.indices]  # noqa: E731
-    if idx(loads[0][0]) == [f, r, s_, c]:
+    if idx(loads[0][0]) == [f, *taps, c]:
         loads.reverse()
     (x, guarded), (y, _) = loads
-    if idx(y) != [f, r, s_, c]:
-        raise Misfit(f"the filter is not read [f, r, s, c] (OHWI) ({idx(y)})")
-    if len(x.indices) != 4 or idx(x)[0] != n or idx(x)[3] != c:
-        raise Misfit(f"the input is not read [n, .., .., c] (NHWC) ({idx(x)})")
-    geo = []
-    for index, out_var, tap in ((x.indices[1], oh, r), (x.indices[2], ow, s_)):
+    if idx(y) != [f, *taps, c]:
+        raise Misfit(f"the filter is not read [f, {'s' if one_d else 'r, s'}, c] ({'OWI' if one_d else 'OHWI'}) "
+                     f"({idx(y)})")
+    if len(x.indices) != len(names) or idx(x)[0] != n or idx(x)[-1] != c:
+        raise Misfit(f"the input is not read [n, {'..' if one_d else '.., ..'}, c] ({'NWC' if one_d else 'NHWC'}) "
+                     f"({idx(x)})")
+    geo = [(1, 1, 0)] if one_d else []   # (a 1-D conv's height: stride 1, dilation 1, no padding)
+    for index, out_var, tap in zip(x.indices[1:-1], pixel, taps):
         free = {str(v.name): v for v in tvm.tirx.analysis.undefined_vars(index, [])}
         if set(free) != {out_var, tap}:
             raise Misfit("the input's spatial index is not stride * out + dilation * tap + offset")
@@ -281,8 +288,10 @@ def _conv_spec(mul, names, red, ext, bufs, params, dtypes=("float16",)):
     in_shape = [int(d) for d in bufs[params[_name(x)]].shape]
     f_shape = [int(d) for d in bufs[params[_name(y)]].shape]
     ks = [int(iv.dom.extent) for iv in red]
-    if f_shape != [ext[3], *ks] or in_shape[0] != ext[0] or in_shape[3] != ks[2]:
+    if f_shape != [ext[-1], *ks] or in_shape[0] != ext[0] or in_shape[-1] != ks[-1]:
         raise Misfit("the conv's buffers are not its loads' extents")
+    if one_d:   # as NHWC of height 1
+        in_shape, ext, ks = [in_shape[0], 1, *in_shape[1:]], [ext[0], 1, *ext[1:]], [1, *ks]
     g = ConvGeometry(n=ext[0], h=in_shape[1], w=in_shape[2], c=ks[2], oh=ext[1], ow=ext[2], r=ks[0], s=ks[1],
                      stride=(sh, sw), pad=(pt, pl), dilation=(dh, dw))
     if g.padded and not guarded:

@@ -16,8 +16,8 @@ def channels_last(mod, *, log: RewriteLog, kernel_layout: str = "OHWI", conv1d_k
     contiguously; HWIO: a CPU kernel vectorised along the output channels reads them contiguously) (Relax's
     ConvertLayout), then fold the weight and parameter transposes into the constants. Elementwise ops, pooling and
     the folded BatchNorm follow the layout, so one transpose stays at the input and one where the features leave
-    the conv stack. With ``conv1d_kernel_layout`` (WIO on CPUs) 1-D convolutions run NWC too: an NCW conv's
-    vector ran along time, half a vector where no whole one divides the frames (Whisper's stem, 3000 frames:
+    the conv stack. With ``conv1d_kernel_layout`` (WIO on CPUs, OWI on GPUs) 1-D convolutions run NWC too: an NCW
+    conv's vector ran along time, half a vector where no whole one divides the frames (Whisper's stem, 3000 frames:
     4 GMAC/s on the 2-core EPYC). ``depthwise_kernel_layout`` (HWIO on GPUs): the filters of depthwise convs (no
     tensor-core template takes them) stored so that threads of adjacent output channels read adjacent weights
     (:func:`depthwise_filters`)."""
