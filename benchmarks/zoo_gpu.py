@@ -73,8 +73,9 @@ def _is_image(model: str) -> bool:
     return model in VISION + OTHER_VISION or (model.startswith("uf:") and model[3:] in IMAGES + AUDIO)
 
 
-def row_key(model: str, size: str, precision: str, batch: int, seq: int) -> str:
-    return f"{model}/{size}/{precision}/b{batch}" + ("" if _is_image(model) else f"s{seq}")
+def row_key(model: str, size: str, precision: str, batch: int, seq: int, torch_tf32: str = "auto") -> str:
+    return (f"{model}/{size}/{precision}/b{batch}" + ("" if _is_image(model) else f"s{seq}")
+            + ("" if torch_tf32 == "auto" else f"/torch-tf32-{torch_tf32}"))
 
 
 def _export(model: str, size: str, batch: int, seq: int, work: Path,
@@ -114,7 +115,8 @@ def _decode_step(path: Path, batch: int, past: int) -> list[str]:
 
 
 def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget: float, db: Path, work: Path,
-            deadline: float, baselines: str = BASELINES, onnx_dir: Path | None = None) -> dict:
+            deadline: float, baselines: str = BASELINES, onnx_dir: Path | None = None,
+            torch_tf32: str = "auto") -> dict:
     row: dict = {"model": model, "size": size, "precision": precision, "batch": batch,
                  "seq": None if _is_image(model) else seq}
     t0 = time.time()
@@ -127,7 +129,7 @@ def run_row(model: str, size: str, precision: str, batch: int, seq: int, budget:
             row["error"] = f"tune: {err}"
             return row
     rc, rep, err = _cli("bench", onnx_path, *bound, "--target", "cuda", "--db", str(db), "--precision", precision,
-                        "--against", baselines, "--repeat", "20", "--number", "5",
+                        "--against", baselines, "--repeat", "20", "--number", "5", "--torch-tf32", torch_tf32,
                         timeout=min(420, max(deadline - time.time(), 1)))
     row["bench_rc"] = rc
     if rep is None:
@@ -196,6 +198,8 @@ def main() -> int:
     ap.add_argument("--onnx-dir", type=Path, default=None,
                     help="carried user_form exports (uf:NAME rows read NAME.onnx, or NAME_full.onnx with --size full)")
     ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--torch-tf32", default="auto", choices=("auto", "on", "off"),
+                    help="bench's --torch-tf32: off times PyTorch at fp32's accuracy (its convs default to TF32)")
     ap.add_argument("--row-extra-s", type=float, default=None,
                     help="a row's time beyond its tune budget, before one has been measured in this call (default "
                          "300 s with torch-compile-max among the baselines, else 150: an untuned CNN row with "
@@ -212,7 +216,7 @@ def main() -> int:
     for model in a.models.split(","):
         for precision in a.precisions.split(","):
             for batch in (int(b) for b in a.batches.split(",")):
-                key = row_key(model, a.size, precision, batch, a.seq)
+                key = row_key(model, a.size, precision, batch, a.seq, a.torch_tf32)
                 if key in rows and "error" not in rows[key]:
                     continue
                 if time.time() - T0 + a.budget + extra > a.deadline_s:
@@ -222,7 +226,7 @@ def main() -> int:
                 log(f"{key}: export, " + (f"tune ({a.budget:.0f} s), " if a.budget > 0 else "untuned, ") + "bench")
                 try:
                     rows[key] = run_row(model, a.size, precision, batch, a.seq, a.budget, db, work,
-                                        T0 + a.deadline_s, a.baselines, a.onnx_dir)
+                                        T0 + a.deadline_s, a.baselines, a.onnx_dir, a.torch_tf32)
                 except Exception as err:  # noqa: BLE001 - one row's failure is that row's entry
                     rows[key] = {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}"}
                 measured.append(time.time() - t_row - a.budget)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -217,3 +218,16 @@ def test_the_quiet_gap_lasts_until_the_process_threads_stop_spinning():
     waited = bench.quiet()
     worker.join()
     assert 0.3 <= waited + 0.01 and waited < bench.QUIET_MAX_S
+
+
+def test_pytorch_runs_tf32_as_the_precision_says_unless_told():
+    """PyTorch's convs default to TF32 (ResNet-50 fp32: 2.1e-2 against onnxruntime, 100x fp32's 1e-4); tf32 turns
+    its GEMMs and convs to TF32 and fp32-strict off, and ``--torch-tf32`` sets it either way for any precision (an
+    fp32 tvmfuse build on Hopper keeps fp32's accuracy, which ``off`` times PyTorch at)."""
+    from tvmfuse.bench import torch_tf32
+
+    want = {"model": None, "fp32": None, "fp16": None, "tf32": True, "fp32-strict": False}
+    for precision, tf32 in want.items():
+        assert torch_tf32(BenchConfig(model=Path("m.onnx"), precision=precision)) is tf32
+        for told, value in (("on", True), ("off", False)):
+            assert torch_tf32(BenchConfig(model=Path("m.onnx"), precision=precision, torch_tf32=told)) is value

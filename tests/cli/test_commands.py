@@ -299,6 +299,7 @@ def test_run_times_for_a_duration_after_warmup(untuned_artifact):
     (["tune", "tvmfuse/data/example.onnx", "--bogus"], "No such option: --bogus"),
     (["run"], "Missing argument 'artifact'"),
     (["compile", "tvmfuse/data/example.onnx", "-o", "x", "--precision"], "requires an argument"),
+    (["bench", "tvmfuse/data/example.onnx", "--torch-tf32", "maybe"], "--torch-tf32 'maybe': auto, on or off"),
 ])
 def test_a_usage_error_is_one_line_and_exit_2(args, message):
     import subprocess

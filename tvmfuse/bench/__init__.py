@@ -46,6 +46,10 @@ class BenchConfig:
     cuda_graph: bool = True
     precision: str = "model"
     threads: int | None = None   # TVM's runtime threads (None: the physical cores; tvmfuse.threads)
+    # PyTorch's fp32 GEMMs and convs on a GPU in TF32: "auto" as the precision's math (tf32: on; fp32-strict: off;
+    # otherwise PyTorch's defaults: convs on, matmuls off); "off": fp32 everywhere, the accuracy an fp32 tvmfuse
+    # build keeps on Hopper (three TF32 products), where PyTorch's TF32 convs miss fp32's 1e-4 by 100x (ResNet-50)
+    torch_tf32: str = "auto"
 
 
 # seconds between two CPU samples, at the least: after a call a runtime's worker threads spin for new work before
@@ -175,18 +179,24 @@ def _ort(model_path, feeds: dict, gpu: bool, cfg: BenchConfig):
     return outs, _sampler(call, cfg), providers[0]
 
 
+def torch_tf32(cfg: BenchConfig) -> bool | None:
+    """Whether PyTorch's fp32 GEMMs and convs run in TF32 on a GPU (None: PyTorch's defaults) for ``cfg``."""
+    if cfg.torch_tf32 in ("on", "off"):
+        return cfg.torch_tf32 == "on"
+    # the same math as tvmfuse's: tf32's GEMMs and convs in TF32; fp32-strict's nowhere (PyTorch's convs default to it)
+    return {"tf32": True, "fp32-strict": False}.get(cfg.precision)
+
+
 def _torch(model, feeds: list[np.ndarray], gpu: bool, cfg: BenchConfig, compiled: bool, mode: str | None = None):
     import torch
 
     from tvmfuse.bench.torch_onnx import build_fn
 
     device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
-    if device == "cuda" and cfg.precision == "tf32":   # the same math as tvmfuse's: fp32 GEMMs and convs in TF32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    elif device == "cuda" and cfg.precision == "fp32-strict":   # no TF32 anywhere (PyTorch's convs default to it)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    tf32 = torch_tf32(cfg)
+    if device == "cuda" and tf32 is not None:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
     fn = build_fn(model, device)
     if compiled:
         fn = torch.compile(fn, mode=mode)

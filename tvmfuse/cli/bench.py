@@ -30,6 +30,10 @@ def bench_command(
                                   "as stored."),
     cuda_graph: bool = typer.Option(True, "--cuda-graph/--no-cuda-graph",
                                     help="On a GPU, tvmfuse's build replays as one CUDA graph (static shapes)."),
+    torch_tf32: str = typer.Option("auto", "--torch-tf32", help="auto | on | off: PyTorch's fp32 GEMMs and convs "
+                                   "on a GPU in TF32 (auto: on for tf32, off for fp32-strict, else PyTorch's "
+                                   "defaults: convs on, matmuls off). off: fp32's accuracy, as an fp32 tvmfuse "
+                                   "build keeps it."),
     threads: Optional[str] = ThreadsOpt,
     as_json: bool = JsonOpt,
     verbose: bool = VerboseOpt,
@@ -37,13 +41,17 @@ def bench_command(
     """Time the tuned build and the baselines on the same inputs; check every output against onnxruntime."""
     with handle_errors(verbose):
         from tvmfuse.bench import BenchConfig, run_bench
+        from tvmfuse.errors import TvmfuseError
         from tvmfuse.frontend import parse_input_shapes
         from tvmfuse.threads import check_threads
 
+        if torch_tf32 not in ("auto", "on", "off"):
+            raise TvmfuseError(f"--torch-tf32 {torch_tf32!r}: auto, on or off")
         cfg = BenchConfig(model=model, target=target, db=db, against=tuple(against.split(",")) if against else (),
                           planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat,
                           number=number, seed=seed, cuda_graph=cuda_graph,
-                          precision=precision, threads=None if threads is None else check_threads(threads))
+                          precision=precision, threads=None if threads is None else check_threads(threads),
+                          torch_tf32=torch_tf32)
         report = run_bench(cfg)
         if as_json:
             emit_json(report)
