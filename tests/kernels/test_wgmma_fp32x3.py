@@ -142,6 +142,26 @@ def test_an_fp32_build_on_hopper_marks_its_gemms_for_three_tf32_products(tmp_pat
     assert not old.attrs.get(X3) and not any("fp32x3" in r for r in plan.rewrites)
 
 
+def test_an_fp32_1d_conv_on_hopper_is_a_conv_of_height_1_in_three_tf32_products(tmp_path, cuda):
+    """Whisper's stem (NCW, 80 channels, stride 2) runs NWC with OWI filters on GPUs, which the wgmma conv template
+    reads as an NHWC conv of height 1: marked fp32x3 as any fp32 conv, and the scalar twin equals the kernel."""
+    b = models._B(7)
+    c = b.op("Conv", ["x", b.w(64, 80, 3, scale=0.1), b.const(b.rng.standard_normal(64) * 0.1)],
+             kernel_shape=[3], strides=[2], pads=[1, 1])
+    model = b.model({"x": [2, 80, 41]}, b.op("Relu", [c]), [2, 64, 21])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    fused, plan = partition(import_model(load_model(path)), target=cuda)
+    (func,) = [f for gv, f in fused.functions.items() if isinstance(f, PrimFunc) and "conv1d" in gv.name_hint]
+    assert func.attrs.get(X3) and "conv1d_nwc" in func.script()
+    spec, _ = hopper.analyze(func)
+    g = spec.conv
+    assert spec.dtype == "float32x3" and (g.h, g.oh, g.r, g.s, g.c, g.w, g.ow) == (1, 1, 1, 3, 80, 41, 21)
+    assert g.stride == (1, 2) and g.pad == (0, 1) and spec.rows == 42 and hopper.untuned_config(func, cuda.target)
+    outs = twin_and_kernel_outputs(hopper.reference_for(func), func)
+    assert np.linalg.norm(outs[0] - outs[1]) / np.linalg.norm(outs[1]) < 1e-5
+
+
 @pytest.mark.slow
 def test_an_untuned_fp32_build_runs_its_gemms_in_three_tf32_products(tmp_path, cuda):
     path = tmp_path / "m.onnx"
