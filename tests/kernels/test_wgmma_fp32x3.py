@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,49 @@ def test_an_untuned_fp32_build_runs_its_gemms_in_three_tf32_products(tmp_path, c
     assert [k.schedule for k in result.kernels if "matmul" in k.name] == ["wgmma-default"]
     src = cuda_source(result.executable)
     assert ".tf32.tf32" in src and f"{SPLIT_TF32}(" in src
+
+
+def _evaluate(expr: str, **names) -> int:
+    """A TVMScript index expression of the kernel's, in Python integers."""
+    T = type("T", (), {"bitwise_xor": staticmethod(lambda a, b: a ^ b)})
+    return eval(expr, {"T": T}, names)  # noqa: S307 - the template's own arithmetic
+
+
+@pytest.mark.parametrize("cfg", ["g2 m1 n128 k64 s3 r1 z128 f0 a1", "g2 m2 n64 k64 s3 r1 z128 f0 a1",
+                                 "g1 m1 n128 k64 s4 r1 z128 f0 a1"])
+def test_a_from_registers_reads_the_fragments_wgmma_expects_where_the_copies_put_them(tmp_path, cfg):
+    """``a_regs``: each thread reads its A fragments from the stage the block's copies filled. Emulated here: every
+    thread's 16-byte copies put A's rows in the 128-byte swizzled tile (the kernel's chunk layout), then every
+    thread's register r of m-tile t and slice kk must hold A[row, k] of wgmma's register layout of m64k8 TF32
+    (CuTe's ALayout_64x8: rows warp * 16 + lane / 4 (+ 8), columns lane % 4 (+ 4)). Built for Hopper without
+    spills, with A's small parts never in shared memory."""
+    from tvmfuse.kernels.wgmma.layout import tile_layout
+    from tvmfuse.kernels.wgmma.mma import a_fragment_at
+
+    cfg = hopper.parse_config(cfg)
+    spec = hopper.GemmSpec((), 1000, 256, 512, False, False, True, dtype="float32x3")
+    halves = spec.halves()
+    bm, bk = cfg.block_m, cfg.block_k // 2   # the A tile in fp32: bm rows of 32
+    a = np.arange(bm * bk, dtype=np.float64).reshape(bm, bk)
+    chunk, _ = tile_layout(cfg.swizzle, True, bm, cfg.block_k)
+    smem = np.full(cfg.stages * bm * bk, -1.0)
+    for c in range(bm * bk // 4):   # each 16-byte chunk: 4 floats of one row, at the chunk's offset in halves
+        r, k, off = (_evaluate(e, c=c) for e in chunk("c"))
+        smem[off // 2:off // 2 + 4] = a[r, k // 2:k // 2 + 4]
+    at = a_fragment_at(halves, cfg, step="0")
+    for tx in range(cfg.threads):
+        lane, warp, wg = tx % 32, tx % 128 // 32, tx // 128
+        for t in range(cfg.m_tiles):
+            for kk in range(bk // 8):
+                for r in range(4):
+                    row = (wg * cfg.m_tiles + t) * 64 + warp * 16 + lane // 4 + r % 2 * 8
+                    col = kk * 8 + lane % 4 + r // 2 * 4
+                    assert smem[_evaluate(at, tx=tx, t=t, kk=kk, r=r)] == a[row, col], (tx, t, kk, r)
+    text = hopper.gemm_source(spec, cfg, ["a: T.Buffer((1,), 'float32')"] * 3, "a", "b", "c[{row}, {col}] = {acc}")
+    loop = text[text.index("for ko in"):]
+    assert "asmall[" in loop and loop.index("abig[") < loop.index("wgmma.fence") < loop.index("mma_async")
+    src = _source(spec, cfg)
+    assert "wgmma_tf32_rs_" in src
+    # only B's copied chunks are split in shared memory
+    assert thread_chunks(src, SPLIT_TF32) < thread_chunks(_source(spec, replace(cfg, a_regs=0)), SPLIT_TF32)
+    assert_ptxas_without_spills(src, tmp_path, "sm_90a")

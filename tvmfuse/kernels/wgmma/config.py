@@ -31,6 +31,10 @@ class WgmmaConfig:
     split: int = 1        # K split over this many blocks (cp.async GEMMs whose tiles leave SMs idle: a skinny M
     #                       against a long K): each stores fp32 partials, a second kernel sums them and applies the
     #                       epilogue
+    a_regs: int = 0       # 1 (float32x3, cp.async, 128-byte swizzle): each thread reads its A fragments from shared
+    #                       memory into registers and splits them there, the wgmmas take A from registers: A's small
+    #                       parts neither written to nor read from shared memory (the x3 kernel's shared-memory
+    #                       traffic, not its tensor cores, bounds it). Not in the space until measured
 
     @property
     def block_m(self) -> int:
@@ -46,7 +50,7 @@ class WgmmaConfig:
         return (f"g{self.warpgroups} m{self.m_tiles} n{self.block_n} k{self.block_k} s{self.stages} "
                 f"r{self.raster} z{self.swizzle} f{self.inflight}" + (" t1" if self.tma else "")
                 + (" p1" if self.persistent else "") + (" e1" if self.staged else "")
-                + (f" d{self.split}" if self.split > 1 else ""))
+                + (f" d{self.split}" if self.split > 1 else "") + (" a1" if self.a_regs else ""))
 
     @property
     def staged_stride(self) -> int:
@@ -78,7 +82,7 @@ def parse_config(name: str) -> WgmmaConfig:
     f = dict((part[0], int(part[1:])) for part in name.split())
     return WgmmaConfig(warpgroups=f["g"], m_tiles=f["m"], block_n=f["n"], block_k=f["k"], stages=f["s"],
                        raster=f["r"], swizzle=f.get("z", 128), inflight=f.get("f", 1), tma=f.get("t", 0),
-                       persistent=f.get("p", 0), staged=f.get("e", 0), split=f.get("d", 1))
+                       persistent=f.get("p", 0), staged=f.get("e", 0), split=f.get("d", 1), a_regs=f.get("a", 0))
 
 
 def configs(spec: GemmSpec, *, warpgroups=(2, 1), m_tiles=(1, 2), block_n=(128, 256, 64), block_k=(64,),

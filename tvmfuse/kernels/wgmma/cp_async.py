@@ -6,7 +6,7 @@ from tvmfuse.kernels.ksplit import split_sum
 from tvmfuse.kernels.wgmma.config import (WgmmaConfig, _a_predicated, _b_predicated, k_steps, kernel_shared_bytes,
                                           small_offset, tiles_n)
 from tvmfuse.kernels.wgmma.layout import _a_read, _all, _batch_offsets, _tile_coords, tile_layout
-from tvmfuse.kernels.wgmma.mma import _mma_and_store, promote
+from tvmfuse.kernels.wgmma.mma import _mma_and_store, a_fragments, promote
 from tvmfuse.kernels.wgmma.ptx import (_ROUND_TF32_SOURCE, _SPLIT_TF32_SOURCE, _ZFILL_SOURCE, ROUND_TF32, SPLIT_TF32,
                                        ZFILL, _indent)
 from tvmfuse.kernels.wgmma.spec import GemmSpec
@@ -104,7 +104,7 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
         wgmmas); ``float32x3``: split into their TF32 parts, the small ones ``lo`` further on."""
         out = ""
         for dst, tile, chunk in [t for name, t in (("a", (0, a_tile, a_chunk)), ("b", (sb_at, b_tile, b_chunk)))
-                                 if spec.x3 or name not in rounded]:
+                                 if (spec.x3 or name not in rounded) and not (name == "a" and cfg.a_regs)]:
             at_smem = shared_at(dst, slot, tile, chunk(f"(it * {NT} + tx)")[2])
             at = f"smem_base + T.uint32(({at_smem}) * 2)"
             call = (f"T.evaluate(T.cuda.func_call({SPLIT_TF32!r}, {at}, {at} + T.uint32({lo * 2}), "
@@ -119,6 +119,14 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     # (x3: a K step's products, summed into acc once done)
     second = _indent(f'acc2 = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")\n'
                      f'for i in T.unroll({MT * BN // 2}):\n    acc2[i] = T.float32(0)\n', 16) if spec.x3 else ""
+    # (A from registers: a thread's fragments of a K step, both parts, read through the stages' fp32 view)
+    fragments = a_fragments(spec, cfg) if cfg.a_regs else ""
+    if cfg.a_regs:
+        n_regs = MT * BK // 16 * 4
+        second += _indent(f'abig = T.alloc_buffer(({n_regs},), "uint32", scope="local")\n'
+                          f'asmall = T.alloc_buffer(({n_regs},), "uint32", scope="local")\n'
+                          f'smf = T.decl_buffer(({kernel_shared_bytes(spec, cfg) // 4},), "float32", data=smem.data, '
+                          f'scope="shared.dyn")\n', 16)
     # a K split's blocks store fp32 partials; the sum's kernel applies the epilogue (`store`)
     partial = f"part[(kz * {M} + {{row}}) * {N} + {{col}}] = {{acc}}"
     wgmmas, stored = _mma_and_store(spec, cfg, store if D == 1 else partial, pid_m, pid_n, sb_at, small=lo)
@@ -178,7 +186,7 @@ def main({", ".join(params)}):
 {_indent(prologue, 16)}                for ko in T.serial({count}):
 {_indent(top, 20)}                    T.evaluate(T.ptx.fence.proxy.async_.shared__cta())
                     T.tvm_storage_sync("shared")
-                    T.evaluate(T.ptx.wgmma.fence.sync.aligned())
+{_indent(fragments, 20)}                    T.evaluate(T.ptx.wgmma.fence.sync.aligned())
 {_indent(wgmmas, 20)}                    T.evaluate(T.ptx.wgmma.commit_group.sync.aligned())
 {_indent(refill, 20)}                    T.evaluate(T.ptx.cp.async_.commit_group())
 {_indent(after, 20)}                    T.evaluate(T.ptx.wgmma.wait_group.sync.aligned({F}))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from tvmfuse.kernels.wgmma.config import WgmmaConfig, _patches, pixel_tile
 from tvmfuse.kernels.wgmma.layout import _all, _pixel_origin, desc, tile_layout
-from tvmfuse.kernels.wgmma.ptx import _FENCE_F32_SOURCE, FENCE_F32, _indent, wgmma_issue
+from tvmfuse.kernels.wgmma.ptx import (_FENCE_F32_SOURCE, _TF32_PARTS_SOURCE, FENCE_F32, TF32_PARTS, _indent,
+                                       wgmma_issue)
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 
@@ -32,8 +33,11 @@ def _mma_and_store(spec: GemmSpec, cfg: WgmmaConfig, store: str, pid_m: str, pid
             da, db = desc("smem", a_at, a_lbo, a_sbo, cfg.swizzle), desc("smem", b_at, b_lbo, b_sbo, cfg.swizzle)
             # scale A and B by 1; fp16 also says whether B is read transposed (TF32 reads K-major only)
             flags = "1, 1" if spec.tf32 else f"1, 1, 0, {0 if spec.b_kmajor else 1}"
+            if cfg.a_regs:   # A's fragments from registers (:func:`a_fragments`), its parts split there
+                da_lo, da = (", ".join(f"{part}[{(t * (BK // 16) + kk) * 4 + r}]" for r in range(4))
+                             for part in ("asmall", "abig"))
             if spec.x3:
-                da_lo = desc("smem", f"{small} + {a_at}", a_lbo, a_sbo, cfg.swizzle)
+                da_lo = da_lo if cfg.a_regs else desc("smem", f"{small} + {a_at}", a_lbo, a_sbo, cfg.swizzle)
                 db_lo = desc("smem", f"{small} + {b_at}", b_lbo, b_sbo, cfg.swizzle)
                 wgmmas += wgmma_issue(BN, accs, da_lo, db, flags, spec.dtype, accumulate=kk > 0)
                 wgmmas += wgmma_issue(BN, accs, da, db_lo, flags, spec.dtype)
@@ -111,3 +115,35 @@ def promote(spec: GemmSpec, cfg: WgmmaConfig) -> str:
     n = cfg.m_tiles * cfg.block_n // 2
     fence = f"T.evaluate(T.cuda.func_call({FENCE_F32!r}, acc2[i], source_code={_FENCE_F32_SOURCE!r}))"
     return f"for i in T.unroll({n}):\n    {fence}\n    acc[i] = acc[i] + acc2[i]\n"
+
+
+def a_fragment_at(spec: GemmSpec, cfg: WgmmaConfig, step: str = "ko") -> str:
+    """(``cfg.a_regs``) where thread ``tx``'s register ``r`` of m-tile ``t`` and K slice ``kk`` (8 fp32) lies in K step
+    ``step``'s A stage, in floats of the stages' fp32 view: wgmma's register A layout of ``m64k8`` TF32 (CuTe's
+    ``ALayout_64x8``: rows ``warp * 16 + lane / 4``, 8 below for odd ``r``; columns ``lane % 4``, 4 on from ``r`` 2),
+    row ``i`` of an m-tile at ``i * 32`` floats, its 16-byte chunk ``c`` at chunk ``c ^ (i % 8)`` (the 128-byte
+    swizzle, :func:`tile_layout`). ``spec`` in 16-bit units."""
+    BK, S, MT = cfg.block_k, cfg.stages, cfg.m_tiles
+    if not (spec.x3 and cfg.swizzle == 128 and BK == 64 and not cfg.tma):
+        raise ValueError(f"wgmma: A from registers takes an x3 cp.async kernel of 128-byte swizzled tiles ({cfg.name})")
+    wg, lane, warp = "(tx // 128)", "(tx % 32)", "(tx % 128 // 32)"
+    row = f"({warp} * 16 + {lane} // 4 + r % 2 * 8)"
+    kf = f"(kk * 8 + {lane} % 4 + r // 2 * 4)"
+    return (f"{step} % {S} * {cfg.block_m * BK // 2} + ({wg} * {MT} + t) * {64 * BK // 2} + {row} * {BK // 2} + "
+            f"T.bitwise_xor({kf} // 4, {row} % 8) * 4 + {kf} % 4")
+
+
+def a_fragments(spec: GemmSpec, cfg: WgmmaConfig, step: str = "ko") -> str:
+    """(``cfg.a_regs``, ``float32x3``) this thread's A fragments of K step ``step`` (:func:`a_fragment_at`), read
+    from the stages' fp32 view ``smf`` and split into TF32 parts in registers ``abig`` / ``asmall``."""
+    at, BK = a_fragment_at(spec, cfg, step), cfg.block_k
+
+    # (each part through tvmfuse_pin, a volatile asm: computed before the wgmma fence, which is volatile too, so
+    # ptxas sees no A register written after it)
+    def part(small: int) -> str:
+        value = (f"T.cuda.func_call({TF32_PARTS!r}, smf[{at}], {small}, source_code={_TF32_PARTS_SOURCE!r}, "
+                 "return_type='uint32')")
+        return f"T.cuda.func_call('tvmfuse_pin', {value}, source_code=_TMA_SOURCE['tvmfuse_pin'], return_type='uint32')"
+    i = f"(t * {BK // 16} + kk) * 4 + r"
+    return (f"for t in T.unroll({cfg.m_tiles}):\n    for kk in T.unroll({BK // 16}):\n        for r in T.unroll(4):\n"
+            f"            abig[{i}] = {part(0)}\n            asmall[{i}] = {part(1)}\n")

@@ -57,6 +57,20 @@ __forceinline__ __device__ void {SPLIT_TF32}(unsigned int at, unsigned int lo) {
 """
 
 
+# An fp32 value's TF32 parts in registers (the x3 kernel's A fragments under ``a_regs``): the big part rounded to
+# nearest, and the rest rounded (0 where the value is not finite, as SPLIT_TF32)
+TF32_PARTS = "tvmfuse_tf32_parts"
+_TF32_PARTS_SOURCE = f"""
+__forceinline__ __device__ unsigned int {TF32_PARTS}(float x, int small) {{
+  unsigned int big, rest;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
+  float r = x - __uint_as_float(big);
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(rest) : "f"(isfinite(r) ? r : 0.0f));
+  return small ? rest : big;
+}}
+"""
+
+
 # A register fence (CUTLASS's warpgroup_fence_operand): an empty volatile asm that reads and writes ``x`` in place,
 # so that no read of an accumulator the wgmmas wrote asynchronously is moved above the wait for them (volatile asm
 # statements keep their order; a plain read of the register may otherwise be scheduled anywhere after the wgmma)
