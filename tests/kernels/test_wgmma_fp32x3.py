@@ -180,7 +180,7 @@ def _evaluate(expr: str, **names) -> int:
     return eval(expr, {"T": T}, names)  # noqa: S307 - the template's own arithmetic
 
 
-@pytest.mark.parametrize("cfg", ["g2 m1 n128 k64 s3 r1 z128 f0 a1", "g2 m2 n64 k64 s3 r1 z128 f0 a1",
+@pytest.mark.parametrize("cfg", ["g2 m1 n128 k64 s4 r1 z128 f0 a1", "g2 m2 n64 k64 s3 r1 z128 f0 a1",
                                  "g1 m1 n128 k64 s4 r1 z128 f0 a1"])
 def test_a_from_registers_reads_the_fragments_wgmma_expects_where_the_copies_put_them(tmp_path, cfg):
     """``a_regs``: each thread reads its A fragments from the stage the block's copies filled. Emulated here: every
@@ -217,4 +217,9 @@ def test_a_from_registers_reads_the_fragments_wgmma_expects_where_the_copies_put
     assert "wgmma_tf32_rs_" in src
     # only B's copied chunks are split in shared memory
     assert thread_chunks(src, SPLIT_TF32) < thread_chunks(_source(spec, replace(cfg, a_regs=0)), SPLIT_TF32)
+    # B's small stages right after B's (1024-byte aligned): 4 stages of 128 x 128 tiles fit (196 KB; 262 with A's)
+    lo = small_offset(halves, cfg) * 2
+    assert lo == 2 * cfg.stages * cfg.block_k * cfg.block_n and (lo + 2 * cfg.stages * cfg.block_k * bm) % 1024 == 0
+    assert hopper.config.kernel_shared_bytes(halves, cfg) == cfg.shared_bytes() + lo <= 227 * 1024
+    assert f"+ (uint){lo})" in src
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")

@@ -67,13 +67,18 @@ class WgmmaConfig:
 
 def small_offset(spec: GemmSpec, cfg: WgmmaConfig) -> int:
     """A ``float32x3`` kernel's second set of stages (its operands' small TF32 parts), in 16-bit units past the
-    first (A's stages then B's, laid out alike): the first set's size; 0 for other kernels."""
-    return cfg.stages * cfg.block_k * (cfg.block_m + cfg.block_n) if spec.x3 else 0
+    first (A's stages then B's, laid out alike): the first set's size; 0 for other kernels. With A from registers
+    (``a_regs``) B's small stages alone, right after B's: as far past B's stages as B's tiles take."""
+    if not spec.x3:
+        return 0
+    return cfg.stages * cfg.block_k * (cfg.block_n if cfg.a_regs else cfg.block_m + cfg.block_n)
 
 
 def kernel_shared_bytes(spec: GemmSpec, cfg: WgmmaConfig) -> int:
     """The shared memory ``cfg``'s kernel of ``spec`` allocates: :meth:`WgmmaConfig.shared_bytes`, and for a
-    ``float32x3`` kernel a second set of stages (:func:`small_offset`) beside the first."""
+    ``float32x3`` kernel a second set of stages (:func:`small_offset`) beside the first (B's alone with ``a_regs``)."""
+    if cfg.a_regs and spec.x3:
+        return max(cfg.shared_bytes() + 2 * small_offset(spec, cfg), 4 * cfg.block_m * cfg.staged_stride * cfg.staged)
     return max(cfg.shared_bytes(), 4 * small_offset(spec, cfg))
 
 
