@@ -77,9 +77,8 @@ def small_offset(spec: GemmSpec, cfg: WgmmaConfig) -> int:
 def kernel_shared_bytes(spec: GemmSpec, cfg: WgmmaConfig) -> int:
     """The shared memory ``cfg``'s kernel of ``spec`` allocates: :meth:`WgmmaConfig.shared_bytes`, and for a
     ``float32x3`` kernel a second set of stages (:func:`small_offset`) beside the first (B's alone with ``a_regs``)."""
-    if cfg.a_regs and spec.x3:
-        return max(cfg.shared_bytes() + 2 * small_offset(spec, cfg), 4 * cfg.block_m * cfg.staged_stride * cfg.staged)
-    return max(cfg.shared_bytes(), 4 * small_offset(spec, cfg))
+    small = small_offset(spec, cfg)   # (the small stages end as far past it as the first set's end)
+    return max(cfg.shared_bytes(), 2 * (small + cfg.stages * cfg.block_k * (cfg.block_m + cfg.block_n)) if small else 0)
 
 
 def parse_config(name: str) -> WgmmaConfig:

@@ -120,9 +120,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     second = _indent(f'acc2 = T.alloc_buffer(({MT * BN // 2},), "float32", scope="local")\n'
                      f'for i in T.unroll({MT * BN // 2}):\n    acc2[i] = T.float32(0)\n', 16) if spec.x3 else ""
     # (A from registers: a thread's fragments of a K step, both parts, read through the stages' fp32 view)
-    fragments = a_fragments(spec, cfg) if cfg.a_regs else ""
+    fragments = ""
     if cfg.a_regs:
-        n_regs = MT * BK // 16 * 4
+        fragments, n_regs = a_fragments(spec, cfg), MT * BK // 16 * 4
         second += _indent(f'abig = T.alloc_buffer(({n_regs},), "uint32", scope="local")\n'
                           f'asmall = T.alloc_buffer(({n_regs},), "uint32", scope="local")\n'
                           f'smf = T.decl_buffer(({kernel_shared_bytes(spec, cfg) // 4},), "float32", data=smem.data, '
