@@ -125,7 +125,15 @@ def summary(rows: dict) -> dict:
 
 
 def _fmt(v, spec: str = ".1f") -> str:
-    return "never" if v is None else v if isinstance(v, str) else format(v, spec)
+    return "never" if v is None else format(v, spec)
+
+
+def _save(args, done: dict) -> dict:
+    """``$OUT/warm_start.json`` with the runs so far and their summary (returned)."""
+    res = summary(done)
+    (OUT / "warm_start.json").write_text(json.dumps({"args": vars(args) | {"state": None, "results": None},
+                                                     "runs": done, "summary": res}, indent=1, default=str))
+    return res
 
 
 def main() -> int:
@@ -160,27 +168,21 @@ def main() -> int:
         if name == "warm":   # a copy: warm.db keeps only the first model's records for a rerun
             shutil.copy(OUT / "warm.db", OUT / "warm-then.db")
             db = OUT / "warm-then.db"
-        print(f"[warm_start] {name}: tuning {args.first if name == 'first' else args.then} for {args.budget:.0f} s",
-              flush=True)
-        done[name] = run(name, args.first if name == "first" else args.then, db, args, deadline, work)
-        (OUT / "warm_start.json").write_text(json.dumps({"args": vars(args) | {"state": None, "results": None},
-                                                         "runs": done, "summary": summary(done)}, indent=1,
-                                                        default=str))
-    res = summary(done)
-    (OUT / "warm_start.json").write_text(json.dumps({"args": vars(args) | {"state": None, "results": None},
-                                                     "runs": done, "summary": res}, indent=1, default=str))
+        model = args.first if name == "first" else args.then
+        print(f"[warm_start] {name}: tuning {model} for {args.budget:.0f} s", flush=True)
+        done[name] = run(name, model, db, args, deadline, work)
+        _save(args, done)
+    res = _save(args, done)
     print(f"{'run':<6} {'model':<14} {'tune s':>7} {'kernels':>8} {'had records':>12} {'t90 s':>7} {'t95 s':>7} "
           f"{'t90 own':>8} {'end ms':>9}")
     for name in RUNS:
         r = done.get(name)
         if not r:
             continue
-        s = res.get(name)
-        if s is None:   # (the first model's run, or a summary not made yet: no reference speed)
-            s = dict.fromkeys(("t90_s", "t95_s", "t90_own_s"), "-")
+        s = res.get(name)   # (none for the first model's run, or before both runs of the second: no reference)
+        t90, t95, own = (_fmt(s[k]) for k in ("t90_s", "t95_s", "t90_own_s")) if s else ("-",) * 3
         print(f"{name:<6} {r['model']:<14} {r['tune_s']:>7.0f} {len(r.get('kernels', [])):>8} "
-              f"{s.get('had_records', '-'):>12} {_fmt(s.get('t90_s')):>7} {_fmt(s.get('t95_s')):>7} "
-              f"{_fmt(s.get('t90_own_s')):>8} "
+              f"{s['had_records'] if s else '-':>12} {t90:>7} {t95:>7} {own:>8} "
               f"{_fmt(r['curve'][-1][1] if r.get('curve') else None, '.3f'):>9}" + (f"  {r['error']}" if
                                                                                     r.get("error") else ""))
     if res:

@@ -48,7 +48,8 @@ class BenchConfig:
     threads: int | None = None   # TVM's runtime threads (None: the physical cores; tvmfuse.threads)
     # PyTorch's fp32 GEMMs and convs on a GPU in TF32: "auto" as the precision's math (tf32: on; fp32-strict: off;
     # otherwise PyTorch's defaults: convs on, matmuls off); "off": fp32 everywhere, the accuracy an fp32 tvmfuse
-    # build keeps on Hopper (three TF32 products), where PyTorch's TF32 convs miss fp32's 1e-4 by 100x (ResNet-50)
+    # build keeps on Hopper (three TF32 products), where PyTorch's TF32 convs put ResNet-50 2.1e-2 off onnxruntime
+    # against fp32's 1e-4 (H100, BENCHMARKS.md)
     torch_tf32: str = "auto"
 
 
@@ -227,6 +228,10 @@ def run_bench(cfg: BenchConfig) -> dict:
     """Build and time every requested backend on one set of random inputs; see module docstring."""
     from tvmfuse.threads import apply_threads
 
+    if cfg.torch_tf32 not in ("auto", "on", "off"):
+        from tvmfuse.errors import TvmfuseError
+
+        raise TvmfuseError(f"--torch-tf32 {cfg.torch_tf32!r}: auto, on or off")
     threads = apply_threads(cfg.threads)   # before TVM runs anything in this process
     cfg = dataclasses.replace(cfg, threads=threads)
     from tvmfuse import verify

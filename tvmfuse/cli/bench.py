@@ -41,12 +41,9 @@ def bench_command(
     """Time the tuned build and the baselines on the same inputs; check every output against onnxruntime."""
     with handle_errors(verbose):
         from tvmfuse.bench import BenchConfig, run_bench
-        from tvmfuse.errors import TvmfuseError
         from tvmfuse.frontend import parse_input_shapes
         from tvmfuse.threads import check_threads
 
-        if torch_tf32 not in ("auto", "on", "off"):
-            raise TvmfuseError(f"--torch-tf32 {torch_tf32!r}: auto, on or off")
         cfg = BenchConfig(model=model, target=target, db=db, against=tuple(against.split(",")) if against else (),
                           planner=planner, input_shapes=parse_input_shapes(input_shape), repeat=repeat,
                           number=number, seed=seed, cuda_graph=cuda_graph,

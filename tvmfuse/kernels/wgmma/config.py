@@ -33,8 +33,8 @@ class WgmmaConfig:
     #                       epilogue
     a_regs: int = 0       # 1 (float32x3, cp.async, 128-byte swizzle): each thread reads its A fragments from shared
     #                       memory into registers and splits them there, the wgmmas take A from registers: A's small
-    #                       parts neither written to nor read from shared memory (the x3 kernel's shared-memory
-    #                       traffic, not its tensor cores, bounds it). Not in the space until measured
+    #                       parts neither written to nor read from shared memory (by count, the x3 kernel's
+    #                       shared-memory traffic, not its tensor cores, bounds it). Not in the space until measured
 
     @property
     def block_m(self) -> int:

@@ -146,9 +146,9 @@ def gemm_source(spec: GemmSpec, cfg: WgmmaConfig, params: list[str], a: str, b: 
     tf32 = spec.tf32 and (spec.x3 or set(rounded) != {"a", "b"})
     base = ('smem_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(smem[0]))\n'
             if zfill or tf32 else "")
-    # x3: each thread splits the tile it copied for step ko + 1 while step ko's wgmmas run (the split is a third of
-    # the step's shared-memory traffic, serial before the wgmmas otherwise); the stage it rewrites is not the one
-    # being read (ko % S), and past the last step it rewrites a stage no wgmma reads again, so it needs no branch.
+    # x3: each thread splits the tile it copied for step ko + 1 while step ko's wgmmas run (the split is, by count,
+    # a third of the step's shared-memory traffic, serial before the wgmmas otherwise); the stage it rewrites is not
+    # the one being read (ko % S), and past the last step it rewrites a stage no wgmma reads again: no branch.
     # TF32 rounds the step's own tile before its wgmmas, as a batch in flight may still read the next stage.
     ahead = spec.x3
     rounding = round_copied(f"ko % {S}") if tf32 and not ahead else ""
