@@ -34,17 +34,23 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
 def attention_onnx(*, batch=1, heads=4, kv_heads=None, seq_q=16, seq_k=None, dim=16, mask="const", repeat="expand",
-                   dtype="float32", mask_value=None, scale=None, padding=False) -> onnx.ModelProto:
+                   dtype="float32", mask_value=None, scale=None, padding=False, window=None,
+                   heads_out=False) -> onnx.ModelProto:
     """softmax(Q Kᵀ * scale + mask) V as an ONNX graph with inputs q [B, H, Sq, D], k and v [B, Hkv, Sk, D].
 
     ``mask``: ``none``; ``const`` (a [1, 1, Sq, Sk] constant, 0 where key j <= i + Sk - Sq, ``mask_value``
-    elsewhere, as torch exports it); ``where`` (Where(constant triangular condition, 0, -inf)); ``trilu``
+    elsewhere, as torch exports it); ``where`` (Where(constant triangular condition, 0, -inf)); ``where_scores``
+    (Where(constant triangular condition, scores, ``mask_value``): GPT-Neo's and older GPT-2 exports' form);
+    ``masked_fill`` (Where(the hidden keys, ``mask_value``, scores)); ``trilu``
     ((1 - Trilu(ones)) * -big, computed in the graph from constants); ``near`` (``const`` with one hidden element
     set to 0: not causal); ``input`` (a runtime mask input of that shape).
     ``repeat`` (when Hkv < H): ``expand`` (Unsqueeze -> Expand -> Reshape, transformers' repeat_kv), ``tile``
     (Unsqueeze -> Tile -> Reshape, the same order), ``tile_heads`` (Tile of the head axis: the other head order,
     h % Hkv), ``broadcast`` (Hkv 1 only: the matmuls broadcast K and V). ``padding``: a second addition after the
-    mask, a runtime [B, 1, 1, Sk] input ``pad`` (a padding mask beside the causal one, or T5's bias beside its mask)."""
+    mask, a runtime [B, 1, 1, Sk] input ``pad`` (a padding mask beside the causal one, or T5's bias beside its mask).
+    ``window``: each query also hides the keys ``window`` or more before it (GPT-Neo's local attention: a band, not
+    causal). ``heads_out``: the output transposed to [B, Sq, H, D] and reshaped to [B, Sq, H * D], as a model's
+    attention hands it to its output projection."""
     seq_k = seq_k or seq_q
     kv_heads = kv_heads or heads
     np_dt = np.float16 if dtype == "float16" else np.float32
@@ -80,6 +86,8 @@ def attention_onnx(*, batch=1, heads=4, kv_heads=None, seq_q=16, seq_k=None, dim
 
     s = op("Mul", [op("MatMul", ["q", op("Transpose", [rep("k")], perm=[0, 1, 3, 2])]), const(np.array(scale, np_dt))])
     keep = np.arange(seq_k)[None, :] <= np.arange(seq_q)[:, None] + (seq_k - seq_q)
+    if window is not None:
+        keep &= np.arange(seq_k)[None, :] > np.arange(seq_q)[:, None] + (seq_k - seq_q) - window
     ins = {"q": [batch, heads, seq_q, dim], "k": [batch, kv_heads, seq_k, dim], "v": [batch, kv_heads, seq_k, dim]}
     if mask in ("const", "near"):
         m = np.where(keep, 0, mask_value).astype(np_dt)[None, None]
@@ -88,6 +96,10 @@ def attention_onnx(*, batch=1, heads=4, kv_heads=None, seq_q=16, seq_k=None, dim
         s = op("Add", [s, const(m)])
     elif mask == "where":
         s = op("Add", [s, op("Where", [const(keep), const(np.array(0, np_dt)), const(np.array(-np.inf, np_dt))])])
+    elif mask == "where_scores":
+        s = op("Where", [const(keep[None, None]), s, const(np.array(mask_value, np_dt))])
+    elif mask == "masked_fill":
+        s = op("Where", [const(~keep[None, None]), const(np.array(mask_value, np_dt)), s])
     elif mask == "trilu":
         tri = op("Trilu", [const(np.ones((seq_q, seq_k), np_dt)), const(np.array(seq_k - seq_q, np.int64))], upper=0)
         hidden = op("Sub", [const(np.array(1, np_dt)), tri])
@@ -99,9 +111,13 @@ def attention_onnx(*, batch=1, heads=4, kv_heads=None, seq_q=16, seq_k=None, dim
         ins["pad"] = [batch, 1, 1, seq_k]
         s = op("Add", [s, "pad"])
     y = op("MatMul", [op("Softmax", [s], axis=-1), rep("v")])
+    y_shape = [batch, heads, seq_q, dim]
+    if heads_out:
+        y = op("Reshape", [op("Transpose", [y], perm=[0, 2, 1, 3]), const(np.array([batch, seq_q, heads * dim]))])
+        y_shape = [batch, seq_q, heads * dim]
     nodes[-1].output[0] = "y"
     graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(n, et, sh) for n, sh in ins.items()],
-                              [helper.make_tensor_value_info("y", et, [batch, heads, seq_q, dim])], initializer=inits)
+                              [helper.make_tensor_value_info("y", et, y_shape)], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)

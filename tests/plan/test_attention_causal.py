@@ -209,3 +209,67 @@ def test_kt_of_keys_no_16_byte_vector_divides_is_read_as_rows_and_computes_what_
     (got,) = build_and_run(fused, llvm, args)[:1]
     (ref,) = ort_run(onnx.load(str(FIXTURES / f"{model}.onnx")), args)[:1]
     assert rel_err(got.astype(np.float32), ref.astype(np.float32)) < tol
+    # and the transpose of heads and rows after it is the kernel's store
+    assert all(s.seq_major_out for s in specs)
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_the_transpose_after_attention_is_its_store_and_computes_what_onnxruntime_does(llvm, kv_heads):
+    """The exporters' Transpose(0, 2, 1, 3) of the attention's output before its projection: the kernel stores each
+    row's heads side by side ([B, S, H, D]), no kernel moves them, and the output is what onnxruntime computes."""
+    spec, plan, kernel = _planned(attention_onnx(batch=2, heads=4, kv_heads=kv_heads, heads_out=True), llvm)
+    assert spec.seq_major_out and spec.out_shape == (2, 16, 4, 16)
+    assert [int(d) for d in kernel.params[-1].shape] == [2, 16, 4, 16]
+    # the kernel's ops: K's transpose and the output's; no other kernel moves data but the graph output's reshape
+    assert plan.by_pattern("attention")[0].ops.count("transpose") == 2
+    assert all(g.ops == ("reshape",) for g in plan.groups if g.pattern != "attention")
+    assert any("rows before its heads" in n for n in plan.rewrites)
+    # without the transpose the layout stays the matmul's, and so does the spec's text (a tuned record's key)
+    plain, _, _ = _planned(attention_onnx(batch=2, heads=4, kv_heads=kv_heads), llvm)
+    assert not plain.seq_major_out and "seq_major_out" not in plain.to_json()
+    assert AttentionSpec.from_json(spec.to_json()) == spec
+
+
+@pytest.mark.parametrize("form", ["where_scores", "masked_fill"])
+@pytest.mark.parametrize("value", [-1e4, float(np.finfo(np.float32).min)])
+def test_a_where_between_the_scores_and_a_hiding_value_is_a_causal_mask(llvm, form, value):
+    """GPT-Neo (and GPT-2 as older exporters wrote it) choose between the scores and a large negative value with a
+    constant condition; masked_fill writes the value where the condition holds. Both are the causal mask."""
+    spec, _, kernel = _planned(attention_onnx(mask=form, mask_value=value, padding=True, batch=2), llvm)
+    assert spec.causal and spec.causal_offset == 0 and spec.mask_shape == (2, 1, 1, 16)
+    assert len(kernel.params) == 5   # q, k, v, the padding, out
+
+
+def test_a_local_window_by_where_is_read_as_a_mask_tensor_and_computes_what_onnxruntime_does(llvm):
+    """GPT-Neo's local layers keep only the last keys before each query: a band, not causal, so the condition
+    becomes a constant additive mask the kernel reads."""
+    spec, plan, kernel = _planned(attention_onnx(mask="where_scores", mask_value=-1e4, window=5), llvm)
+    assert not spec.causal and spec.mask_shape == (1, 1, 16, 16) and len(kernel.params) == 5
+    assert "where" in plan.by_pattern("attention")[0].ops
+
+
+@pytest.mark.parametrize("value", [-1.0, 0.0])
+def test_a_where_whose_value_does_not_hide_the_key_is_not_attention(llvm, value):
+    """where(c, s, -1) is not s + (c ? 0 : -1): the replaced scores still count in the softmax, so nothing fuses."""
+    fused, plan = partition(import_proto(attention_onnx(mask="where_scores", mask_value=value)), target=llvm)
+    assert not _specs(fused) and not plan.by_pattern("attention")
+
+
+def test_a_where_that_hides_every_key_of_a_row_is_not_attention(llvm):
+    """A row whose keys are all replaced is uniform under where but softmax(s + fill) under an additive mask."""
+    model = attention_onnx(mask="where_scores", mask_value=-1e4, seq_q=16, seq_k=40, window=None)
+    for init in model.graph.initializer:
+        if init.data_type == onnx_bool():
+            import onnx.numpy_helper as nh
+
+            keep = nh.to_array(init).copy()
+            keep[..., 3, :] = False
+            init.CopyFrom(nh.from_array(keep, init.name))
+    fused, plan = partition(import_proto(model), target=llvm)
+    assert not _specs(fused)
+
+
+def onnx_bool() -> int:
+    import onnx
+
+    return onnx.TensorProto.BOOL

@@ -42,6 +42,9 @@ class AttentionSpec:
     # with ``tf32``: each operand split into two TF32 parts and three products summed, fp32's accuracy on the tensor
     # cores (what an fp32 build on Hopper runs, ``tvmfuse.plan.tf32``'s ``x3``)
     x3: bool = False
+    # the output stored with its rows before its heads, ``[*batch[:-1], seq_q, batch[-1], head_dim_v]``: the layout
+    # the exporters' transpose before the output projection makes, so that transpose is no kernel of its own
+    seq_major_out: bool = False
 
     def __post_init__(self):
         if self.bias_shape is not None and self.mask_shape is None:
@@ -50,11 +53,24 @@ class AttentionSpec:
             raise ValueError(f"kv_group {self.kv_group} does not divide the {self.batch[-1:]} query heads")
         if self.causal and self.causal_offset < 0:
             raise ValueError(f"causal offset {self.causal_offset}: rows that see no key")
+        if self.seq_major_out and not self.batch:
+            raise ValueError("rows before heads without a head axis")
 
     @property
     def kv_batch(self) -> tuple[int, ...]:
         """K's and V's leading dims: ``batch`` with the last (head) axis divided by ``kv_group``."""
         return self.batch if self.kv_group == 1 else (*self.batch[:-1], self.batch[-1] // self.kv_group)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """The output's shape: ``batch + (seq_q, head_dim_v)``, or with ``seq_major_out`` the rows before the heads."""
+        if self.seq_major_out:
+            return (*self.batch[:-1], self.seq_q, self.batch[-1], self.head_dim_v)
+        return (*self.batch, self.seq_q, self.head_dim_v)
+
+    def out_index(self, batch: list[str], row: str, col: str) -> list[str]:
+        """The output element of query ``row``, column ``col`` at batch indices ``batch`` (one per batch dim)."""
+        return [*batch[:-1], row, batch[-1], col] if self.seq_major_out else [*batch, row, col]
 
     def additive(self) -> list[tuple[str, tuple[int, ...], str]]:
         """The tensors added to the scores, as (parameter name, shape, dtype): the mask, then the bias."""
@@ -70,8 +86,10 @@ class AttentionSpec:
 
     def to_json(self) -> str:
         fields = asdict(self)
-        for flag in ("tf32", "x3"):   # (a spec's text is part of its kernel's workload: fp32 and fp16 kernels keep
-            if not fields[flag]:      # theirs)
+        # (a spec's text is part of its kernel's workload: specs without these flags keep the text they had before
+        # the flags existed, and so their tuned records)
+        for flag in ("tf32", "x3", "seq_major_out"):
+            if not fields[flag]:
                 del fields[flag]
         return json.dumps(fields, sort_keys=True)
 
@@ -87,7 +105,7 @@ class AttentionSpec:
     def key(self) -> tuple:
         return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
                 self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows, self.causal, self.causal_offset,
-                self.kv_group, self.bias_shape, self.bias_dtype, self.tf32, self.x3)
+                self.kv_group, self.bias_shape, self.bias_dtype, self.tf32, self.x3, self.seq_major_out)
 
 
 def key_vector(seq_k: int, dtype: str) -> int:
@@ -179,14 +197,14 @@ def attention_primfunc(spec: AttentionSpec):
     mask_expr = " + ".join(terms)
     if len(terms) > 1:
         mask_expr = f"({mask_expr})"
-    params.append(f"out: T.Buffer({shape(spec.seq_q, spec.head_dim_v)}, '{spec.dtype}')")
+    params.append(f"out: T.Buffer({spec.out_shape!r}, '{spec.dtype}')")
     score = f"s[0] * T.float32({spec.scale!r})" if spec.scale is not None else "s[0]"
     if mask_expr:
         score = f"({score}) + {mask_expr}" if spec.scale_first else (
             f"(s[0] + {mask_expr}) * T.float32({spec.scale!r})" if spec.scale is not None else f"s[0] + {mask_expr}")
     loops = "".join(f"for {b} in T.serial({n}):\n" + "    " * (k + 2) for k, (b, n) in enumerate(zip(bvars, spec.batch)))
     ind = "    " * (nb + 2)
-    out_idx = _idx(vb + ["v_i", "e"])
+    out_idx = _idx(spec.out_index(vb, "v_i", "e"))
     key_step = f"""{ind}        s[0] = T.float32(0)
 {ind}        for d in T.serial({spec.head_dim}):
 {ind}            s[0] = s[0] + {cast(f"q[{_idx(vb + ['v_i', 'd'])}]")} * {cast(f"kt[{_idx(kvb + (['j', 'd'] if spec.k_rows else ['d', 'j']))}]")}

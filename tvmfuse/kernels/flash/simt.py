@@ -110,7 +110,7 @@ def simt_source(spec: AttentionSpec, cfg: SimtConfig, kernel) -> str:
     bidx = batch_indices(spec)
     kvidx = kv_index(spec, bidx)
     kvb = spec.kv_batch
-    q_shape, v_shape, o_shape = (*spec.batch, spec.seq_q, D), (*kvb, spec.seq_k, DV), (*spec.batch, spec.seq_q, DV)
+    q_shape, v_shape, o_shape = (*spec.batch, spec.seq_q, D), (*kvb, spec.seq_k, DV), spec.out_shape
     k_shape = (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k)
     dt = spec.dtype   # float32 (simt_gpu_misfit)
     buf = lambda name, shp, t=dt: f"{name}: T.Buffer({tuple(shp)!r}, '{t}')"  # noqa: E731
@@ -199,7 +199,7 @@ for i in T.unroll({R * KP}):
 {per_key("vs", VS, DV, f"acc[r * {DV} + d4 * 4 + e]", f"sc[r * {KP} + t]")}"""
     part = DV // P   # lane p of a row stores elements [p * part, (p + 1) * part) of it
     out_val = f"acc[r * {DV} + {'c * ' + str(part) + ' + ' if P > 1 else ''}e] * lrow[r]"
-    out_at = f"out[{', '.join([*bidx, row, (f'c * {part} + e' if P > 1 else 'e')])}]"
+    out_at = f"out[{', '.join(spec.out_index(bidx, row, f'c * {part} + e' if P > 1 else 'e'))}]"
     store = f"for e in T.unroll({part}):\n    {out_at} = {out_val}\n"
     if P > 1:   # a constant register index in each branch: a lane-dependent one would put acc in local memory
         store = f"for c in T.unroll({P}):\n    if {lane} == c:\n" + _indent(store, 8)

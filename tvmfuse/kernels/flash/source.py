@@ -51,7 +51,7 @@ def flash_source(spec: AttentionSpec, cfg: FlashConfig) -> str:
     kvidx = kv_index(spec, bidx)
     k_shape = (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k)
     v_shape = (*kvb, spec.seq_k, DV)
-    o_shape = (*spec.batch, spec.seq_q, DV)
+    o_shape = spec.out_shape
     buf = lambda name, shp, dt="float16": f"{name}: T.Buffer({tuple(shp)!r}, '{dt}')"  # noqa: E731
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
     M, SB, OB = cfg.m_tiles, BN // 2, DV // 2   # per m-tile: score and output accumulator elements per thread
@@ -158,7 +158,7 @@ for kv in T.unroll({BN // 16}):
             T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=0, c="oacc", co=f"mt * {OB} + dp * 8")})
             T.evaluate({mma.format(a="pf", ao=f"mt * {SB} + kv * 8", b="vf", bo=4, c="oacc", co=f"mt * {OB} + dp * 8 + 4")})
 """
-    out_at = f"out[{', '.join([*bidx, row, f'i // 4 * 8 + {tig} * 2 + i % 2'])}]"
+    out_at = f"out[{', '.join(spec.out_index(bidx, row, f'i // 4 * 8 + {tig} * 2 + i % 2'))}]"
     if cfg.overlap:
         return _kernel(spec, cfg, params, _overlap_body(spec, cfg, bidx, row, tig, out_at))
     if cfg.tma:

@@ -97,7 +97,7 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
     warp, lane = "(tx // 32)", "(tx % 32)"
     g, t = f"({lane} // 4)", f"({lane} % 4)"
     kvb = spec.kv_batch
-    q_shape, v_shape, o_shape = (*spec.batch, spec.seq_q, D), (*kvb, spec.seq_k, DV), (*spec.batch, spec.seq_q, DV)
+    q_shape, v_shape, o_shape = (*spec.batch, spec.seq_q, D), (*kvb, spec.seq_k, DV), spec.out_shape
     k_shape = (*kvb, spec.seq_k, D) if spec.k_rows else (*kvb, D, spec.seq_k)
     buf = lambda name, shp, dt="float32": f"{name}: T.Buffer({tuple(shp)!r}, '{dt}')"  # noqa: E731
     params = [buf("q", q_shape), buf("k", k_shape), buf("v", v_shape)]
@@ -203,7 +203,7 @@ def tf32_source(spec: AttentionSpec, cfg, kernel) -> str:
     bases = ("" if S == 1 else
              'ks_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(ks[0]))\n'
              'vs_base = T.call_extern("uint32", "__cvta_generic_to_shared", T.address_of(vs[0]))\n')
-    out_at = f"out[{', '.join([*bidx, row, f'i // 4 * 8 + {t} * 2 + i % 2'])}]"
+    out_at = f"out[{', '.join(spec.out_index(bidx, row, f'i // 4 * 8 + {t} * 2 + i % 2'))}]"
     body = f"""ks = T.alloc_buffer(({S * k_tile},), "float32", scope="shared.dyn", align=16)
 vs = T.alloc_buffer(({S * v_tile},), "float32", scope="shared.dyn", align=16)
 qf = T.alloc_buffer(({D // 2},), "float32", scope="local")

@@ -2,12 +2,14 @@
 online-softmax kernel (:mod:`tvmfuse.plan.attention`) that never writes the N×N scores."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tvmfuse._tvm import RelaxConstant, const_numpy, relax
 from tvmfuse.plan.graph import tensor_bytes, tensor_shape
 from tvmfuse.plan.rewrites._common import cleaned_dataflow, module_pass, op_name, rebuild_main
-from tvmfuse.plan.rewrites.attention_inputs import causal_offset, kv_repeat
+from tvmfuse.plan.rewrites.attention_inputs import MASKED_AT_MOST, causal_offset, kv_repeat
 from tvmfuse.plan.tags import RewriteLog, Tag
 
 
@@ -100,6 +102,15 @@ class FuseAttention:
                     return None
                 scale = val if op == "relax.multiply" else 1.0 / val
                 order.append("scale")
+            elif op == "relax.where" and len(masks) < 2:
+                # a constant condition choosing between the scores and a value that hides them (GPT-Neo's and the
+                # older GPT-2 exports' causal mask): the same as adding 0 or that value to the scores
+                found = _where_mask(cb, defs, 1.0 if scale is None else scale)
+                if found is None:
+                    return None
+                prev, mask = found
+                masks.insert(0, mask)
+                order.append("where")
             elif op == "relax.add" and len(masks) < 2:   # a mask, and a bias added beside it (T5)
                 lhs, rhs = cb.value.args
                 out_shape = tensor_shape(cb.var.ty)
@@ -165,7 +176,7 @@ class FuseAttention:
             if mshape is None or len(mshape) > len(full) or any(
                     d not in (1, f) for d, f in zip(mshape[::-1], full[::-1])):
                 return None
-        steps = order[::-1]   # the score's ops in the order they run
+        steps = ["mask" if o == "where" else o for o in order[::-1]]   # the score's ops in the order they run
         if "scale" in steps and len(masks) == 2 and steps[1] == "scale":
             return None   # scale between the two additions: not one place for both
         scale_first = steps.index("scale") < steps.index("mask") if ("scale" in steps and masks) else True
@@ -195,7 +206,7 @@ class FuseAttention:
         ops = (("repeat_kv",) if kv_dropped else ()) + ops
         # unfused: matmul, each elementwise op on the scores, softmax, matmul: one kernel each
         sb = tensor_bytes(probs.ty)
-        ops = ops + ("matmul",) + tuple({"scale": "multiply", "mask": "add"}[o] for o in order[::-1]) + ("softmax", "matmul")
+        ops = ops + ("matmul",) + tuple({"scale": "multiply", "mask": "add", "where": "where"}[o] for o in order[::-1]) + ("softmax", "matmul")
         kv_scale = group if kv_dropped else 1   # the unfused matmuls read the repeated K and V
         unfused = kv_extra * (1 + group) + kt_bytes + (
             tensor_bytes(q.ty) + k_bytes * kv_scale + sb) + len(order) * 2 * sb + mask_bytes + 2 * sb + (
@@ -220,7 +231,13 @@ class FuseAttention:
             if reason:
                 self.log.rejected.append(Rejection(ops=ops, reason=f"attention not fused: {reason}"))
                 continue
-            out_ty = b.var.ty
+            at, out_ty = b.var, b.var.ty
+            heads_out = _heads_transpose(b.var, spec, users)
+            if heads_out is not None:   # the output stored with its rows before its heads: the transpose is gone
+                spec = dataclasses.replace(spec, seq_major_out=True)
+                dropped = [*dropped, b.var]
+                at, out_ty = heads_out, heads_out.ty
+                ops, unfused = (*ops, "transpose"), unfused + 2 * tensor_bytes(b.var.ty)
 
             def emit(bb, vmap, spec=spec, args=args, out_ty=out_ty):
                 key = spec.key()
@@ -229,11 +246,12 @@ class FuseAttention:
                 ins = [a.emit(bb, vmap) if isinstance(a, _KRows) else vmap.get(a, a) for a in args]
                 return relax.call_tir(gvs[key], relax.Tuple(ins), out_ty=out_ty)
 
-            plan[b.var] = emit
+            plan[at] = emit
             skip.update(dropped)
-            names[b.var] = name = self.log.fresh("attention")
+            names[at] = name = self.log.fresh("attention")
             n = int(np.prod(spec.batch)) * spec.seq_q * spec.seq_k
-            extras = ([f"causal (offset {spec.causal_offset}): the mask is not read and the hidden keys are skipped"]
+            extras = (["stored with its rows before its heads (the transpose after it fused)"]
+                      if spec.seq_major_out else []) + ([f"causal (offset {spec.causal_offset}): the mask is not read and the hidden keys are skipped"]
                       if spec.causal else []) + ([mask_note] if mask_note else []) + (
                 [f"{spec.kv_batch[-1]} K/V heads for {spec.batch[-1]} query heads, never repeated in memory"]
                 if spec.kv_group > 1 else [])
@@ -247,8 +265,47 @@ class FuseAttention:
         return rebuild_main(mod, plan, skip, names)
 
 
+def _heads_transpose(var, spec, users):
+    """The variable of the one transpose that reads ``var`` (the attention's output, ``[..., heads, rows, d]``) and
+    swaps its heads and rows, as exporters do before the output projection; or None."""
+    readers = users.get(var, [])
+    r = len(spec.batch) + 2
+    if not spec.batch or len(readers) != 1 or not isinstance(var, relax.DataflowVar):
+        return None
+    t = readers[0]
+    if op_name(t.value) != "relax.permute_dims" or t.value.attrs.axes is None:
+        return None
+    axes = [int(a) for a in t.value.attrs.axes]
+    return t.var if axes == [*range(r - 3), r - 2, r - 3, r - 1] else None
+
+
+def _where_mask(b, defs, after: float):
+    """(the scores, an additive constant mask) for binding ``b``, ``where(cond, scores, fill)`` or ``where(cond, fill,
+    scores)`` with ``cond`` a constant and ``fill`` a constant that hides a key (at most
+    :data:`~tvmfuse.plan.rewrites.attention_inputs.MASKED_AT_MOST` once multiplied by ``after``, the scale applied
+    after it); or None. The two agree only where every row keeps a key: a row whose keys are all replaced by
+    ``fill`` is uniform, not ``softmax(scores + fill)``, so such a condition is not taken."""
+    cond, a, c = b.value.args
+    shape = tensor_shape(b.var.ty)
+    if not isinstance(cond, RelaxConstant):
+        return None
+    keep = np.asarray(const_numpy(cond)).astype(bool)
+    if _chain_var(a, defs) and isinstance(c, RelaxConstant):
+        scores, fill = a, c
+    elif _chain_var(c, defs) and isinstance(a, RelaxConstant):
+        scores, fill, keep = c, a, ~keep
+    else:
+        return None
+    value = _scalar(fill)
+    if (value is None or tensor_shape(scores.ty) != shape or keep.ndim < 1 or keep.ndim > len(shape)
+            or not (value * after <= MASKED_AT_MOST) or not keep.any(axis=-1).all()):
+        return None
+    dtype = str(scores.ty.dtype)
+    return scores, relax.const(np.where(keep, 0, value).astype(dtype), dtype)
+
+
 def _chain_var(var, defs) -> bool:
     b = defs.get(var)
     return b is not None and op_name(b.value) in ("relax.matmul", "relax.multiply", "relax.divide", "relax.add",
-                                                  "relax.astype")
+                                                  "relax.astype", "relax.where")
 
