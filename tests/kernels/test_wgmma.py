@@ -378,6 +378,22 @@ def test_the_sampled_config_is_the_kernel_the_builder_compiles(gemm_kernel, cuda
     assert "wgmma.mma_async" in lib.imports[0].inspect_source()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32x3"])
+def test_a_raster_group_that_does_not_divide_the_tile_rows_is_refused(dtype):
+    """Tiles walk in groups of ``raster`` tile rows; 1576 rows are 13 tiles of 128, and groups of 8 left tiles of the
+    last group unwritten (NaN in an H100 run of an explicit config). The space never offers it; an explicit config
+    is an error, not a wrong kernel."""
+    spec = hopper.GemmSpec((), 1576, 768, 768, False, False, True, dtype=dtype)
+    bad, good = (hopper.parse_config(f"g2 m1 n128 k64 s3 r{r} z128 f0") for r in (8, 1))
+    assert hopper.tiles_m(spec, bad) == 13 and bad not in hopper.configs(spec) and good in hopper.configs(spec)
+    decls = ["a: T.Buffer((1576, 768), 'float32')", "b: T.Buffer((768, 768), 'float32')",
+             "c: T.Buffer((1576, 768), 'float32')"]
+    store = "c[{row}, {col}] = {acc}"
+    with pytest.raises(ValueError, match="groups of 8 tile rows do not divide the 13 tile rows"):
+        hopper.gemm_source(spec, bad, decls, "a", "b", store)
+    hopper.gemm_source(spec, good, decls, "a", "b", store)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("cfg,b_kmajor", [("g2 m1 n256 k64 s3 r8 z128 f0", False), ("g2 m2 n128 k64 s4 r1 z128 f0", True),
                                           ("g1 m1 n64 k64 s3 r1 z0 f0", False), ("g2 m1 n256 k64 s4 r8 z128 f1", False),

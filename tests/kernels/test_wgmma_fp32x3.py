@@ -223,3 +223,23 @@ def test_a_from_registers_reads_the_fragments_wgmma_expects_where_the_copies_put
     assert hopper.config.kernel_shared_bytes(halves, cfg) == cfg.shared_bytes() + lo <= 227 * 1024
     assert f"+ (uint){lo})" in src
     assert_ptxas_without_spills(src, tmp_path, "sm_90a")
+
+
+def test_the_space_offers_a_from_registers_to_x3_kernels_only():
+    """``wgmma_a_regs``: the x3 cp.async configs of 128-byte swizzled K steps come with A in registers too; fp16 and
+    TF32 kernels, whose A needs no split, never do."""
+    from tvmfuse.tune.spaces import load_spaces
+
+    knob = load_spaces("cuda").classes["gemm"].knobs["wgmma_a_regs"]
+    assert set(knob.values) == {0, 1}
+    dims = ((), 1576, 768, 768, False, False, True)
+    x3 = hopper.configs(hopper.GemmSpec(*dims, dtype="float32x3"), a_regs=knob.values)
+    with_regs = [c for c in x3 if c.a_regs]
+    assert with_regs and all(not c.tma and c.swizzle == 128 and c.block_k == 64 for c in with_regs)
+    # A's small parts out of shared memory: 4 stages of 128 x 128 fit only with A in registers
+    four = hopper.parse_config("g2 m1 n128 k64 s4 r1 z128 f0")
+    assert replace(four, a_regs=1) in x3 and four not in x3
+    for dtype in ("float16", "float32"):
+        assert not any(c.a_regs for c in hopper.configs(hopper.GemmSpec(*dims, dtype=dtype), a_regs=(0, 1)))
+    # the untuned default keeps A in shared memory until a ragged M tile has run on a GPU
+    assert not hopper.default_config(hopper.GemmSpec(*dims, dtype="float32x3")).a_regs

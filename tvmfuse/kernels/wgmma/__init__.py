@@ -70,7 +70,7 @@ class WgmmaTemplate(KernelTemplate):
     config_words = ("the wgmma GEMM template with tiles {config} (warpgroups, 64-row tiles each, N, K step, stages, "
                     "raster, swizzle, batches in flight; t1 TMA, p1 persistent, e1 stores staged in shared memory)")
     knobs = tuple(f"wgmma_{k}" for k in ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma",
-                                         "persistent", "staged", "split"))
+                                         "persistent", "staged", "split", "a_regs"))
 
     def fits(self, func, target) -> str | None:
         if not supports(target):

@@ -2,7 +2,7 @@
 computes, and A's element addresses (a conv's window, the rows past the last whole tile)."""
 from __future__ import annotations
 
-from tvmfuse.kernels.wgmma.config import WgmmaConfig, pixel_tile, tiles_n
+from tvmfuse.kernels.wgmma.config import WgmmaConfig, pixel_tile, tiles_m, tiles_n
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
 
@@ -97,8 +97,11 @@ def _all(conds: list[str]) -> str | None:
 
 def _tile_coords(spec: GemmSpec, cfg: WgmmaConfig, tile: str = "bx") -> tuple[str, str]:
     """The tile row and column (``pid_m``, ``pid_n``) of tile number ``tile``: groups of ``raster`` tile rows walk
-    the columns together."""
-    R, cols = cfg.raster, tiles_n(spec, cfg)   # (a partial last tile column included)
+    the columns together (a short last group would leave tiles unwritten: refused)."""
+    R, cols, rows = cfg.raster, tiles_n(spec, cfg), tiles_m(spec, cfg)   # (a partial last tile column included)
+    if rows % R:
+        raise ValueError(f"wgmma: groups of {R} tile rows do not divide the {rows} tile rows: tiles would be left "
+                         f"unwritten ({cfg.name})")
     return (f"({tile} // {R * cols} * {R} + {tile} % {R * cols} % {R})",
             f"({tile} % {R * cols} // {R})")
 

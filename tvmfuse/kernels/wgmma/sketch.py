@@ -10,7 +10,8 @@ from tvmfuse.kernels.wgmma.analysis import _reduction_blocks, analyze
 from tvmfuse.kernels.wgmma.config import ANNOTATION, CANDIDATES, SPEC, configs
 from tvmfuse.kernels.wgmma.spec import GemmSpec
 
-_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma", "persistent", "staged", "split")
+_KNOBS = ("warpgroups", "m_tiles", "block_n", "stages", "raster", "inflight", "tma", "persistent", "staged", "split",
+          "a_regs")
 
 
 def schedule(sch, space, sms: int | None = None) -> GemmSpec | None:
