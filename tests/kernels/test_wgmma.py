@@ -478,8 +478,8 @@ def test_a_grid_too_small_for_the_gpu_takes_smaller_tiles(tmp_path):
              "c: T.Buffer((512, 256), 'float16')"]
     gemm = hopper.GemmSpec((), 512, 256, 2304, False, False, False)
     # a GEMM's stores are staged, a conv's not; a GEMM's small grid runs the deepest pipeline (36 K steps: 5 stages,
-    # a batch in flight), a conv's 3 stages, its K split over the idle SMs (16 tiles x 6, 6 K steps a split)
-    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1, stages=5, inflight=1, split=1)
+    # a batch in flight), a conv's 3 stages; both split K over the idle SMs (16 tiles x 6, 6 K steps a split)
+    assert hopper.default_config(gemm, 132) == dataclasses.replace(small, staged=1, stages=5, inflight=1)
     assert small.stages == 3 and not small.inflight and small.split == 6
     # at most half the K steps deep: 7 steps keep 3 stages; K of 4 steps or fewer leaves TMA (output-bound)
     assert hopper.default_config(hopper.GemmSpec((), 512, 256, 448, False, False, False), 132).stages == 3
@@ -980,7 +980,7 @@ def test_a_skinny_gemm_defaults_to_the_k_split_that_fills_the_sms_once():
     """17-64 rows against a long K: 128 x 256 tiles by cp.async (4 stages, a batch in flight) split over the most
     blocks of one wave, each split at least 5 K steps; none past 64 rows, for batched or TF32 GEMMs, where a split
     would leave under 5 steps or fill under half the SMs, or where the caller says no split (a gated epilogue).
-    A conv whose tiles leave SMs idle splits its default's K over up to two blocks an SM."""
+    Other fp16 GEMMs and convs whose tiles leave SMs idle split their default's K over up to two blocks an SM."""
     from tvmfuse.kernels.wgmma.config import default_config, skinny_config
 
     def pick(m, k, n, **kw):
@@ -991,7 +991,8 @@ def test_a_skinny_gemm_defaults_to_the_k_split_that_fills_the_sms_once():
     assert pick(64, 4096, 4096).name == base + " d8"       # 16 x 8 = 128, 8 K steps a split
     assert pick(20, 2048, 5632).name == base + " d6"       # 22 x 6 = 132, 5.3 K steps a split (d8: 4)
     assert pick(24, 5120, 13824).name == base + " d2"      # 54 tiles
-    assert pick(64, 2048, 512).split == 1                  # 2 tiles x 6: under half the SMs
+    # 2 tiles x 6: under half the SMs, no skinny split; the small-grid rule's 64 x 64 tiles split over the idle SMs
+    assert pick(64, 2048, 512).name == "g1 m1 n64 k64 s5 r1 z128 f1 e1 d6"   # 8 tiles x 6, 5.3 K steps a split
     assert pick(32, 4096, 11008, sm_count=66).split == 1   # 43 x 2 past one wave of 66 SMs: the small-grid rule
     assert pick(32, 4096, 11008, split=False).split == 1
     assert pick(65, 4096, 4096).split == 1 and pick(33, 384, 768).split == 1   # 65 rows; 6 K steps

@@ -258,17 +258,22 @@ def default_config(spec: GemmSpec, sm_count: int = SMS, split: bool = True) -> W
     rule = _rule_config(spec)
     small = small_grid_config(spec, rule, sm_count)
     cfg = staged_default(spec, rule if small is None else small)
-    return conv_split(spec, cfg, sm_count) if split else cfg
+    return idle_split(spec, cfg, sm_count) if split else cfg
 
 
-def conv_split(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int = SMS) -> WgmmaConfig:
+def idle_split(spec: GemmSpec, cfg: WgmmaConfig, sm_count: int = SMS) -> WgmmaConfig:
     """``cfg`` with its K split over the most blocks :func:`splits` allows (up to two an SM), each at least
-    :data:`SPLIT_STEPS` K steps, where it is an fp16 cp.async conv whose tiles leave SMs idle; else ``cfg``. Every
-    thread of a block gathers its A tile, so the copies' latency is hidden only by the blocks beside it.
-    On the H100 (benchmarks/wgmma_gemm.py), ResNet-50's 3 x 3 conv at 7 x 7 x 512, batch 32 (100 tiles of 64 x 128):
-    57.8 us unsplit, 36.7 split 2 (cuDNN 18.7); at 14 x 14 x 256 (196 tiles) no split was faster (31.2 against
-    35.7-46.6)."""
-    if spec.conv is None or cfg.tma or cfg.split > 1 or spec.dtype != "float16":
+    :data:`SPLIT_STEPS` K steps, where it is an fp16 cp.async conv whose tiles leave SMs idle, or such a GEMM whose
+    tiles leave at least half of them idle; else ``cfg``. A block's own pipeline is all that hides its copies'
+    latency (a conv's threads gather A), and idle SMs add no bandwidth. On the H100: ResNet-50's 3 x 3 conv at 7 x 7 x
+    512, batch 32 (100 tiles of 64 x 128, benchmarks/wgmma_gemm.py): 57.8 us unsplit, 36.7 split 2 (cuDNN 18.7); at
+    14 x 14 x 256 (196 tiles) no split was faster (31.2 against 35.7-46.6). GEMMs (whole spaces timed and the fastest
+    checked, benchmarks/tables/): 320 x 128 x 9032 (10 tiles of 64 x 64) 38.9 us unsplit, 9.0 split 8, the space's
+    best; 207 x 4968 x 7104 (78 tiles of 128 x 128) 61.5 against 59.5 split 3: a GEMM's gain fades as its tiles
+    fill the SMs."""
+    if cfg.tma or cfg.split > 1 or spec.dtype != "float16":
+        return cfg
+    if spec.conv is None and 2 * tiles_m(spec, cfg) * tiles_n(spec, cfg) > sm_count:
         return cfg
     return replace(cfg, split=_deepest_split(spec, cfg, sm_count, 2 * sm_count))
 
