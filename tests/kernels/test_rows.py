@@ -159,6 +159,8 @@ def _layernorm_then(tail: str, n: int = 256):
                                     b.const(0.1 * b.rng.standard_normal(n))], axis=-1, epsilon=1e-5)
     if tail == "reshape":
         out, shape = b.op("Reshape", [y, models._int64(b, [16, n])]), [16, n]
+    elif tail == "view":   # GPT-Neo's last LayerNorm: a view to the shape it has, then an elementwise op (its cast)
+        out, shape = b.op("Mul", [b.op("Reshape", [y, models._int64(b, [2, 8, n])]), b.const(np.float32(0.5))]), [2, 8, n]
     else:
         out, shape = b.op("Transpose", [y], perm=[1, 0, 2]), [8, 2, n]
     cuda = resolve_target("cuda")
@@ -191,6 +193,21 @@ def test_a_reshape_that_keeps_the_rows_flat_order_is_stored_from_the_rows_regist
     _stores_cover_each_element_once(body, "T_reshape_intermediate_f_ptr", 16, 256, cfg, "float4", 4)   # (fp32)
     with pytest.raises(rows.Misfit):
         rows.analyze(_layernorm_then("transpose"))
+
+
+def test_a_view_to_the_rows_own_shape_inside_the_kernel_is_read_in_place(cuda):
+    """GPT-Neo views its last LayerNorm's output to the shape it has before the output's cast: the reshape block's
+    load (an index map whose flat form is the identity) is the same element, so the program takes the kernel (it
+    was declined: dlight's reduction rule ran it) and equals the planner's kernel, every config emulated."""
+    func = _layernorm_then("view")
+    prog = rows.analyze(func)
+    assert [s.kind for s in prog.steps][-2:] == ["elementwise", "elementwise"] and len(prog.outputs) == 1
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal([int(d) for d in p.shape]).astype(str(p.dtype)) for p in prog.params]
+    want = _run(func, inputs)
+    for cfg in rows.configs(prog):
+        got = _run(rows.kernel_for(func, cfg, emulate=True), inputs)
+        assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max(), cfg
 
 
 def test_a_row_too_short_for_16_byte_vectors_takes_the_widest_narrower_ones(cuda):

@@ -168,6 +168,17 @@ def analyze(func) -> RowProgram:
             steps.append(_Step("reduce", buf, operand, roles, kind, b.init.value))
         elif buf.name in param_names and (src := _flat_copy_of(b, full, cols)) is not None:
             reshaped.append((buf, src))
+        elif (shape == full_shape == tuple(extents) and buf.name not in param_names
+              and _flat_copy_of(b, full, cols) is not None):
+            # a reshape inside the kernel that keeps the rows' shape (GPT-Neo's view of its final LayerNorm): the same
+            # element at the same place, read as such
+            roles = _lead_roles(ivs[:-1], lead, b.name_hint)
+            roles[ivs[-1].var.name] = "col"
+            full.add(buf.name)
+            from tvmfuse._tvm import tirx
+
+            same = tirx.BufferLoad(_buf(body.value), [iv.var for iv in ivs])
+            steps.append(_Step("elementwise", buf, same, roles))
         elif tuple(extents) == full_shape:
             roles = _lead_roles(ivs[:-1], lead, b.name_hint)
             roles[ivs[-1].var.name] = "col"
