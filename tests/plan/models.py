@@ -156,6 +156,30 @@ def fused_qkv_attention(m=64, d=64, heads=4, sizes=None) -> onnx.ModelProto:
     return b.model({"x": [1, m, d]}, y, [1, heads, m, widths[2] // heads])
 
 
+def fused_heads_qkv_attention(m=64, d=64, heads=4, kv_heads=1) -> onnx.ModelProto:
+    """Falcon's attention input: one GEMM for the query heads and the K and V heads together, viewed as [1, m,
+    heads + 2 kv_heads, head dim] and split along the heads, the K and V heads repeated for the query heads."""
+    b = _B(13)
+    hd = d // heads
+    n = (heads + 2 * kv_heads) * hd
+    p = b.op("Reshape", [b.op("MatMul", ["x", b.w(d, n)]), _int64(b, [1, m, heads + 2 * kv_heads, hd])])
+    b.k += 1
+    parts = [f"part{b.k}_{i}" for i in range(3)]
+    b.nodes.append(helper.make_node("Split", [p, _int64(b, [heads, kv_heads, kv_heads])], parts, name=f"n{b.k}",
+                                    axis=2))
+
+    def heads_of(x, perm, rep):
+        t = b.op("Transpose", [x], perm=perm)
+        return t if rep == 1 else b.op("Tile", [t, _int64(b, [1, rep, 1, 1])])
+
+    q = heads_of(parts[0], [0, 2, 1, 3], 1)
+    k = heads_of(parts[1], [0, 2, 3, 1], heads // kv_heads)
+    v = heads_of(parts[2], [0, 2, 1, 3], heads // kv_heads)
+    s = b.op("Mul", [b.op("MatMul", [q, k]), b.const(1 / np.sqrt(hd))])
+    y = b.op("MatMul", [b.op("Softmax", [s], axis=-1), v])
+    return b.model({"x": [1, m, d]}, y, [1, heads, m, hd])
+
+
 def fused_gate_up(m=128, d=64, n=128) -> onnx.ModelProto:
     """Phi-3's MLP: one GEMM for the gate and up projections together, ``chunk(2)`` along its columns (an ONNX
     Split), ``silu(gate) * up``, then the down projection."""

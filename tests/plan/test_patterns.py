@@ -176,6 +176,19 @@ def test_a_split_gemm_runs_as_one_gemm_a_part(llvm):
     assert rel_err(build_and_run(fused, llvm, ins)[0], ort_run(model, ins)[0]) < 1e-5
 
 
+def test_a_gemm_split_along_the_heads_of_its_view_runs_as_one_gemm_a_part(llvm):
+    """Falcon's fused query_key_value: the output viewed as [.., heads, d] and split along the heads (the query heads,
+    one K head, one V head). Each part is a GEMM on its heads' columns, no split kernel, and the model still
+    matches."""
+    model = models.fused_heads_qkv_attention()
+    ins = _inputs(model)
+    fused, plan = _model_layout_plan(import_proto(model), llvm)
+    assert not any("split" in g.ops for g in plan.groups), [g.ops for g in plan.groups]
+    assert sum(g.ops.count("matmul") for g in plan.groups if g.pattern != "attention") == 3
+    assert any("a GEMM of 3 parts" in n for n in plan.rewrites)
+    assert rel_err(build_and_run(fused, llvm, ins)[0], ort_run(model, ins)[0]) < 1e-5
+
+
 def test_a_split_gate_up_gemm_is_two_gemms_and_still_gated_on_hopper(llvm):
     """Phi-3's MLP: ``chunk(2)`` of one gate/up GEMM. On llvm the parts are two GEMMs (silu and the gating in their
     epilogues, the split kernel gone) and match onnxruntime; on Hopper in fp16 they are still one gated GEMM."""

@@ -37,7 +37,7 @@ class SplitGemm:
             found = self._match(b, defs, users)
             if found is None:
                 continue
-            chain, bounds, items = found
+            chain, bounds, items, unit = found
             x, weight = chain[0].value.args[0], const_numpy(chain[0].value.args[1])
             # one more read of x for each part read beyond the first; the split's read and write of the output saved
             extra, saved = (len(items) - 1) * tensor_bytes(x.ty), 2 * tensor_bytes(chain[-2].var.ty)
@@ -49,7 +49,7 @@ class SplitGemm:
             for item in items:
                 lo, hi = bounds[int(item.value.index)], bounds[int(item.value.index) + 1]
                 plan[item.var] = functools.partial(_emit_part, chain=chain[:-1], weight=weight, lo=lo, hi=hi,
-                                                   name=str(item.var.name))
+                                                   name=str(item.var.name), unit=unit)
             skip.update(c.var for c in chain)
             self.log.notes.append(f"a GEMM of {len(bounds) - 1} parts reading {x.name} as {len(items)} GEMMs "
                                   f"({saved - extra} B saved)")
@@ -65,8 +65,15 @@ class SplitGemm:
         if op_name(split.value) != "relax.split" or not isinstance(split.var, relax.DataflowVar):
             return None
         shape = tensor_shape(split.value.args[0].ty)
-        if shape is None or int(split.value.attrs.axis) not in (-1, len(shape) - 1):
+        if shape is None or len(shape) < 2:
             return None
+        axis = int(split.value.attrs.axis) % len(shape)
+        # along the columns, or along the heads of a [.., heads, d] view of them (Falcon's fused query_key_value:
+        # the query heads, then the K and V heads), each head then d columns of the weight
+        if axis not in (len(shape) - 1, len(shape) - 2):
+            return None
+        unit = 1 if axis == len(shape) - 1 else shape[-1]
+        columns = shape[-1] * (shape[-2] if unit > 1 else 1)
         items = users.get(split.var, [])
         if not items or not all(isinstance(u.value, relax.TupleGetItem) for u in items):
             return None
@@ -81,12 +88,16 @@ class SplitGemm:
             if op == "relax.matmul":
                 break
             if op == "relax.reshape":
-                inner = tensor_shape(node.value.args[0].ty)
-                if inner is None or inner[-1] != shape[-1]:
+                inner, outer = tensor_shape(node.value.args[0].ty), tensor_shape(node.var.ty)
+                if inner is None or outer is None or not (
+                        inner[-1] == outer[-1] == columns
+                        or unit > 1 and outer[-2:] == shape[-2:] and (inner[-1] == columns or inner[-2:] == shape[-2:])):
                     return None
             elif op == "relax.add":
-                if not any(isinstance(a, RelaxConstant) and tensor_shape(a.ty) in ((shape[-1],), (1, shape[-1]))
-                           for a in node.value.args):
+                out = tensor_shape(node.var.ty)
+                if out is None or out[-1] != columns or not any(
+                        isinstance(a, RelaxConstant) and tensor_shape(a.ty) in ((columns,), (1, columns))
+                        for a in node.value.args):
                     return None
             elif op != "relax.astype":
                 return None
@@ -97,7 +108,9 @@ class SplitGemm:
         if not isinstance(w, RelaxConstant) or ws is None or len(ws) != 2 or not isinstance(x, relax.Var):
             return None
         chain.insert(0, node)
-        n, sections = ws[1], split.value.attrs.indices_or_sections
+        n, sections = shape[axis], split.value.attrs.indices_or_sections
+        if ws[1] != columns:
+            return None
         if isinstance(sections, int) or hasattr(sections, "value"):   # a count of equal parts
             parts = int(getattr(sections, "value", sections))
             if parts < 2 or n % parts:
@@ -105,12 +118,13 @@ class SplitGemm:
             bounds = [k * (n // parts) for k in range(parts + 1)]
         else:   # the indices the parts start at
             bounds = [0, *(int(i) for i in sections), n]
-        return chain, bounds, items
+        return chain, [b * unit for b in bounds], items, unit
 
 
-def _emit_part(bb, vmap, *, chain, weight, lo: int, hi: int, name: str):
+def _emit_part(bb, vmap, *, chain, weight, lo: int, hi: int, name: str, unit: int = 1):
     """Columns ``[lo, hi)`` of ``chain`` (the matmul, then its casts, bias add and reshapes), re-emitted on the
-    weight's and the bias's columns; the last op's value is returned for the caller to bind."""
+    weight's and the bias's columns; the last op's value is returned for the caller to bind. ``unit`` > 1: the split
+    was along the heads of a ``[.., heads, unit]`` view, which the part's view keeps, with its own heads."""
     mm = chain[0].value
     x = mm.args[0]
     y = relax.op.matmul(vmap.get(x, x), relax.const(weight[:, lo:hi]), out_dtype=mm.attrs.out_dtype)
@@ -123,5 +137,7 @@ def _emit_part(bb, vmap, *, chain, weight, lo: int, hi: int, name: str):
             bias = next(a for a in node.value.args if isinstance(a, RelaxConstant))
             y = relax.op.add(y, relax.const(const_numpy(bias).reshape(-1)[lo:hi]))
         else:
-            y = relax.op.reshape(y, [*tensor_shape(node.var.ty)[:-1], hi - lo])
+            out = tensor_shape(node.var.ty)
+            heads = unit > 1 and out[-1] == unit and out[-1] * out[-2] == weight.shape[1]
+            y = relax.op.reshape(y, [*out[:-2], (hi - lo) // unit, unit] if heads else [*out[:-1], hi - lo])
     return y
