@@ -160,7 +160,8 @@ def _layernorm_then(tail: str, n: int = 256):
     if tail == "reshape":
         out, shape = b.op("Reshape", [y, models._int64(b, [16, n])]), [16, n]
     elif tail == "view":   # GPT-Neo's last LayerNorm: a view to the shape it has, then an elementwise op (its cast)
-        out, shape = b.op("Mul", [b.op("Reshape", [y, models._int64(b, [2, 8, n])]), b.const(np.float32(0.5))]), [2, 8, n]
+        view = b.op("Reshape", [y, models._int64(b, [2, 8, n])])
+        out, shape = b.op("Mul", [view, b.const(np.float32(0.5))]), [2, 8, n]
     else:
         out, shape = b.op("Transpose", [y], perm=[1, 0, 2]), [8, 2, n]
     cuda = resolve_target("cuda")

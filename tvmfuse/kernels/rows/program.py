@@ -107,6 +107,7 @@ def _bytes(dtype) -> int:
 
 def analyze(func) -> RowProgram:
     """``func`` as a row program; raises :class:`Misfit` where it is not one."""
+    from tvmfuse._tvm import tirx
     from tvmfuse.kernels.wgmma.analysis import _param_buffers
     from tvmfuse.kernels.sketch import root_blocks
 
@@ -175,10 +176,7 @@ def analyze(func) -> RowProgram:
             roles = _lead_roles(ivs[:-1], lead, b.name_hint)
             roles[ivs[-1].var.name] = "col"
             full.add(buf.name)
-            from tvmfuse._tvm import tirx
-
-            same = tirx.BufferLoad(_buf(body.value), [iv.var for iv in ivs])
-            steps.append(_Step("elementwise", buf, same, roles))
+            steps.append(_Step("elementwise", buf, tirx.BufferLoad(_buf(body.value), [iv.var for iv in ivs]), roles))
         elif tuple(extents) == full_shape:
             roles = _lead_roles(ivs[:-1], lead, b.name_hint)
             roles[ivs[-1].var.name] = "col"

@@ -206,7 +206,8 @@ class FuseAttention:
         ops = (("repeat_kv",) if kv_dropped else ()) + ops
         # unfused: matmul, each elementwise op on the scores, softmax, matmul: one kernel each
         sb = tensor_bytes(probs.ty)
-        ops = ops + ("matmul",) + tuple({"scale": "multiply", "mask": "add", "where": "where"}[o] for o in order[::-1]) + ("softmax", "matmul")
+        named = {"scale": "multiply", "mask": "add", "where": "where"}
+        ops = ops + ("matmul",) + tuple(named[o] for o in order[::-1]) + ("softmax", "matmul")
         kv_scale = group if kv_dropped else 1   # the unfused matmuls read the repeated K and V
         unfused = kv_extra * (1 + group) + kt_bytes + (
             tensor_bytes(q.ty) + k_bytes * kv_scale + sb) + len(order) * 2 * sb + mask_bytes + 2 * sb + (
@@ -251,8 +252,9 @@ class FuseAttention:
             names[at] = name = self.log.fresh("attention")
             n = int(np.prod(spec.batch)) * spec.seq_q * spec.seq_k
             extras = (["stored with its rows before its heads (the transpose after it fused)"]
-                      if spec.seq_major_out else []) + ([f"causal (offset {spec.causal_offset}): the mask is not read and the hidden keys are skipped"]
-                      if spec.causal else []) + ([mask_note] if mask_note else []) + (
+                      if spec.seq_major_out else []) + (
+                [f"causal (offset {spec.causal_offset}): the mask is not read and the hidden keys are skipped"]
+                if spec.causal else []) + ([mask_note] if mask_note else []) + (
                 [f"{spec.kv_batch[-1]} K/V heads for {spec.batch[-1]} query heads, never repeated in memory"]
                 if spec.kv_group > 1 else [])
             self.log.tags[name] = Tag("attention", ops, unfused,

@@ -89,9 +89,10 @@ class SplitGemm:
                 break
             if op == "relax.reshape":
                 inner, outer = tensor_shape(node.value.args[0].ty), tensor_shape(node.var.ty)
+                heads_view = unit > 1 and outer is not None and outer[-2:] == shape[-2:]
                 if inner is None or outer is None or not (
                         inner[-1] == outer[-1] == columns
-                        or unit > 1 and outer[-2:] == shape[-2:] and (inner[-1] == columns or inner[-2:] == shape[-2:])):
+                        or heads_view and (inner[-1] == columns or inner[-2:] == shape[-2:])):
                     return None
             elif op == "relax.add":
                 out = tensor_shape(node.var.ty)
