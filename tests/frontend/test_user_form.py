@@ -16,7 +16,7 @@ from tvmfuse.frontend import import_model, load_model
 from tvmfuse.plan import partition
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "user_form"
-MODELS = ["roberta", "bert", "gemma", "swin"]
+MODELS = ["roberta", "bert", "gemma", "swin", "gpt_neo", "falcon"]
 
 
 def _load(name: str):
@@ -42,6 +42,34 @@ def test_a_dynamic_axes_export_builds_untuned_and_matches_onnxruntime(name, llvm
     if name == "roberta":   # the mask's cumsum runs topi's scan, reported as such and never tuned
         assert [k.schedule for k in built.kernels if k.name == "cumsum"] == ["prescheduled"]
         assert "cumsum" not in built.untuned
+
+
+def test_gpt_neo_and_falcon_attention_fuse_as_on_gpus_and_match_onnxruntime(llvm_target):
+    """GPT-Neo hides keys with a Where on constant conditions (causal in its global layer, an 8-key band in its local
+    one) and Falcon splits one query_key_value GEMM along its heads. Planned as GPU plans are (attention fused), both
+    layers of GPT-Neo are attention kernels (the band read as a mask), Falcon runs no split kernel, and the scalar
+    kernels on llvm compute what onnxruntime does."""
+    from tvmfuse.plan.attention import SPEC_ATTR, AttentionSpec
+    from tvmfuse.plan.cost import CostModel
+    from tvmfuse.plan.planner import PlannerConfig, plan_tvmfuse
+
+    for name in ("gpt_neo", "falcon"):
+        loaded, feeds = _load(name)
+        cost = CostModel.for_target(llvm_target, attention_decline=None)
+        fused, plan = plan_tvmfuse(import_model(loaded), llvm_target, config=PlannerConfig(cost_model=cost))
+        specs = [AttentionSpec.from_json(str(f.attrs[SPEC_ATTR])) for f in fused.functions.values()
+                 if getattr(f, "attrs", None) is not None and SPEC_ATTR in f.attrs]
+        if name == "gpt_neo":
+            assert sorted(s.causal for s in specs) == [False, True] and all(s.seq_major_out for s in specs)
+            assert [s.mask_shape for s in specs if not s.causal][0][-2:] == (16, 16)
+        else:
+            assert specs and not any("split" in g.ops for g in plan.groups), [g.ops for g in plan.groups]
+        built = build(fused, target=llvm_target, database=None)
+        vm = relax.VirtualMachine(built.executable, tvm.cpu(0))
+        out = vm["main"](*[tvm.runtime.tensor(feeds[s.name]) for s in loaded.inputs], *built.lifted_params)
+        got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
+        ref = verify.run_onnxruntime(FIXTURES / f"{name}.onnx", feeds)[0]
+        assert verify.relative_error(got, ref) < 1e-4, name
 
 
 def test_an_fp16_conversion_of_a_dynamic_axes_export_verifies(llvm_target):
