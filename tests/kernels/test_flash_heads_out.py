@@ -72,7 +72,7 @@ def test_the_spec_knows_the_layout_and_keeps_its_text_without_it():
     assert spec.out_shape == (2, 256, 4, 64) and FP16.out_shape == (2, 4, 256, 64)
     assert spec.out_index(["b", "h"], "i", "d") == ["b", "i", "h", "d"]
     assert "seq_major_out" not in FP16.to_json() and AttentionSpec.from_json(spec.to_json()) == spec
-    assert spec.key() != FP16.key()
+    assert spec != FP16 and hash(spec) != hash(FP16)
     with pytest.raises(ValueError, match="without a head axis"):
         replace(FP16, batch=(), mask_shape=None, seq_major_out=True)
 

@@ -257,19 +257,13 @@ def test_a_where_whose_value_does_not_hide_the_key_is_not_attention(llvm, value)
 
 def test_a_where_that_hides_every_key_of_a_row_is_not_attention(llvm):
     """A row whose keys are all replaced is uniform under where but softmax(s + fill) under an additive mask."""
-    model = attention_onnx(mask="where_scores", mask_value=-1e4, seq_q=16, seq_k=40, window=None)
-    for init in model.graph.initializer:
-        if init.data_type == onnx_bool():
-            import onnx.numpy_helper as nh
+    import onnx
+    from onnx import numpy_helper
 
-            keep = nh.to_array(init).copy()
-            keep[..., 3, :] = False
-            init.CopyFrom(nh.from_array(keep, init.name))
+    model = attention_onnx(mask="where_scores", mask_value=-1e4, seq_q=16, seq_k=40)
+    (cond,) = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.BOOL]
+    keep = numpy_helper.to_array(cond).copy()
+    keep[..., 3, :] = False
+    cond.CopyFrom(numpy_helper.from_array(keep, cond.name))
     fused, plan = partition(import_proto(model), target=llvm)
     assert not _specs(fused)
-
-
-def onnx_bool() -> int:
-    import onnx
-
-    return onnx.TensorProto.BOOL

@@ -102,11 +102,6 @@ class AttentionSpec:
                 d[k] = tuple(d[k])
         return cls(**d)
 
-    def key(self) -> tuple:
-        return (self.batch, self.seq_q, self.seq_k, self.head_dim, self.head_dim_v, self.dtype, self.scale,
-                self.mask_shape, self.mask_dtype, self.scale_first, self.k_rows, self.causal, self.causal_offset,
-                self.kv_group, self.bias_shape, self.bias_dtype, self.tf32, self.x3, self.seq_major_out)
-
 
 def key_vector(seq_k: int, dtype: str) -> int:
     """Elements of Kᵀ (``[d, key]``) the flash kernels copy at a time: 16 bytes where rows of ``seq_k`` keys keep

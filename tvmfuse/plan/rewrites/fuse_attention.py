@@ -241,11 +241,10 @@ class FuseAttention:
                 ops, unfused = (*ops, "transpose"), unfused + 2 * tensor_bytes(b.var.ty)
 
             def emit(bb, vmap, spec=spec, args=args, out_ty=out_ty):
-                key = spec.key()
-                if key not in gvs:
-                    gvs[key] = bb.add_func(attention_primfunc(spec), "attention")
+                if spec not in gvs:   # (a frozen spec: one kernel for equal specs)
+                    gvs[spec] = bb.add_func(attention_primfunc(spec), "attention")
                 ins = [a.emit(bb, vmap) if isinstance(a, _KRows) else vmap.get(a, a) for a in args]
-                return relax.call_tir(gvs[key], relax.Tuple(ins), out_ty=out_ty)
+                return relax.call_tir(gvs[spec], relax.Tuple(ins), out_ty=out_ty)
 
             plan[at] = emit
             skip.update(dropped)
