@@ -75,10 +75,11 @@ def _pair_store(spec: GemmSpec, BN: int, store: str, row: str, col: str, acc, co
     pred = _all(conds)
     if "{acc0}" in store:   # a gated GEMM's (g, u) pair: N is even
         stored = store.format(bz="bz", row=f"({row})", col=f"({col})", acc0=acc(0), acc1=acc(1))
-        return stored if pred is None else f"if {pred}:\n    {stored}"
+        return stored if pred is None else f"if {pred}:\n" + _indent(stored, 4)
     stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=acc("v"))
-    if pred is not None:
-        stored = f"if {pred}:\n    {stored}"
+    if pred is not None:   # (a store may be several lines: the values its epilogue uses twice come first)
+        stored = f"if {pred}:\n" + _indent(stored, 4)
+    # (a store's local buffers of shared values, vectorized, hold both columns' values: half2 division and stores)
     return f"for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 4)
 
 

@@ -21,8 +21,8 @@ def reference_source(spec: GemmSpec, params: list[str], a: str, b: str, store: s
     pred, a_at = _a_read(spec, "row", f"kk // {step} * {step}", f"kk % {step}", tail)
     if "{acc0}" in store:   # gated: one output of an even column and the next, stored once both sums are in
         h = "col % 2"
-        stored = "if col % 2 == 1:\n    " + store.format(bz="bz", row="row", col="(col - 1)", acc0="acc[0]",
-                                                       acc1="acc[1]")
+        stored = "if col % 2 == 1:\n" + _indent(store.format(bz="bz", row="row", col="(col - 1)", acc0="acc[0]",
+                                                             acc1="acc[1]"), 4)
     else:
         h, stored = "0", store.format(bz="bz", row="row", col="col", acc="acc[0]")
     mac = f"acc[{h}] = acc[{h}] + T.Cast('float32', af[{a_at}]) * T.Cast('float32', bf[{b_at}])"
