@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections import defaultdict
@@ -27,6 +26,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 OUT = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="kernel_profile-"))
 OUT.mkdir(parents=True, exist_ok=True)
 
@@ -70,7 +70,7 @@ def _split(kernels: dict) -> dict:
             "launches": sum(n for _, n in kernels.values())}
 
 
-def _tvmfuse(model: Path, precision: str, db: Path | None, runs: int):
+def _tvmfuse(model: Path, precision: str, db: Path | None, runs: int, shapes: dict | None = None):
     import torch
 
     from tvmfuse import verify
@@ -83,7 +83,7 @@ def _tvmfuse(model: Path, precision: str, db: Path | None, runs: int):
     from tvmfuse.target import resolve_target
 
     target = resolve_target("cuda")
-    loaded = load_model(model, precision=precision)
+    loaded = load_model(model, precision=precision, input_shapes=shapes or None)
     feeds_d = verify.random_inputs(loaded.inputs, seed=0)
     feeds = [feeds_d[s.name] for s in loaded.inputs]
     fused, _ = partition(import_model(loaded), target=target, precision=precision)
@@ -136,14 +136,13 @@ def _schedule_of(kernel: str, schedules: dict) -> str:
 
 
 def profile_model(name: str, args) -> dict:
+    from zoo_gpu import _export   # the zoo's export: model_zoo's, or scripts/user_form.py's for ``uf:NAME``
+
     onnx_dir = Path(tempfile.mkdtemp(prefix="profile-onnx-"))
-    cmd = [sys.executable, str(ROOT / "scripts" / "model_zoo.py"), "export", "--out", str(onnx_dir), "--models", name,
-           "--size", args.size, "--dtypes", "float32", "--batch", str(args.batch)]
-    if args.seq:
-        cmd += ["--seq", str(args.seq)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    model = next(onnx_dir.glob(f"{name}*.float32.onnx"))
-    loaded, feeds, tvm_k, tvm_wall, schedules, out = _tvmfuse(model, args.precision, args.db, args.runs)
+    path, bound = _export(name, args.size, args.batch, args.seq or 128, onnx_dir)
+    model = Path(path)
+    shapes = {k: tuple(int(d) for d in v.split("x")) for k, v in (b.split("=", 1) for b in bound)}
+    loaded, feeds, tvm_k, tvm_wall, schedules, out = _tvmfuse(model, args.precision, args.db, args.runs, shapes)
     ref = _reference(model, {s.name: f for s, f in zip(loaded.inputs, feeds)})
     row = {"model": name, "precision": args.precision, "batch": args.batch, "seq": args.seq,
            "tvmfuse": {**_split(tvm_k), "wall_us": tvm_wall, "rel_error": _rel_err(out, ref),

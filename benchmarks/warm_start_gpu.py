@@ -56,23 +56,30 @@ def _workload_ids(db: Path, hashes: list[str]) -> dict[str, list[int]]:
     return {h: by_hash.get(int(h, 16) % (1 << 64), []) for h in hashes}
 
 
-def speed_curve(db: Path, kernels: list[dict], start: float, end: float) -> list[tuple[float, float]]:
-    """[(seconds since ``start``, the model's estimated ms)] at each record that lowers the estimate, from the
-    moment every kernel has one (``kernels``: tune's report entries, ``workload_hash`` and ``weight``)."""
+def record_events(db: Path, kernels: list[dict], start: float, end: float) -> list[list[tuple[float, float]]]:
+    """Per kernel (tune's report entries: ``workload_hash``), its records' [(seconds since ``start``, ms)]."""
     ids = _workload_ids(db, [k["workload_hash"] for k in kernels])
-    events = []   # (seconds, kernel index, ms)
+    events: list[list[tuple[float, float]]] = []
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
-        for i, k in enumerate(kernels):
-            for wid in ids[k["workload_hash"]]:
-                for created, secs in c.execute("SELECT created, mean_secs FROM records WHERE workload_id=? AND "
-                                               "failed=0 AND mean_secs IS NOT NULL AND created<=?", (wid, end)):
-                    events.append((max(created - start, 0.0), i, secs * 1e3))
-    best = [math.inf] * len(kernels)
+        for k in kernels:
+            events.append(sorted((max(created - start, 0.0), secs * 1e3) for wid in ids[k["workload_hash"]]
+                                 for created, secs in c.execute(
+                                     "SELECT created, mean_secs FROM records WHERE workload_id=? AND failed=0 AND "
+                                     "mean_secs IS NOT NULL AND created<=?", (wid, end))))
+    return events
+
+
+def speed_curve(kernels: list[dict], events: list[list[tuple[float, float]]],
+                keep: set[str] | None = None) -> list[tuple[float, float]]:
+    """[(seconds, the model's estimated ms)] at each record that lowers the estimate, from the moment every kernel
+    (of ``keep``'s workload hashes, when given) has one."""
+    picked = [i for i, k in enumerate(kernels) if keep is None or k["workload_hash"] in keep]
+    best = {i: math.inf for i in picked}
     curve: list[tuple[float, float]] = []
-    for t, i, ms in sorted(events):
+    for t, i, ms in sorted((t, i, ms) for i in picked for t, ms in events[i]):
         if ms < best[i]:
             best[i] = ms
-            total = sum(k["weight"] * b for k, b in zip(kernels, best))
+            total = sum(kernels[j]["weight"] * b for j, b in best.items())
             if math.isfinite(total):
                 if curve and curve[-1][0] == t:
                     curve[-1] = (t, total)
@@ -102,20 +109,32 @@ def run(name: str, model: str, db: Path, args, deadline: float, work: Path) -> d
                for k in rep.get("kernels", [])]
     return {**row, "kernels": kernels, "cost_model": rep.get("cost_model"),
             "status": {s: sum(1 for k in kernels if k["status"] == s) for s in {k["status"] for k in kernels}},
-            "curve": speed_curve(db, kernels, start, end)}
+            "events": record_events(db, kernels, start, end)}
 
 
 def summary(rows: dict) -> dict:
     cold, warm = rows.get("cold"), rows.get("warm")
-    if not (cold and warm and cold.get("curve") and warm.get("curve")):
+    if not (cold and warm and cold.get("events") is not None and warm.get("events") is not None):
         return {}
-    final = cold["curve"][-1][1]
-    out = {"final_ms": final}
+    # a kernel that one of the two runs never reached (its time budget spent first) runs its untuned default there;
+    # no record says how fast that is, so the estimate compares the kernels both runs measured and names the rest
+    def measured(r):
+        return {k["workload_hash"] for k, ev in zip(r["kernels"], r["events"]) if ev}
+    both = measured(cold) & measured(warm)
+    curves = {r["run"]: speed_curve(r["kernels"], r["events"], both) for r in (cold, warm)}
+    if not curves["cold"] or not curves["warm"]:
+        return {}
+    final = curves["cold"][-1][1]
+    out = {"final_ms": final, "kernels_compared": len(both),
+           "left_out": sorted({k["name"] for r in (cold, warm) for k in r["kernels"]
+                               if k["workload_hash"] not in both})}
     for r in (cold, warm):
-        end = r["curve"][-1][1]
-        out[r["run"]] = {"t90_s": reach(r["curve"], final / 0.9), "t95_s": reach(r["curve"], final / 0.95),
-                         "t90_own_s": reach(r["curve"], end / 0.9), "end_ms": end, "tune_s": r["tune_s"],
-                         "kernels": len(r["kernels"]), "had_records": sum(k["had_records"] for k in r["kernels"])}
+        curve = curves[r["run"]]
+        end = curve[-1][1]
+        out[r["run"]] = {"t90_s": reach(curve, final / 0.9), "t95_s": reach(curve, final / 0.95),
+                         "t90_own_s": reach(curve, end / 0.9), "end_ms": end, "tune_s": r["tune_s"],
+                         "kernels": len(r["kernels"]), "had_records": sum(k["had_records"] for k in r["kernels"]),
+                         "curve": curve}
     t90 = out["warm"]["t90_s"]
     out["warm_t90_over_cold_tune"] = None if t90 is None else t90 / cold["tune_s"]
     # (against its own end: a schedule measured again in another run differs by a few percent)
@@ -183,9 +202,10 @@ def main() -> int:
         t90, t95, own = (_fmt(s[k]) for k in ("t90_s", "t95_s", "t90_own_s")) if s else ("-",) * 3
         print(f"{name:<6} {r['model']:<14} {r['tune_s']:>7.0f} {len(r.get('kernels', [])):>8} "
               f"{s['had_records'] if s else '-':>12} {t90:>7} {t95:>7} {own:>8} "
-              f"{_fmt(r['curve'][-1][1] if r.get('curve') else None, '.3f'):>9}" + (f"  {r['error']}" if
-                                                                                    r.get("error") else ""))
+              f"{_fmt(s['end_ms'] if s else None, '.3f'):>9}" + (f"  {r['error']}" if r.get("error") else ""))
     if res:
+        print(f"kernels compared: {res['kernels_compared']}; left out (a run never reached them): "
+              f"{', '.join(res['left_out']) or 'none'}")
         print(f"warm's time to 90% of the cold final ({res['final_ms']:.3f} ms) / cold's tuning time: "
               f"{_fmt(res['warm_t90_over_cold_tune'], '.2f')}; to 90% of its own final: "
               f"{_fmt(res['warm_t90_own_over_cold_tune'], '.2f')} (goal <= 0.25)")
