@@ -68,6 +68,27 @@ def test_sigmoid_and_silu_are_within_an_ulp_and_half_ones_run_in_fp32(op, exact,
     assert (np.abs(got - ref) <= ulp + 1e-30).all(), xs[np.abs(got - ref) > ulp][:5]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_half_division_runs_in_fp32_and_rounds_to_the_half_quotient(dtype):
+    """A half division is computed in fp32 and rounded once: the correctly rounded half quotient (numpy's), broadcast
+    divisors, zeros, infinities and NaN included; fp32 keeps TVM's lowering."""
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([rng.standard_normal(3000) * 10, [0, -0.0, 1, 65504, -65504, np.inf, np.nan]]).astype(dtype)
+    ys = np.concatenate([rng.standard_normal(3000) * 3, [0, 1, 0, 1e-3, 3, 2, 1]]).astype(dtype)
+    bb = relax.BlockBuilder()
+    x, y = relax.Var("x", TensorType(xs.shape, dtype)), relax.Var("y", TensorType(ys.shape, dtype))
+    with bb.function("main", [x, y]):
+        q = bb.emit(relax.op.divide(x, y))
+        bb.emit_func_output(bb.emit(relax.op.divide(q, relax.const(1.4142135, dtype))))
+    mod = legalize_ops()(bb.get())
+    assert ('T.Cast("float32"' in mod.script()) == (dtype == "float16")
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys)).numpy()
+    with np.errstate(all="ignore"):
+        ref = (xs / ys) / np.array(1.4142135, dtype)
+    assert got.dtype == ref.dtype and np.array_equal(got, ref, equal_nan=True)
+
+
 @pytest.mark.parametrize("exponent", [3.0, 2.0, -2.0, 0.5, 1.5])
 def test_power_by_a_constant_matches_numpy_for_negative_bases(exponent):
     xs = np.linspace(-3, 3, 257).astype("float32")
