@@ -189,6 +189,41 @@ def test_the_replay_of_other_exporters_ops_matches_onnxruntime(make, fold_limit,
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_the_replay_sums_cumulatively_as_onnxruntime(exclusive, reverse):
+    """CumSum on either axis, exclusive and reversed, of int32 (kept int32: torch would sum in int64) and fp32."""
+    N = h.make_node
+    nodes = [N("CumSum", ["i", "ax0"], ["ci"], exclusive=exclusive, reverse=reverse),
+             N("CumSum", ["x", "axm1"], ["cx"], exclusive=exclusive, reverse=reverse)]
+    graph = h.make_graph(nodes, "cumsum", [h.make_tensor_value_info("i", TP.INT32, [3, 5]),
+                                           h.make_tensor_value_info("x", TP.FLOAT, [3, 5])],
+                         [h.make_tensor_value_info("ci", TP.INT32, [3, 5]), h.make_tensor_value_info("cx", TP.FLOAT, [3, 5])],
+                         [nh.from_array(np.array(0, np.int64), "ax0"), nh.from_array(np.array(-1, np.int64), "axm1")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    rng = np.random.default_rng(0)
+    feeds = {"i": rng.integers(-5, 5, (3, 5)).astype(np.int32), "x": rng.standard_normal((3, 5)).astype(np.float32)}
+    ref = _ort(model, feeds)
+    got, explained = _replay(model, feeds)
+    assert got[0].dtype == np.int32 and np.array_equal(got[0], ref[0])
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-6, atol=1e-6)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_the_replay_of_roberta_as_users_export_it_matches_onnxruntime():
+    """RoBERTa's TorchScript export computes its position ids with CumSum: with it, the baselines run the user-form
+    models (`zoo_gpu.py --models uf:roberta`) beside tvmfuse."""
+    from tvmfuse.frontend import load_model
+
+    path = FIXTURES / "user_form" / "roberta.onnx"
+    feeds = dict(np.load(FIXTURES / "user_form" / "roberta.inputs.npz"))
+    loaded = load_model(path, input_shapes={k: v.shape for k, v in feeds.items()})
+    feeds = {i.name: feeds[i.name] for i in loaded.proto.graph.input}
+    got, explained = _replay(loaded.proto, feeds)
+    (ref, *_) = _ort(loaded.proto, feeds)
+    assert got[0].shape == ref.shape and _rel(got[0], ref) < 1e-5
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
 def test_a_shape_the_graph_computes_from_input_values_is_refused():
     from tvmfuse.bench.torch_onnx import Unsupported, build_fn
 

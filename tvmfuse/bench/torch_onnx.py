@@ -13,6 +13,7 @@ math with fixed shapes.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import onnx
@@ -34,7 +35,7 @@ SUPPORTED = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Erf", "Exp", "Tanh", "S
              "Reciprocal", "Abs", "Log", "Sin", "Cos", "Softplus", "LeakyRelu", "IsInf", "IsNaN",
              "Min", "Max", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Not",
              "ReduceMax", "ReduceMin", "ReduceSum", "Gather", "GatherElements", "Expand", "Slice", "Split",
-             "Squeeze", "Trilu", "Shape", "Size", "ConstantOfShape", "Range"}
+             "Squeeze", "Trilu", "Shape", "Size", "ConstantOfShape", "Range", "CumSum"}
 
 # Evaluated with numpy at build time when all their inputs are known then (Shape and Size when their input's
 # shape is). That is what makes a shape computed in the graph a static one; the float math of the model itself
@@ -308,6 +309,8 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
             ins[1] = ""
         elif op == "Cast":
             a["to"] = torch_dtype(onnx.helper.tensor_dtype_to_np_dtype(a["to"]))
+        elif op == "CumSum":   # (RoBERTa's position ids: the cumulative count of its non-padding tokens)
+            a["axis"] = read_ints(op, ins, 1, "axis")[0]
         nodes.append((op, ins, outs, a))
 
     # The initializers are the module's buffers, and so are the Constants and folded values the torch ops read
@@ -392,8 +395,10 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
             elif op == "Expand":
                 # Bidirectional broadcast: a 1 in the shape keeps the input's dim.
                 y = x[0].expand(torch.broadcast_shapes(x[0].shape, tuple(a["shape"])))
-            elif op == "Flatten":
-                y = torch.flatten(x[0], a.get("axis", 1))
+            elif op == "Flatten":   # ONNX's: always 2-D, the axes before ``axis`` and those from it (torch's
+                ax = a.get("axis", 1)   # flatten keeps the leading axes instead)
+                ax = ax + x[0].dim() if ax < 0 else ax
+                y = x[0].reshape(math.prod(x[0].shape[:ax]), -1)
             elif op in ("Identity", "Cast"):
                 y = x[0] if op == "Identity" else x[0].to(a["to"])
             elif op in _REDUCE:
@@ -448,6 +453,11 @@ def build_fn(model: onnx.ModelProto, device, float_dtype=None, channels_last: bo
                 y = torch.arange(a["start"], a["limit"], a["delta"], dtype=a["dtype"], device=device)
             elif op == "Where":
                 y = torch.where(x[0], x[1], x[2])
+            elif op == "CumSum":
+                t = torch.flip(x[0], [a["axis"]]) if a.get("reverse", 0) else x[0]
+                y = torch.cumsum(t, a["axis"], dtype=t.dtype)   # (torch would sum integers in int64)
+                y = y - t if a.get("exclusive", 0) else y
+                y = torch.flip(y, [a["axis"]]) if a.get("reverse", 0) else y
             elif op == "Equal":
                 y = x[0] == x[1]
             elif op == "Greater":
