@@ -197,7 +197,8 @@ def test_the_replay_sums_cumulatively_as_onnxruntime(exclusive, reverse):
              N("CumSum", ["x", "axm1"], ["cx"], exclusive=exclusive, reverse=reverse)]
     graph = h.make_graph(nodes, "cumsum", [h.make_tensor_value_info("i", TP.INT32, [3, 5]),
                                            h.make_tensor_value_info("x", TP.FLOAT, [3, 5])],
-                         [h.make_tensor_value_info("ci", TP.INT32, [3, 5]), h.make_tensor_value_info("cx", TP.FLOAT, [3, 5])],
+                         [h.make_tensor_value_info("ci", TP.INT32, [3, 5]),
+                          h.make_tensor_value_info("cx", TP.FLOAT, [3, 5])],
                          [nh.from_array(np.array(0, np.int64), "ax0"), nh.from_array(np.array(-1, np.int64), "axm1")])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
     rng = np.random.default_rng(0)
