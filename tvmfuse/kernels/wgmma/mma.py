@@ -79,7 +79,7 @@ def _pair_store(spec: GemmSpec, BN: int, store: str, row: str, col: str, acc, co
     stored = store.format(bz="bz", row=f"({row})", col=f"({col} + v)", acc=acc("v"))
     if pred is not None:   # (a store may be several lines: the values its epilogue uses twice come first)
         stored = f"if {pred}:\n" + _indent(stored, 4)
-    # (a store's local buffers of shared values, vectorized, hold both columns' values: half2 division and stores)
+    # (a store's local buffers of shared values, vectorized, hold both columns' values: its stores stay half2)
     return f"for v in T.{'vectorized' if pairs else 'unroll'}(2):\n" + _indent(stored, 4)
 
 
