@@ -139,7 +139,7 @@ def profile_model(name: str, args) -> dict:
     from zoo_gpu import _export   # the zoo's export: model_zoo's, or scripts/user_form.py's for ``uf:NAME``
 
     onnx_dir = Path(tempfile.mkdtemp(prefix="profile-onnx-"))
-    path, bound = _export(name, args.size, args.batch, args.seq or 128, onnx_dir)
+    path, bound = _export(name, args.size, args.batch, args.seq, onnx_dir)
     model = Path(path)
     shapes = {k: tuple(int(d) for d in v.split("x")) for k, v in (b.split("=", 1) for b in bound)}
     loaded, feeds, tvm_k, tvm_wall, schedules, out = _tvmfuse(model, args.precision, args.db, args.runs, shapes)
@@ -182,7 +182,7 @@ def main() -> int:
     ap.add_argument("--models", default="resnet50")
     ap.add_argument("--size", default="full", choices=("small", "full"))
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence of the text models")
     ap.add_argument("--precision", default="fp16", choices=("fp32", "tf32", "fp16"))
     ap.add_argument("--db", type=Path, default=None, help="a tuning database to build from (default: untuned)")
     ap.add_argument("--runs", type=int, default=10)

@@ -66,28 +66,26 @@ def _bound_text(expr, load, var, misfit, lets: list[str], prefix: str) -> str:
 
     def count(node, rec):
         k = key(node)
-        if k is not None:
-            counts[k] = counts.get(k, 0) + 1
-        return None   # the children are counted as the text is written
+        if k is None:
+            return None
+        counts[k] = counts.get(k, 0) + 1
+        # a repeat is not walked again: what it holds counts once, as the repeat itself is computed once
+        return "" if counts[k] > 1 else None
 
     expr_text(expr, load, var, misfit, count)
     bound: dict[int, list] = {}            # key -> [(node, the text that reads its value)]
     slots: dict[str, int] = {}             # dtype -> values of that dtype so far
     stores: list[str] = []
-    writing: set[int] = set()              # the nodes whose own text is being written (the hook passes them on)
 
     def bind(node, rec):
         k = key(node)
-        if k is None or counts.get(k, 0) < 2 or id(node) in writing:
+        if k is None or counts[k] < 2:
             return None
         for other, text in bound.get(k, []):
             if structural_equal(other, node):
                 return text
-        writing.add(id(node))
-        try:
-            value = expr_text(node, load, var, misfit, bind)
-        finally:
-            writing.discard(id(node))
+        # the node's own text, its sub-expressions bound in turn (the hook passes the node itself on)
+        value = expr_text(node, load, var, misfit, lambda n, r: None if n is node else bind(n, r))
         dt = dtype_of(node)
         slots[dt] = slots.get(dt, 0) + 1
         text = f"{prefix}{dt}[{slots[dt] - 1}]"
